@@ -1,0 +1,75 @@
+"""Reading the scheduler's JSONL inputs with errors that name the file, the line and the fix."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asp_scheduler.predictors.base import PromptItem
+
+
+def _records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{file}: file not found; check the path")
+    out = []
+    with file.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"{file}:{line_no}: invalid JSON ({err.msg}); write one JSON object per line"
+                ) from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{file}:{line_no}: expected a JSON object, got {type(record).__name__}")
+            out.append((line_no, record))
+    if not out:
+        raise ValueError(f"{file}: the file is empty; write one JSON object per item")
+    return out
+
+
+def read_lengths(path: str | Path, field: str) -> np.ndarray:
+    """One measured length per row (file order), validated: numeric, finite, >= 0."""
+    values = []
+    for line_no, record in _records(path):
+        if field not in record:
+            raise ValueError(
+                f"{path}:{line_no}: field {field!r} is missing (present: {sorted(record)}); "
+                "pass --field naming the length field"
+            )
+        raw = record[field]
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            raise ValueError(
+                f"{path}:{line_no}: {field!r} is {raw!r}, not a number; lengths are token counts"
+            )
+        if not math.isfinite(raw) or raw < 0:
+            raise ValueError(f"{path}:{line_no}: {field!r} is {raw!r}; lengths must be finite and >= 0")
+        values.append(float(raw))
+    return np.asarray(values, dtype=np.float64)
+
+
+def read_prompts(
+    path: str | Path, id_field: str = "prompt_id", text_field: str = "prompt"
+) -> list[PromptItem]:
+    """Prompts in file order; ids must be unique (one schedulable item each)."""
+    prompts = []
+    seen: set[str] = set()
+    for line_no, record in _records(path):
+        if id_field not in record:
+            raise ValueError(
+                f"{path}:{line_no}: field {id_field!r} is missing; pass --id-field naming the id field"
+            )
+        pid = str(record[id_field])
+        if pid in seen:
+            raise ValueError(f"{path}:{line_no}: duplicate prompt id {pid!r}; every prompt needs a unique id")
+        seen.add(pid)
+        text = record.get(text_field)
+        prompts.append(PromptItem(prompt_id=pid, text="" if text is None else str(text)))
+    return prompts

@@ -1,0 +1,141 @@
+"""GRPO training entry point, launched as upstream MindSpeed-RL users do:
+
+    python cli/train_grpo.py --config-name grpo_tiny_cpu [--config-dir DIR] [key=value ...]
+
+Hydra composes the YAML (defaults list, overrides); the typed config decides everything else.
+One key, ``rl_config.pipeline``, picks the trainer: ``hybrid`` (upstream's alternating loop) or
+``async`` (the ASP pipeline). Each run writes ``<run_dir>/<timestamp>_<config-name>/`` with the
+resolved config; Ray is joined or started by ``mindspeed_rl.utils.ray_setup``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import json
+import logging
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import hydra
+import yaml
+from omegaconf import DictConfig
+
+from mindspeed_rl.config_cls import ConfigError, GRPOConfig, load_config
+from mindspeed_rl.config_cls.loader import SELF_WARNING
+from mindspeed_rl.utils import ray_setup
+
+CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+TRAINERS = {
+    "hybrid": "mindspeed_rl.trainer.grpo_trainer_hybrid",
+    "async": "mindspeed_rl.trainer.grpo_trainer_async",
+}
+# Hydra would otherwise create outputs/<date>/<time>/, save .hydra/ and a log file there and take
+# over logging; upstream users expect relative paths and logs to behave as in a plain script.
+# A user's own hydra.* / hydra/* override of the same key wins.
+HYDRA_DEFAULTS = (
+    "hydra.run.dir=.",
+    "hydra.output_subdir=null",
+    "hydra.job.chdir=false",
+    "hydra/job_logging=none",
+    "hydra/hydra_logging=none",
+)
+EXIT_CONFIG, EXIT_TRAINER = 2, 3
+
+logger = logging.getLogger("train_grpo")
+
+
+def with_hydra_defaults(args: Sequence[str]) -> list[str]:
+    given = {a.lstrip("+").split("=", 1)[0] for a in args if "=" in a}
+    return [*args, *(d for d in HYDRA_DEFAULTS if d.split("=", 1)[0] not in given)]
+
+
+def resolve_trainer(pipeline: str) -> ModuleType:
+    """The trainer module for ``pipeline``; a clear error when it is not available."""
+    module_name = TRAINERS[pipeline]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name != module_name:
+            raise  # the trainer exists but one of its own imports is missing: show the real cause
+        raise ValueError(
+            f"rl_config.pipeline={pipeline} needs {module_name}, which is not in this installation; "
+            f"choose another pipeline ({', '.join(p for p in TRAINERS if p != pipeline)}) or install it"
+        ) from err
+    if not callable(getattr(module, "train", None)):
+        raise ValueError(f"{module_name} has no train(config, run_dir) function")
+    return module
+
+
+def create_run_dir(config: GRPOConfig, config_name: str, now: dt.datetime | None = None) -> Path:
+    """``<run_dir>/<timestamp>_<config-name>/`` (a numeric suffix when two runs share a second)."""
+    stamp = (now or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = Path(config.run_dir) / f"{stamp}_{config_name}"
+    candidate, suffix = base, 1
+    while True:
+        try:
+            candidate.mkdir(parents=True, exist_ok=False)
+            return candidate
+        except FileExistsError:
+            suffix += 1
+            candidate = base.with_name(f"{base.name}-{suffix}")
+
+
+def write_resolved_config(config: GRPOConfig, run_dir: Path) -> None:
+    resolved = config.to_dict()
+    (run_dir / "config_resolved.json").write_text(json.dumps(resolved, indent=2) + "\n")
+    (run_dir / "config_resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+
+
+def run(cfg: DictConfig, config_name: str | None) -> int:
+    """Validate, prepare the run directory, start Ray, hand over to the trainer. Returns an exit code."""
+    if not config_name:
+        print("error: pass --config-name NAME (a run YAML in configs/ or --config-dir)", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        config = load_config(cfg)
+        trainer = resolve_trainer(config.rl_config.pipeline)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_TRAINER
+    for key in config.inert_keys:
+        logger.info("no effect here: %s", key)
+    run_dir = create_run_dir(config, config_name)
+    write_resolved_config(config, run_dir)
+    cluster = ray_setup.init_ray(config)
+    logger.info(
+        "run %s: pipeline=%s, ray %s %s", run_dir, config.rl_config.pipeline,
+        "joined" if cluster.attached else "started", cluster.address,
+    )  # fmt: skip
+    trainer.train(config, run_dir)
+    return 0
+
+
+@hydra.main(config_path=CONFIGS, config_name=None, version_base="1.3")
+def _hydra_entry(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    # SystemExit passes through Hydra's job runner (it only catches Exception).
+    raise SystemExit(run(cfg, HydraConfig.get().job.config_name))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    warnings.filterwarnings("ignore", message=SELF_WARNING)
+    args = list(sys.argv[1:] if argv is None else argv)
+    # hydra.main reads sys.argv itself; it is the only way to hand it our defaults.
+    saved, sys.argv = sys.argv, [sys.argv[0], *with_hydra_defaults(args)]
+    try:
+        _hydra_entry()
+    finally:
+        sys.argv = saved
+
+
+if __name__ == "__main__":
+    main()

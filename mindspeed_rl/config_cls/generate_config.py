@@ -1,0 +1,55 @@
+"""``generate_config``: the rollout engine and its sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from mindspeed_rl.config_cls.fields import opt, section
+
+_HYBRID_OFFLOAD = "upstream hybrid-engine offload on NPU; the torch backend keeps weights in place"
+_ASCEND = "vllm-ascend option; ignored by vLLM on CPU/GPU"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingConfig:
+    """Per-request sampling, as in vLLM's ``SamplingParams``."""
+
+    logprobs: int = opt(1, "Log-probs returned per token (we need the sampled token's: >= 0).")
+    max_tokens: int = opt(2048, "Response cap in tokens.")
+    min_tokens: int = opt(0, "Minimum response tokens.")
+    top_p: float = opt(1.0, "Nucleus sampling mass.")
+    top_k: int = opt(-1, "Top-k; -1 = off.")
+    min_p: float = opt(0.0, "Min-p; 0 = off.")
+    temperature: float = opt(1.0, "Sampling temperature (GRPO: 1.0 keeps log-probs on-policy).")
+    repetition_penalty: float = opt(1.0, "1.0 = off.")
+    detokenize: bool = opt(False, "Return text too (rewards detokenize themselves).")
+    seed: int | None = opt(None, "Sampling seed; null = engine default.")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateConfig:
+    """Rollout engine layout and limits. In the async pipeline each generation actor's layout is
+    async_config.actor_tensor_parallel_size / actor_expert_parallel_size."""
+
+    trust_remote_code: bool = opt(False, "Allow custom model code in the HF folder.")
+    infer_tensor_parallel_size: int = opt(1, "Rollout TP (hybrid pipeline).")
+    infer_pipeline_parallel_size: int = opt(1, "Rollout PP; must be 1 (as upstream).")
+    infer_expert_parallel_size: int = opt(1, "Rollout EP (hybrid pipeline, MoE).")
+    enable_expert_parallel: bool = opt(False, "vLLM expert parallelism for MoE.")
+    max_num_seqs: int = opt(256, "vLLM: sequences decoded together.")
+    max_model_len: int = opt(4096, "vLLM: prompt + response tokens per sequence.")
+    max_num_batched_tokens: int = opt(8192, "vLLM: tokens per scheduler step.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt(
+        "bfloat16", "Rollout dtype; float32 on CPU for exact log-prob agreement with the trainer."
+    )
+    gpu_memory_utilization: float = opt(0.5, "vLLM accelerator memory fraction (GPU/NPU).")
+    enforce_eager: bool = opt(True, "Disable graph capture (required on CPU).")
+    enable_prefix_caching: bool = opt(False, "vLLM prefix cache (reset after each weight reload).")
+    enable_chunked_prefill: bool = opt(False, "vLLM chunked prefill.")
+    offload_train_optimizer: bool = opt(False, "Offload optimizer during rollout.", inert=_HYBRID_OFFLOAD)
+    offload_train_grad: bool = opt(False, "Offload grads during rollout.", inert=_HYBRID_OFFLOAD)
+    offload_train_param: bool = opt(False, "Offload params during rollout.", inert=_HYBRID_OFFLOAD)
+    torchair_graph: bool = opt(False, "Ascend graph mode.", inert=_ASCEND)
+    ascend_scheduler_config_enabled: bool = opt(False, "Ascend scheduler.", inert=_ASCEND)
+    sampling_config: SamplingConfig = section(SamplingConfig, "Sampling parameters.")

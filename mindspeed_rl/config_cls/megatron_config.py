@@ -1,0 +1,163 @@
+"""The flat Megatron key space shared by ``megatron_training``, ``actor_config``, ``ref_config``,
+``reward_config``, ``critic_config`` and the model architecture file.
+
+Upstream merges them as plain dicts (architecture < megatron_training < role section). We keep
+the flat keys users write, but parse them into typed groups so code reads
+``actor_config.optimizer.lr`` rather than digging in a dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mindspeed_rl.config_cls.fields import MEGATRON_ONLY, opt
+from mindspeed_rl.config_cls.megatron_only import MegatronOnlyKeys, ParallelKeys
+from mindspeed_rl.config_cls.model_arch import ModelArchitecture
+from mindspeed_rl.config_cls.parse import Problems, check_keys, field_names, parse_fields
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingKeys:
+    """Run, data, checkpoint and precision keys. Batch sizes use upstream's units (see each)."""
+
+    model: str | None = opt(None, "Name of the architecture in `model:` (configs/model/<name>.yaml).")
+    tokenizer_type: str = opt(
+        "PretrainedFromHF", "Tokenizer kind.", inert="the torch backend always loads the HF tokenizer"
+    )
+    tokenizer_name_or_path: str | None = opt(
+        None,
+        "HF model folder: tokenizer and weights (upstream convention). Created when "
+        "rl_config.build_model_if_missing and the folder is absent.",
+    )
+    global_batch_size: int = opt(0, "PROMPTS per training iteration (each expanded x n_samples_per_prompt).")
+    micro_batch_size: int = opt(1, "SAMPLES per forward/backward micro-batch of the update.")
+    seq_length: int = opt(
+        0,
+        "Megatron's padded sequence length.",
+        inert="the torch backend pads each micro-batch to its longest",
+    )
+    variable_seq_lengths: bool = opt(False, "Megatron variable-length batches.", inert=MEGATRON_ONLY)
+    train_iters: int = opt(0, "Training iterations (one global batch each).")
+    save_interval: int | None = opt(None, "Iterations between checkpoints; null = only at the end.")
+    eval_interval: int | None = opt(None, "Iterations between evaluations; null = none.")
+    eval_iters: int = opt(0, "Evaluation batches per evaluation.")
+    log_interval: int = opt(1, "Iterations between console log lines.")
+    stage: str | None = opt(None, "Upstream stage tag (ray_grpo); informational.")
+    seed: int = opt(1234, "Global seed (data order, init, sampling).")
+    data_path: str | None = opt(
+        None, "JSONL/Parquet file or folder, or builtin:<task> (e.g. builtin:demo) for generated tasks."
+    )
+    map_keys: Mapping[str, str] | None = opt(
+        None, "Raw JSONL/Parquet: column per role, e.g. {prompt: problem, labels: answer}."
+    )
+    prompt_type: str | None = opt(None, "Chat template name (qwen_r1, qwen3, empty, ...).")
+    split: str = opt("100,0,0", "train,valid,test percentages; only the train part is used.")
+    no_shuffle: bool = opt(False, "Keep dataset order (no shuffling).")
+    full_shuffle_instruction_dataset: bool = opt(False, "Shuffle across epochs of the dataset too.")
+    is_instruction_dataset: bool = opt(True, "Upstream dataset kind flag; prompts are instructions.")
+    dataset_additional_keys: tuple[str, ...] = opt((), "Extra dataset columns carried (e.g. labels).")
+    bf16: bool = opt(False, "Train in bfloat16 (fp32 on CPU for exact log-prob agreement).")
+    fp16: bool = opt(False, "Train in float16.")
+    load: str | None = opt(None, "Checkpoint folder to resume/initialise from.")
+    save: str | None = opt(None, "Checkpoint folder to write.")
+    finetune: bool = opt(False, "Load weights only, reset iteration count.")
+    no_load_optim: bool = opt(False, "Do not load optimizer state.")
+    no_load_rng: bool = opt(False, "Do not load RNG state.")
+    no_save_optim: bool = opt(False, "Do not save optimizer state.")
+    no_save_rng: bool = opt(False, "Do not save RNG state.")
+    attention_dropout: float = opt(0.0, "Attention dropout (RL: keep 0).")
+    hidden_dropout: float = opt(0.0, "Hidden dropout (RL: keep 0).")
+    init_method_std: float = opt(0.02, "Weight init std for a freshly built model.")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerKeys:
+    """Adam/SGD and LR schedule."""
+
+    optimizer: Literal["adam", "sgd"] = opt("adam", "Optimizer (adam = AdamW with weight_decay).")
+    lr: float = opt(1e-6, "Peak learning rate.")
+    min_lr: float = opt(0.0, "Floor of the decay schedule.")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = opt("constant", "LR decay after warm-up.")
+    lr_decay_iters: int | None = opt(None, "Iterations of decay; null = train_iters.")
+    lr_warmup_fraction: float | None = opt(None, "Warm-up as a fraction of decay iterations.")
+    lr_warmup_iters: int = opt(0, "Warm-up iterations (used when lr_warmup_fraction is null).")
+    weight_decay: float = opt(0.01, "Decoupled weight decay.")
+    clip_grad: float = opt(1.0, "Global gradient-norm clip; 0 = off.")
+    adam_beta1: float = opt(0.9, "Adam beta1.")
+    adam_beta2: float = opt(0.999, "Adam beta2.")
+    adam_eps: float = opt(1e-8, "Adam epsilon.")
+
+
+_GROUPS: dict[str, type] = {
+    "arch": ModelArchitecture,
+    "training": TrainingKeys,
+    "optimizer": OptimizerKeys,
+    "parallel": ParallelKeys,
+    "megatron_only": MegatronOnlyKeys,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronConfig:
+    """One role's resolved keys: architecture < megatron_training < role section."""
+
+    arch: ModelArchitecture = dataclasses.field(default_factory=ModelArchitecture)
+    training: TrainingKeys = dataclasses.field(default_factory=TrainingKeys)
+    optimizer: OptimizerKeys = dataclasses.field(default_factory=OptimizerKeys)
+    parallel: ParallelKeys = dataclasses.field(default_factory=ParallelKeys)
+    megatron_only: MegatronOnlyKeys = dataclasses.field(default_factory=MegatronOnlyKeys)
+
+    def to_flat_dict(self) -> dict[str, Any]:
+        """Flat keys as users write them (groups are our internal organisation)."""
+        flat: dict[str, Any] = {}
+        for name in _GROUPS:
+            group = getattr(self, name)
+            flat.update({f.name: getattr(group, f.name) for f in dataclasses.fields(group)})
+        return flat
+
+
+def _key_index() -> dict[str, str]:
+    index: dict[str, str] = {}
+    for group_name, cls in _GROUPS.items():
+        for key in field_names(cls):
+            assert key not in index, f"Megatron key {key} declared in two groups"
+            index[key] = group_name
+    return index
+
+
+MEGATRON_KEY_GROUP: Mapping[str, str] = _key_index()
+MEGATRON_KEYS: frozenset[str] = frozenset(MEGATRON_KEY_GROUP)
+MEGATRON_FIELDS: Mapping[str, dataclasses.Field[Any]] = {
+    f.name: f for cls in _GROUPS.values() for f in dataclasses.fields(cls)
+}
+
+
+def build_megatron_config(
+    layers: Sequence[tuple[str, Any]], problems: Problems
+) -> tuple[MegatronConfig, dict[str, str]]:
+    """Merge ``(section_name, mapping)`` layers, later overriding earlier, into typed groups.
+
+    Returns the config and, per key, the section its value came from (for error messages and
+    inert-key reports).
+    """
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for section_name, raw in layers:
+        if raw is None:
+            continue
+        if not isinstance(raw, Mapping):
+            problems.add(section_name, "expected a mapping of keys")
+            continue
+        check_keys(raw, MEGATRON_KEYS, section_name, problems)
+        for key, value in raw.items():
+            if key in MEGATRON_KEYS:
+                merged[key] = value
+                origin[key] = section_name
+    groups: dict[str, Any] = {
+        name: parse_fields(cls, merged, problems, lambda key: f"{origin[key]}.{key}")
+        for name, cls in _GROUPS.items()
+    }
+    return MegatronConfig(**groups), origin

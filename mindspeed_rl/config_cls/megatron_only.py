@@ -1,0 +1,62 @@
+"""Megatron/NPU keys that upstream YAML carries and the torch backend ignores.
+
+They are accepted (so upstream YAML keeps working), typed (so typos still fail) and each one is
+marked inert; ``check_config`` lists the ones a user set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindspeed_rl.config_cls.fields import MEGATRON_ONLY, PARALLEL_ONLY, opt
+
+_RECOMPUTE = "Megatron activation recomputation; the torch backend keeps activations"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelKeys:
+    """Megatron parallel layout of a training role (actor, reference, reward, critic)."""
+
+    tensor_model_parallel_size: int = opt(1, "Tensor-parallel ranks.", inert=PARALLEL_ONLY)
+    pipeline_model_parallel_size: int = opt(1, "Pipeline stages.", inert=PARALLEL_ONLY)
+    expert_model_parallel_size: int = opt(1, "Expert-parallel ranks (MoE).", inert=PARALLEL_ONLY)
+    context_parallel_size: int = opt(1, "Context-parallel ranks.", inert=PARALLEL_ONLY)
+    num_layers_per_virtual_pipeline_stage: int | None = opt(
+        None, "Interleaved pipeline chunk size.", inert=PARALLEL_ONLY
+    )
+    sequence_parallel: bool = opt(False, "Shard activations along the sequence.", inert=PARALLEL_ONLY)
+    moe_tp_extend_ep: bool = opt(False, "Reuse TP ranks as extra EP ranks.", inert=PARALLEL_ONLY)
+    use_distributed_optimizer: bool = opt(False, "ZeRO-1 style sharded optimizer.", inert=PARALLEL_ONLY)
+    overlap_grad_reduce: bool = opt(False, "Overlap DP gradient reduce.", inert=PARALLEL_ONLY)
+    overlap_param_gather: bool = opt(False, "Overlap DP parameter gather.", inert=PARALLEL_ONLY)
+    distributed_backend: str = opt("nccl", "Collective backend (nccl/hccl/gloo).", inert=PARALLEL_ONLY)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronOnlyKeys:
+    """Kernel, memory and checkpoint-format switches of Megatron/MindSpeed."""
+
+    use_mcore_models: bool = opt(False, "Use megatron-core model classes.", inert=MEGATRON_ONLY)
+    use_fused_rmsnorm: bool = opt(False, "Fused RMSNorm kernel.", inert=MEGATRON_ONLY)
+    use_fused_swiglu: bool = opt(False, "Fused SwiGLU kernel.", inert=MEGATRON_ONLY)
+    use_fused_rotary_pos_emb: bool = opt(False, "Fused RoPE kernel.", inert=MEGATRON_ONLY)
+    use_rotary_position_embeddings: bool = opt(False, "Legacy RoPE switch.", inert=MEGATRON_ONLY)
+    use_flash_attn: bool = opt(False, "Flash attention kernel.", inert=MEGATRON_ONLY)
+    use_fused_moe_token_permute_and_unpermute: bool = opt(False, "Fused MoE permute.", inert=MEGATRON_ONLY)
+    no_masked_softmax_fusion: bool = opt(False, "Disable fused masked softmax.", inert=MEGATRON_ONLY)
+    no_bias_dropout_fusion: bool = opt(False, "Disable fused bias-dropout.", inert=MEGATRON_ONLY)
+    no_rope_fusion: bool = opt(False, "Disable fused RoPE.", inert=MEGATRON_ONLY)
+    attention_softmax_in_fp32: bool = opt(False, "Softmax in fp32 under bf16.", inert=MEGATRON_ONLY)
+    no_gradient_accumulation_fusion: bool = opt(False, "Disable fused grad accum.", inert=MEGATRON_ONLY)
+    gemm_gradient_accumulation_fusion: bool = opt(False, "Fused GEMM grad accum.", inert=MEGATRON_ONLY)
+    reuse_fp32_param: bool = opt(False, "Share fp32 master weights memory.", inert=MEGATRON_ONLY)
+    use_cpu_initialization: bool = opt(False, "Initialise weights on CPU.", inert=MEGATRON_ONLY)
+    use_mc2: bool = opt(False, "Ascend MC2 fused communication.", inert=MEGATRON_ONLY)
+    recompute_granularity: str | None = opt(None, "full or selective.", inert=_RECOMPUTE)
+    recompute_method: str | None = opt(None, "uniform or block.", inert=_RECOMPUTE)
+    recompute_num_layers: int | None = opt(None, "Layers recomputed.", inert=_RECOMPUTE)
+    swap_attention: bool = opt(False, "Swap attention activations to host.", inert=_RECOMPUTE)
+    no_shared_storage: bool = opt(False, "Nodes do not share a file system.", inert=MEGATRON_ONLY)
+    load_checkpoint_loosely: bool = opt(False, "Allow missing keys on load.", inert=MEGATRON_ONLY)
+    ckpt_format: str = opt("torch", "Megatron checkpoint format.", inert=MEGATRON_ONLY)
+    initial_loss_scale: float = opt(4294967296.0, "fp16 dynamic loss scale start.", inert=MEGATRON_ONLY)

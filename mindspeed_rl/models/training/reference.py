@@ -1,0 +1,52 @@
+"""The frozen reference policy used by the KL penalty."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from mindspeed_rl.models.training.batch import TrainBatch
+from mindspeed_rl.models.training.log_probs import compute_response_log_probs
+
+
+def load_causal_lm(path: str | os.PathLike[str], device: torch.device | str) -> torch.nn.Module:
+    """Load an HF causal-LM folder in fp32 (exact log-prob agreement with fp32 rollout engines)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=torch.float32)
+    return model.to(device)
+
+
+class ReferenceModel:
+    """Weights loaded once (the initial policy) and never updated."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        micro_batch_size: int,
+        pad_token_id: int = 0,
+        device: str = "cpu",
+    ) -> None:
+        if micro_batch_size < 1:
+            raise ValueError(
+                f"micro_batch_size must be >= 1; got {micro_batch_size}. Set rl_config.ref_forward_micro_batch_size."
+            )
+        self._device = torch.device(device)
+        self._model = load_causal_lm(model_path, self._device)
+        self._model.eval()
+        self._model.requires_grad_(False)
+        self._micro_batch_size = micro_batch_size
+        self._pad_token_id = pad_token_id
+
+    def compute_log_probs(self, batch: TrainBatch, temperature: float) -> list[np.ndarray]:
+        return compute_response_log_probs(
+            self._model,
+            batch,
+            temperature=temperature,
+            micro_batch_size=self._micro_batch_size,
+            pad_token_id=self._pad_token_id,
+            device=self._device,
+        )

@@ -1,0 +1,149 @@
+"""GRPO training engine for an HF causal-LM folder with plain torch (CPU by default).
+
+One ``update`` call consumes one global batch::
+
+    for epoch in range(epochs):
+        order = permutation(samples) if shuffle_mini_batch else identity
+        for mini in chunks(order, mini_batch_size * n):          # one optimizer step each
+            for micro in chunks(sorted_by_length(mini), micro_batch_size):   # grad accumulation
+                loss(micro) / tokens(mini) -> backward
+            clip_grad_norm(clip_grad); AdamW.step()
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mindspeed_rl.models.loss.grpo import grpo_loss
+from mindspeed_rl.models.training.batch import TrainBatch, pad_batch
+from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+from mindspeed_rl.models.training.log_probs import (
+    check_temperature,
+    compute_response_log_probs,
+    forward_with_entropy,
+    micro_batches,
+)
+from mindspeed_rl.models.training.reference import load_causal_lm
+
+STEP_METRICS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm")
+# Files of an HF folder that are not weights; copied by save_hf so the folder stays loadable.
+_NON_WEIGHT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
+
+
+class TorchTrainingEngine:
+    """Implements :class:`~mindspeed_rl.models.training.base.TrainingEngine` with torch + transformers."""
+
+    def __init__(self, model_path: str | os.PathLike[str], config: TorchEngineConfig) -> None:
+        torch.manual_seed(config.seed)
+        self.config = config
+        self._source = Path(model_path)
+        self._device = torch.device(config.device)
+        self.model = load_causal_lm(model_path, self._device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            betas=(config.adam_beta1, config.adam_beta2),
+        )
+        self.num_optimizer_steps = 0
+        self._num_updates = 0
+
+    def compute_log_probs(self, batch: TrainBatch, temperature: float) -> list[np.ndarray]:
+        return compute_response_log_probs(
+            self.model,
+            batch,
+            temperature=temperature,
+            micro_batch_size=self.config.forward_micro_batch_size,
+            pad_token_id=self.config.pad_token_id,
+            device=self._device,
+        )
+
+    def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
+        check_temperature(temperature)
+        num_steps = self._check_update_batch(batch)
+        rng = np.random.default_rng((self.config.seed, self._num_updates))
+        self._num_updates += 1
+        per_step: list[dict[str, float]] = []
+        size = self.config.samples_per_mini_batch
+        for _ in range(self.config.epochs):
+            order = rng.permutation(batch.num_samples) if self.config.shuffle_mini_batch else np.arange(batch.num_samples)
+            for start in range(0, batch.num_samples, size):
+                per_step.append(self._optimizer_step(batch.select(order[start : start + size]), temperature))
+        assert len(per_step) == num_steps
+        metrics = {k: float(np.mean([m[k] for m in per_step])) for k in STEP_METRICS}
+        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["num_optimizer_steps"] = float(num_steps)
+        return metrics
+
+    def _check_update_batch(self, batch: TrainBatch) -> int:
+        size = self.config.samples_per_mini_batch
+        if batch.num_samples % size != 0:
+            raise ValueError(
+                f"{batch.num_samples} samples do not split into mini-batches of mini_batch_size x n = {size}; "
+                "make megatron_training.global_batch_size a multiple of rl_config.mini_batch_size"
+            )
+        num_steps = batch.num_samples // size * self.config.epochs
+        if batch.old_log_probs is None and num_steps > 1:
+            raise ValueError(
+                f"update runs {num_steps} optimizer steps, so it needs the behaviour policy's old_log_probs "
+                "(from compute_log_probs or the rollout); they may be omitted only for one mini-batch x one epoch"
+            )
+        if batch.ref_log_probs is None and self.config.loss.init_kl_coef > 0:
+            raise ValueError(
+                "init_kl_coef > 0 needs ref_log_probs in the batch (ReferenceModel.compute_log_probs); "
+                "or set rl_config.init_kl_coef: 0"
+            )
+        return num_steps
+
+    def _optimizer_step(self, mini: TrainBatch, temperature: float) -> dict[str, float]:
+        cfg = self.config
+        num_tokens = mini.num_response_tokens
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = dict.fromkeys(STEP_METRICS, 0.0)
+        for _, micro in micro_batches(mini, cfg.micro_batch_size):
+            padded = pad_batch(micro, pad_token_id=cfg.pad_token_id, device=self._device)
+            logp, entropy = forward_with_entropy(
+                self.model, padded, temperature, entropy_grad=cfg.loss.entropy_coeff > 0
+            )
+            # Without old log-probs (one step only) the behaviour policy IS the current one: ratio == 1.
+            old = padded.old_log_probs if padded.old_log_probs is not None else logp.detach()
+            terms = grpo_loss(
+                log_probs=logp,
+                old_log_probs=old,
+                advantages=padded.advantages,
+                mask=padded.response_mask,
+                config=cfg.loss,
+                num_tokens=num_tokens,
+                ref_log_probs=padded.ref_log_probs,
+                entropy=entropy,
+            )
+            terms.loss.backward()
+            for name in ("loss", "pg_loss", "kl", "entropy", "clip_frac"):
+                sums[name] += float(getattr(terms, name).item())
+        max_norm = cfg.clip_grad if cfg.clip_grad > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, error_if_nonfinite=True)
+        self.optimizer.step()
+        self.num_optimizer_steps += 1
+        sums["grad_norm"] = float(grad_norm.item())
+        return sums
+
+    def named_weights_for_inference(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach().to("cpu")
+
+    def save_hf(self, path: str | os.PathLike[str]) -> None:
+        target = Path(path)
+        target.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(target)
+        if target.resolve() != self._source.resolve():
+            for f in self._source.iterdir():
+                copyable = f.is_file() and f.suffix in _NON_WEIGHT_SUFFIXES and ".safetensors" not in f.name
+                if copyable and not (target / f.name).exists():
+                    shutil.copy2(f, target / f.name)

@@ -1,0 +1,391 @@
+"""The ControlLoop: the Control Unit's logic as one pure-Python object.
+
+::
+
+      ASP schedule
+           │
+     ┌─────▼─────┐  dispatch(): whole batch groups,  ┌──────────── GU g ─────────────┐
+     │ Database  ├─► least-loaded GU, low/high marks ─► input queue ─► request_start()│
+     │ (states,  │                                    │   granted? ── no: pause_signal│
+     │  re-queue)│◄── on_gu_failed / on_actor_failed ─┤   (backpressure) or lag budget│
+     └─────▲─────┘                                    │   yes: actor generates        │
+           │ mark_completed                           └──────────────┬────────────────┘
+     ┌─────┴─────┐   on_minibatch_completed()                        │
+     │ Ingestor  │◄──────────────────────────────────────────────────┘
+     │ dup/stale │
+     └─────┬─────┘ put (with lag deadline)        depth ──► Backpressure (hysteresis)
+     ┌─────▼─────────┐  pop_global_batch(step): EDF, whole prompts, lag-gated
+     │ TrainingQueue ├──────────────────────────────────► TU trains step s
+     └───────────────┘                                       │
+           ▲   on_train_step_done(s, snapshot v=s+1) ◄───────┘
+           └── LagTracker (d_off = s - version; Eq. 4 alongside); GUs reload between minibatches
+
+Adapters drive it: the Ray ControlUnit actor forwards GU/TU messages to these methods and sends
+what ``dispatch()`` returns; the simulator calls them with modeled times through a ``FakeClock``.
+Every public method holds one re-entrant lock, so a threaded Ray actor cannot interleave two
+updates; the parts inside are deliberately lock-free because they are only reached from here.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Concatenate, ParamSpec, TypeVar
+
+from mindspeed_rl.runtime import events as ev
+from mindspeed_rl.runtime.backpressure import Backpressure
+from mindspeed_rl.runtime.clock import Clock, MonotonicClock
+from mindspeed_rl.runtime.config import RuntimeConfig
+from mindspeed_rl.runtime.database import Database, InFlight, MinibatchState
+from mindspeed_rl.runtime.errors import ProtocolError
+from mindspeed_rl.runtime.ingestor import Ingestor, IngestOutcome
+from mindspeed_rl.runtime.lag import LagTracker
+from mindspeed_rl.runtime.lag_budget import LagBudget
+from mindspeed_rl.runtime.records import (
+    Assignment,
+    CompletedMinibatch,
+    GlobalBatch,
+    ScheduledMinibatch,
+    SnapshotInfo,
+    StartDecision,
+    StartRefusal,
+)
+from mindspeed_rl.runtime.sender import Sender
+from mindspeed_rl.runtime.summary import RuntimeSummary, build_summary
+from mindspeed_rl.runtime.timings import ActorActivityLog, TimingStats, eq4_d_off_estimate
+from mindspeed_rl.runtime.training_queue import TrainingQueue
+from mindspeed_rl.runtime.weight_flow import WeightFlowLedger
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _serialized(method: Callable[Concatenate[ControlLoop, P], R]) -> Callable[Concatenate[ControlLoop, P], R]:
+    @functools.wraps(method)
+    def wrapper(self: ControlLoop, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+class ControlLoop:
+    def __init__(
+        self,
+        *,
+        config: RuntimeConfig,
+        schedule: Sequence[ScheduledMinibatch],
+        clock: Clock | None = None,
+        events: ev.EventLog | None = None,
+    ) -> None:
+        self.config = config
+        self.clock: Clock = clock or MonotonicClock()
+        self.events = events if events is not None else ev.EventLog()
+        self.database = Database(schedule)
+        config.check_minibatch_fits(self.database.max_minibatch_prompts)
+        self.queue = TrainingQueue(
+            prompts_per_global_batch=config.num_prompts_per_global_batch, clock=self.clock
+        )
+        self.sender = Sender(
+            queue_low=config.gu_queue_low,
+            queue_high=config.gu_queue_high,
+            database=self.database,
+            clock=self.clock,
+        )
+        self.ingestor = Ingestor(
+            database=self.database,
+            queue=self.queue,
+            num_samples_per_prompt=config.num_samples_per_prompt,
+            clock=self.clock,
+        )
+        self.backpressure = Backpressure(
+            max_samples=config.queue_max_samples, resume_samples=config.queue_resume_samples, clock=self.clock
+        )
+        self.budget = LagBudget(
+            max_policy_lag=config.max_policy_lag, prompts_per_step=config.num_prompts_per_global_batch
+        )
+        self.lag = LagTracker()
+        self.timings = TimingStats()
+        self.activity = ActorActivityLog()
+        self.starts_refused: Counter[str] = Counter()
+        self.trainer_lag_holds = 0
+        self.weights = WeightFlowLedger(
+            timings=self.timings, activity=self.activity, events=self.events, clock=self.clock
+        )
+        self.prompts_consumed = 0
+        self._running_on: dict[tuple[int, int], int] = {}  # (gu, actor) -> minibatch id
+        self._step_in_progress: tuple[int, float] | None = None  # (step, popped at)
+        self._lock = threading.RLock()
+
+    # ---- generation side ---------------------------------------------------------------------
+    @_serialized
+    def register_gu(self, gu_id: int, *, num_actors: int) -> None:
+        """Make a GU known without dispatching yet (register all GUs, then ``dispatch()``, so the
+        first batch groups spread over every GU instead of filling whichever came up first)."""
+        self.sender.register_gu(gu_id, num_actors)
+
+    @_serialized
+    def on_gu_capacity(self, gu_id: int, *, num_actors: int) -> list[Assignment]:
+        """A GU (re)joined or its actor count changed; returns new work for all GUs."""
+        self.sender.register_gu(gu_id, num_actors)
+        return self._dispatch()
+
+    @_serialized
+    def dispatch(self) -> list[Assignment]:
+        """Refill GU input queues that need it; call after any event that frees queue space."""
+        return self._dispatch()
+
+    def _dispatch(self) -> list[Assignment]:
+        assignments = self.sender.dispatch()
+        for a in assignments:
+            self.events.append(
+                ev.MinibatchIssued(
+                    time=a.issued_at,
+                    minibatch_id=a.minibatch.minibatch_id,
+                    gu_id=a.gu_id,
+                    attempt=a.attempt,
+                    batch_group_id=a.minibatch.batch_group_id,
+                )
+            )
+        return assignments
+
+    @_serialized
+    def pause_signal(self) -> bool:
+        """True while backpressure forbids starting minibatches (GUs poll this cheaply)."""
+        return self.backpressure.paused
+
+    @_serialized
+    def request_start(
+        self, minibatch_id: int, *, attempt: int, gu_id: int, actor_id: int, policy_version: int
+    ) -> StartDecision:
+        """Ask to start a queued minibatch on an idle actor; a grant records the start."""
+        refusal = self._start_refusal(minibatch_id, attempt, gu_id, actor_id, policy_version)
+        if refusal is not None:
+            self.starts_refused[refusal.value] += 1
+            return StartDecision(granted=False, refusal=refusal)
+        mb = self.database.minibatch(minibatch_id)
+        now = self.clock.now()
+        self.database.mark_started(minibatch_id, actor_id, policy_version, now)
+        self.sender.on_started(minibatch_id, gu_id)
+        self.budget.reserve(mb.num_prompts, policy_version)
+        self._running_on[(gu_id, actor_id)] = minibatch_id
+        self.events.append(
+            ev.MinibatchStarted(
+                time=now,
+                minibatch_id=minibatch_id,
+                gu_id=gu_id,
+                actor_id=actor_id,
+                policy_version=policy_version,
+            )
+        )
+        return StartDecision(granted=True)
+
+    def _start_refusal(
+        self, minibatch_id: int, attempt: int, gu_id: int, actor_id: int, policy_version: int
+    ) -> StartRefusal | None:
+        record = self.database.in_flight(minibatch_id)
+        issued_here = self.database.state(minibatch_id) is MinibatchState.ISSUED
+        if not issued_here or record is None or (record.gu_id, record.attempt) != (gu_id, attempt):
+            return StartRefusal.REVOKED
+        if (gu_id, actor_id) in self._running_on:
+            raise ProtocolError(
+                f"GU {gu_id} actor {actor_id} asked to start minibatch {minibatch_id} while still running "
+                f"{self._running_on[(gu_id, actor_id)]}; an actor decodes one minibatch at a time."
+            )
+        if policy_version > self.latest_version:
+            raise ProtocolError(
+                f"start requested with policy version {policy_version}, newer than the newest published "
+                f"snapshot {self.latest_version}; report the version the actor actually holds."
+            )
+        if self.backpressure.paused:
+            return StartRefusal.BACKPRESSURE
+        return self.budget.check_start(self.database.minibatch(minibatch_id).num_prompts, policy_version)
+
+    @_serialized
+    def on_minibatch_completed(self, completed: CompletedMinibatch) -> IngestOutcome:
+        deadline = self.budget.deadline(completed.policy_version)
+        outcome, record, arrival = self.ingestor.receive(completed, deadline=deadline)
+        self.activity.on_generated(
+            completed.gu_id,
+            completed.actor_id,
+            started_at=completed.started_at,
+            finished_at=completed.finished_at,
+        )
+        if outcome is IngestOutcome.ACCEPTED:
+            assert record is not None and arrival is not None
+            self._running_on.pop((completed.gu_id, completed.actor_id))
+            self.sender.on_finished(completed.minibatch_id, completed.gu_id)
+            self.timings.gen.add(completed.generation_seconds)
+            timings = self.timings.current()
+            estimate = (
+                None if timings is None else eq4_d_off_estimate(arrival.depth_global_batches_before, timings)
+            )
+            self.lag.record_arrival(completed.minibatch_id, estimate)
+            self._update_backpressure()
+        self.events.append(
+            ev.MinibatchReceived(
+                time=self.clock.now(),
+                minibatch_id=completed.minibatch_id,
+                gu_id=completed.gu_id,
+                actor_id=completed.actor_id,
+                outcome=outcome.value,
+                num_samples=len(completed.samples),
+                generation_seconds=completed.generation_seconds,
+            )
+        )
+        return outcome
+
+    @_serialized
+    def on_actor_failed(self, gu_id: int, actor_id: int) -> list[int]:
+        """An actor died; re-queue what it was running. A GU left without actors fails whole."""
+        victims = self._take_in_flight(lambda rec: rec.gu_id == gu_id and rec.actor_id == actor_id)
+        requeued = self.database.fail_actor(gu_id, actor_id)
+        self._after_requeue(victims, requeued, "actor_failed")
+        if self.sender.gu(gu_id) is not None and self.sender.lose_actor(gu_id) == 0:
+            requeued += self._fail_gu(gu_id, "gu_without_actors")
+        return requeued
+
+    @_serialized
+    def on_gu_failed(self, gu_id: int) -> list[int]:
+        """A whole GU died; re-queue its queued and running minibatches and stop sending to it."""
+        return self._fail_gu(gu_id, "gu_failed")
+
+    def _fail_gu(self, gu_id: int, reason: str) -> list[int]:
+        victims = self._take_in_flight(lambda rec: rec.gu_id == gu_id)
+        requeued = self.database.fail_gu(gu_id)
+        self._after_requeue(victims, requeued, reason)
+        self.sender.remove_gu(gu_id)
+        return requeued
+
+    def _take_in_flight(self, match: Callable[[InFlight], bool]) -> dict[int, InFlight]:
+        # The Database drops these records on re-queue without mutating them, so keeping refs is safe.
+        return {mb_id: rec for mb_id, rec in self.database.in_flight_items() if match(rec)}
+
+    def _after_requeue(self, victims: dict[int, InFlight], requeued: list[int], reason: str) -> None:
+        assert set(victims) == set(requeued)
+        now = self.clock.now()
+        for mb_id in requeued:
+            rec = victims[mb_id]
+            if rec.actor_id is not None:  # it had started: give its lag reservation back
+                assert rec.policy_version is not None
+                self.budget.release(self.database.minibatch(mb_id).num_prompts, rec.policy_version)
+                self._running_on.pop((rec.gu_id, rec.actor_id), None)
+            self.sender.on_finished(mb_id, rec.gu_id)
+            self.events.append(
+                ev.MinibatchRequeued(
+                    time=now, minibatch_id=mb_id, gu_id=rec.gu_id, actor_id=rec.actor_id, reason=reason
+                )
+            )
+
+    # ---- weight flow ---------------------------------------------------------------------------
+    @property
+    def latest_version(self) -> int:
+        return self.weights.latest_version
+
+    @_serialized
+    def latest_snapshot(self) -> SnapshotInfo | None:
+        """The snapshot every actor should reload to before its next minibatch (None: initial)."""
+        return self.weights.latest
+
+    @_serialized
+    def on_snapshot_published(self, snapshot: SnapshotInfo, *, save_seconds: float | None = None) -> None:
+        """A snapshot is complete on storage; GUs should be told (the adapter notifies them)."""
+        self.weights.published(snapshot, save_seconds=save_seconds, steps_done=self.budget.next_step)
+
+    @_serialized
+    def on_snapshot_converted(self, gu_id: int, version: int, seconds: float) -> None:
+        self.weights.converted(gu_id, version, seconds)
+
+    @_serialized
+    def on_weights_loaded(self, gu_id: int, actor_id: int, version: int, seconds: float) -> None:
+        self.weights.loaded(gu_id, actor_id, version, seconds)
+
+    # ---- training side -------------------------------------------------------------------------
+    @_serialized
+    def pop_global_batch(self, step: int) -> GlobalBatch | None:
+        """The global batch for trainer step ``step``, or ``None`` if it must wait for rollouts."""
+        if self._step_in_progress is not None:
+            raise ProtocolError(
+                f"step {self._step_in_progress[0]} is still training; call on_train_step_done before popping."
+            )
+        if step != self.budget.next_step:
+            raise ProtocolError(
+                f"trainer steps are consumed in order: expected step {self.budget.next_step}, got {step}."
+            )
+        candidates = self.queue.candidates(self.config.num_prompts_per_global_batch)
+        full = len(candidates) == self.config.num_prompts_per_global_batch
+        if not candidates or not (full or self.database.all_completed()):
+            return None
+        deadlines = [c.deadline for c in candidates]
+        if not self.budget.can_consume(deadlines):
+            self.trainer_lag_holds += 1
+            return None
+        batch = self.queue.take(candidates, step=step)
+        self.budget.consume(deadlines)
+        lag = self.lag.on_consumed(batch)
+        self.prompts_consumed += batch.num_prompts
+        now = self.clock.now()
+        self._step_in_progress = (step, now)
+        self._update_backpressure()
+        self.events.append(
+            ev.GlobalBatchPopped(
+                time=now,
+                step=step,
+                num_prompts=batch.num_prompts,
+                num_samples=batch.num_samples,
+                d_off_max=lag.d_off_max,
+            )
+        )
+        return batch
+
+    @_serialized
+    def on_train_step_done(
+        self, step: int, snapshot: SnapshotInfo | None = None, *, save_seconds: float | None = None
+    ) -> None:
+        """Step ``step`` finished; ``snapshot`` (version ``step + 1``) if one was published with it."""
+        if self._step_in_progress is None or self._step_in_progress[0] != step:
+            raise ProtocolError(f"on_train_step_done({step}) without a popped global batch for that step.")
+        now = self.clock.now()
+        train_seconds = now - self._step_in_progress[1]
+        self._step_in_progress = None
+        self.timings.train.add(train_seconds)
+        self.events.append(ev.TrainStepDone(time=now, step=step, train_seconds=train_seconds))
+        if snapshot is not None:
+            self.on_snapshot_published(snapshot, save_seconds=save_seconds)
+
+    # ---- state -------------------------------------------------------------------------------
+    def _update_backpressure(self) -> None:
+        flipped = self.backpressure.update(self.queue.depth_samples)
+        if flipped is not None:
+            self.events.append(
+                ev.BackpressureChanged(
+                    time=self.clock.now(), paused=flipped, depth_samples=self.queue.depth_samples
+                )
+            )
+
+    @_serialized
+    def is_finished(self) -> bool:
+        """Every scheduled prompt has been consumed by the trainer."""
+        return self.prompts_consumed == self.database.num_prompts
+
+    @_serialized
+    def summary(self) -> RuntimeSummary:
+        return build_summary(self)
+
+    @_serialized
+    def check_invariants(self) -> None:
+        """Cross-check the parts' bookkeeping (tests and debug runs)."""
+        self.database.check_invariants()
+        running = {i for i, rec in self.database.in_flight_items() if rec.actor_id is not None}
+        assert running == set(self._running_on.values()), "running minibatches disagree with actor map"
+        queued_prompts = self.queue.depth_prompts
+        completed_prompts = sum(
+            self.database.minibatch(i).num_prompts
+            for i in self.database.minibatch_ids()
+            if self.database.state(i) is MinibatchState.COMPLETED
+        )
+        assert completed_prompts == queued_prompts + self.prompts_consumed, (
+            "prompts lost between ingest and trainer"
+        )

@@ -1,0 +1,146 @@
+"""A structured, append-only event log of the control plane.
+
+Components append typed events with the time they happened; metrics, plots, the simulator and
+the tests read them back by type. Events are small frozen records, so the log can be shipped
+across Ray or written out as JSON lines (``asdict`` plus the class name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MinibatchIssued:
+    time: float
+    minibatch_id: int
+    gu_id: int
+    attempt: int
+    batch_group_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MinibatchStarted:
+    time: float
+    minibatch_id: int
+    gu_id: int
+    actor_id: int
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MinibatchReceived:
+    """A completion reached the Ingestor; ``outcome`` says what was done with it."""
+
+    time: float
+    minibatch_id: int
+    gu_id: int
+    actor_id: int
+    outcome: str
+    """``accepted``, ``duplicate`` (already completed) or ``superseded`` (from a failed attempt)."""
+    num_samples: int
+    generation_seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MinibatchRequeued:
+    time: float
+    minibatch_id: int
+    gu_id: int
+    actor_id: int | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackpressureChanged:
+    time: float
+    paused: bool
+    depth_samples: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GlobalBatchPopped:
+    time: float
+    step: int
+    num_prompts: int
+    num_samples: int
+    d_off_max: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainStepDone:
+    time: float
+    step: int
+    train_seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotPublished:
+    time: float
+    version: int
+    path: str
+    save_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotConverted:
+    time: float
+    gu_id: int
+    version: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsLoaded:
+    time: float
+    gu_id: int
+    actor_id: int
+    version: int
+    seconds: float
+    newest_published: int
+    """Newest published version at load time; a reload should always pick it."""
+
+
+Event = (
+    MinibatchIssued
+    | MinibatchStarted
+    | MinibatchReceived
+    | MinibatchRequeued
+    | BackpressureChanged
+    | GlobalBatchPopped
+    | TrainStepDone
+    | SnapshotPublished
+    | SnapshotConverted
+    | WeightsLoaded
+)
+
+E = TypeVar("E")
+
+
+class EventLog:
+    """Append-only list of events, in the order they were appended."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+
+    def append(self, event: Event) -> None:
+        self._events.append(event)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._events)
+
+    def of_type(self, kind: type[E]) -> list[E]:
+        return [e for e in self._events if isinstance(e, kind)]
+
+    def since(self, index: int) -> list[Event]:
+        """Events appended at or after position ``index`` (for incremental metric sinks)."""
+        return self._events[index:]
+
+    @staticmethod
+    def to_json_dict(event: Event) -> dict[str, Any]:
+        return {"event": type(event).__name__, **asdict(event)}

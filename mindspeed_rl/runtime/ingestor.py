@@ -1,0 +1,134 @@
+"""The Ingestor: the one door from generation into the Training Queue.
+
+It accepts a completed minibatch only from the attempt the Database currently has running, so
+that a GU or actor declared failed cannot add its samples next to those of the re-issue:
+
+* ``duplicate``  — the minibatch is already completed (e.g. a late reply after the re-issue won);
+* ``superseded`` — it comes from an attempt that was failed and re-queued; the re-issue will
+  deliver the minibatch instead. Accepting it would need a fresh lag reservation for weights that
+  may by now be too old, and would race with the re-issue; dropping it costs one regeneration.
+
+Both are counted and recorded, never silently ignored. Accepted samples are validated (every
+prompt of the minibatch, exactly ``n`` samples each, the version the start was granted with),
+stamped with the receive time and forwarded with their lag deadline.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from mindspeed_rl.runtime.clock import Clock
+from mindspeed_rl.runtime.database import Database, InFlight, MinibatchState
+from mindspeed_rl.runtime.errors import ProtocolError
+from mindspeed_rl.runtime.records import CompletedMinibatch
+from mindspeed_rl.runtime.training_queue import QueueArrival, TrainingQueue
+
+
+class IngestOutcome(enum.Enum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    SUPERSEDED = "superseded"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Receipt:
+    """One completion as the Ingestor saw it (the per-GU send/receive record)."""
+
+    minibatch_id: int
+    attempt: int
+    gu_id: int
+    actor_id: int
+    outcome: IngestOutcome
+    issued_at: float | None
+    """When the CU sent it (``None`` if the attempt is no longer tracked)."""
+    started_at: float
+    finished_at: float
+    received_at: float
+    num_samples: int
+
+
+class Ingestor:
+    def __init__(
+        self, *, database: Database, queue: TrainingQueue, num_samples_per_prompt: int, clock: Clock
+    ) -> None:
+        self._db = database
+        self._queue = queue
+        self._n = num_samples_per_prompt
+        self._clock = clock
+        self.receipts: list[Receipt] = []
+        self.outcomes: Counter[IngestOutcome] = Counter()
+        self.received_per_gu: Counter[int] = Counter()
+
+    def receive(
+        self, completed: CompletedMinibatch, *, deadline: int | None
+    ) -> tuple[IngestOutcome, InFlight | None, QueueArrival | None]:
+        """Classify, validate and forward one completion; returns what happened to it."""
+        now = self._clock.now()
+        state = self._db.state(completed.minibatch_id)
+        record = self._db.in_flight(completed.minibatch_id)
+        if state is MinibatchState.COMPLETED:
+            outcome = IngestOutcome.DUPLICATE
+        elif record is None or record.attempt != completed.attempt or record.actor_id is None:
+            outcome = IngestOutcome.SUPERSEDED
+        else:
+            outcome = IngestOutcome.ACCEPTED
+        arrival = None
+        if outcome is IngestOutcome.ACCEPTED:
+            assert record is not None
+            self._validate(completed, record)
+            record = self._db.mark_completed(completed.minibatch_id)
+            stamped = tuple(replace(s, received_at=now) for s in completed.samples)
+            arrival = self._queue.put(replace(completed, samples=stamped), deadline=deadline)
+        self._record(completed, outcome, record, now)
+        return outcome, (record if outcome is IngestOutcome.ACCEPTED else None), arrival
+
+    def _record(
+        self, completed: CompletedMinibatch, outcome: IngestOutcome, record: InFlight | None, now: float
+    ) -> None:
+        same_attempt = record is not None and record.attempt == completed.attempt
+        self.receipts.append(
+            Receipt(
+                minibatch_id=completed.minibatch_id,
+                attempt=completed.attempt,
+                gu_id=completed.gu_id,
+                actor_id=completed.actor_id,
+                outcome=outcome,
+                issued_at=record.issued_at if same_attempt and record is not None else None,
+                started_at=completed.started_at,
+                finished_at=completed.finished_at,
+                received_at=now,
+                num_samples=len(completed.samples),
+            )
+        )
+        self.outcomes[outcome] += 1
+        self.received_per_gu[completed.gu_id] += 1
+
+    def _validate(self, completed: CompletedMinibatch, record: InFlight) -> None:
+        mb = self._db.minibatch(completed.minibatch_id)
+        where = f"minibatch {mb.minibatch_id} (attempt {completed.attempt})"
+        if (completed.gu_id, completed.actor_id) != (record.gu_id, record.actor_id):
+            raise ProtocolError(
+                f"{where} returned by GU {completed.gu_id} actor {completed.actor_id} but started on GU "
+                f"{record.gu_id} actor {record.actor_id}; return it from the actor that was granted the start."
+            )
+        if completed.policy_version != record.policy_version:
+            raise ProtocolError(
+                f"{where} generated with version {completed.policy_version} but its start was granted for "
+                f"version {record.policy_version}; request_start with the version the actor will use."
+            )
+        expected = {(p, i) for p in mb.prompt_ids for i in range(self._n)}
+        got = [(s.prompt_id, s.sample_index) for s in completed.samples]
+        if len(got) != len(expected) or set(got) != expected:
+            missing, extra = sorted(expected - set(got))[:3], sorted(set(got) - expected)[:3]
+            raise ProtocolError(
+                f"{where} must hold exactly {self._n} samples for each of its {mb.num_prompts} prompts "
+                f"(missing {missing}, unexpected {extra}, {len(got)} given); return the whole minibatch."
+            )
+        for s in completed.samples:
+            if s.minibatch_id != mb.minibatch_id or s.policy_version != completed.policy_version:
+                raise ProtocolError(
+                    f"{where}: sample {s.prompt_id}#{s.sample_index} carries minibatch {s.minibatch_id} / "
+                    f"version {s.policy_version}; stamp samples with their minibatch and generating version."
+                )

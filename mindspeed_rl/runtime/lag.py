@@ -1,0 +1,66 @@
+"""Measured off-policy distance, with the Eq. 4 estimate recorded alongside.
+
+Every sample carries the policy version that generated it, so ``d_off = step - version`` is
+measured exactly at consumption. For comparison, each arriving minibatch gets the paper's
+estimate from the queue depth it found and the mean timings measured so far; a step's estimate
+is the mean over the prompts it consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindspeed_rl.runtime.records import GlobalBatch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepLag:
+    step: int
+    num_samples: int
+    d_off_mean: float
+    d_off_max: int
+    d_off_min: int
+    d_off_estimate_mean: float | None
+    """Mean Eq. 4 estimate over the step's prompts; ``None`` if none had timings yet."""
+
+
+class LagTracker:
+    def __init__(self) -> None:
+        self._estimates: dict[int, float | None] = {}  # minibatch id -> Eq. 4 at its arrival
+        self.steps: list[StepLag] = []
+        self._sum_d_off = 0
+        self._num_samples = 0
+
+    def record_arrival(self, minibatch_id: int, estimate: float | None) -> None:
+        self._estimates[minibatch_id] = estimate
+
+    def on_consumed(self, batch: GlobalBatch) -> StepLag:
+        d_offs = [batch.step - s.policy_version for s in batch.samples]
+        assert d_offs, "a consumed global batch has samples"
+        assert min(d_offs) >= 0, f"step {batch.step} consumed samples from a future policy version"
+        estimates = [e for p in batch.prompts if (e := self._estimates.get(p.minibatch_id)) is not None]
+        lag = StepLag(
+            step=batch.step,
+            num_samples=len(d_offs),
+            d_off_mean=sum(d_offs) / len(d_offs),
+            d_off_max=max(d_offs),
+            d_off_min=min(d_offs),
+            d_off_estimate_mean=sum(estimates) / len(estimates) if estimates else None,
+        )
+        self.steps.append(lag)
+        self._sum_d_off += sum(d_offs)
+        self._num_samples += len(d_offs)
+        return lag
+
+    @property
+    def max_d_off(self) -> int | None:
+        return max((s.d_off_max for s in self.steps), default=None)
+
+    @property
+    def mean_d_off(self) -> float | None:
+        return self._sum_d_off / self._num_samples if self._num_samples else None
+
+    @property
+    def mean_estimate(self) -> float | None:
+        values = [s.d_off_estimate_mean for s in self.steps if s.d_off_estimate_mean is not None]
+        return sum(values) / len(values) if values else None

