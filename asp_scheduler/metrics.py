@@ -55,7 +55,9 @@ def load_balance(minibatch_loads: np.ndarray, k: int) -> tuple[float, float]:
     return cv, spread
 
 
-def segment_metrics(values: np.ndarray, endpoints: np.ndarray, dispatch: np.ndarray, k: int) -> ScheduleMetrics:
+def segment_metrics(
+    values: np.ndarray, endpoints: np.ndarray, dispatch: np.ndarray, k: int
+) -> ScheduleMetrics:
     """Metrics when minibatch m is ``values[endpoints[m]:endpoints[m + 1]]`` and is dispatched at
     position p where ``dispatch[p] == m`` (the scheduler's layout: no gather of 10^7 items)."""
     starts = endpoints[:-1]

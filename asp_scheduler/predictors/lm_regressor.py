@@ -91,7 +91,9 @@ class LMRegressor:
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             if tokenizer.eos_token_id is None:
-                raise ValueError(f"{path}: tokenizer has neither a pad nor an eos token; add a pad token to it")
+                raise ValueError(
+                    f"{path}: tokenizer has neither a pad nor an eos token; add a pad token to it"
+                )
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "right"
         tokenizer.truncation_side = "left"
@@ -111,7 +113,9 @@ class LMRegressor:
             max_length=self.config.max_prompt_tokens,
             return_tensors="pt",
         )
-        return {k: v.to(self.config.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+        return {
+            k: v.to(self.config.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")
+        }
 
     def fit(self, prompts: Sequence[PromptItem], lengths: np.ndarray) -> LMRegressor:
         """Fine-tune a fresh copy of ``model_path`` (every call starts from the original weights)."""
@@ -120,7 +124,10 @@ class LMRegressor:
         mean = float(np.average(target, weights=weights))
         std = float(np.sqrt(np.average((target - mean) ** 2, weights=weights)))
         self._scale = _TargetScale(
-            mean=mean, std=std if std > 1e-6 else 1.0, log_min=float(target.min()), log_max=float(target.max())
+            mean=mean,
+            std=std if std > 1e-6 else 1.0,
+            log_min=float(target.min()),
+            log_max=float(target.max()),
         )
         self._load_pretrained(self.model_path)
         texts = [p.text for p in groups.prompts]
@@ -158,7 +165,9 @@ class LMRegressor:
         import torch
 
         if self._model is None or self._scale is None:
-            raise ValueError("LMRegressor.predict called before fit() or load(); fit or load a predictor first")
+            raise ValueError(
+                "LMRegressor.predict called before fit() or load(); fit or load a predictor first"
+            )
         # One forward pass per distinct prompt; repeated samples share it.
         unique = list(dict.fromkeys(p.text for p in prompts))
         outputs = np.empty(len(unique), dtype=np.float64)
@@ -202,7 +211,9 @@ class LMRegressor:
             raise ValueError(f"{path}: no {_META_FILE}; pass a folder written by LMRegressor.save()")
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if meta.get("version") != _META_VERSION:
-            raise ValueError(f"{meta_path}: version {meta.get('version')!r} is not {_META_VERSION}; re-save it")
+            raise ValueError(
+                f"{meta_path}: version {meta.get('version')!r} is not {_META_VERSION}; re-save it"
+            )
         settings = dict(meta["config"])
         if device is not None:
             settings["device"] = device

@@ -60,7 +60,6 @@ _REQUIRED_KEYS = (
     "ffn_hidden_size",
     "num_attention_heads",
     "max_position_embeddings",
-    "padded_vocab_size",
 )
 _MAPPED_KEYS = frozenset(
     {
@@ -70,6 +69,8 @@ _MAPPED_KEYS = frozenset(
         "kv_channels",
         "rotary_base",
         "norm_epsilon",
+        "padded_vocab_size",
+        "make_vocab_size_divisible_by",
         "untie_embeddings_and_output_weights",
         "init_method_std",
     }
@@ -78,18 +79,18 @@ _MAPPED_KEYS = frozenset(
 # silently build a different network than the user described.
 _FIXED_VALUES: Mapping[str, Any] = {
     "add_qkv_bias": False,
+    "disable_bias_linear": True,
     "qk_layernorm": True,
     "normalization": "RMSNorm",
     "swiglu": True,
     "position_embedding_type": "rope",
+    "rotary_percent": 1.0,
 }
 # Megatron/NPU implementation choices: they do not change the function the network computes.
 _INERT_KEYS = frozenset(
     {
         "use_mcore_models",
         "spec",
-        "make_vocab_size_divisible_by",
-        "disable_bias_linear",
         "attention_softmax_in_fp32",
         "no_gradient_accumulation_fusion",
         "no_masked_softmax_fusion",
@@ -106,6 +107,7 @@ _INERT_KEYS = frozenset(
         "hidden_dropout",
     }
 )
+# Only meaningful when num_experts is set, which create_tiny_model rejects (it builds dense models).
 _MOE_KEYS = frozenset(
     {
         "num_experts",
@@ -114,6 +116,12 @@ _MOE_KEYS = frozenset(
         "moe_grouped_gemm",
         "moe_token_dispatcher_type",
         "moe_aux_loss_coeff",
+        "moe_router_load_balancing_type",
+        "moe_permutation_async_comm",
+        "moe_alltoall_overlap_comm",
+        "moe_layer_freq",
+        "first_k_dense_replace",
+        "n_shared_experts",
         "norm_topk_prob",
     }
 )
@@ -164,16 +172,16 @@ class _Arch:
 
 
 def _check_keys(arch: Mapping[str, Any]) -> None:
-    missing = [k for k in _REQUIRED_KEYS if k not in arch]
+    # 0 / None are the schema's "not given" values.
+    missing = [k for k in _REQUIRED_KEYS if not arch.get(k)]
     if missing:
         raise ValueError(f"model architecture is missing {missing}; add them to the model YAML")
-    moe = sorted(_MOE_KEYS & set(arch))
-    if moe:
+    if arch.get("num_experts"):
         raise ValueError(
-            f"model architecture has MoE keys {moe}, but create_tiny_model builds a dense Qwen3 model; "
-            "remove them, or point the run at an existing HF folder of the MoE model instead"
+            f"num_experts={arch['num_experts']}, but create_tiny_model builds a dense Qwen3 model; "
+            "remove num_experts, or point the run at an existing HF folder of the MoE model instead"
         )
-    unknown = sorted(set(arch) - _MAPPED_KEYS - _INERT_KEYS - set(_FIXED_VALUES))
+    unknown = sorted(set(arch) - _MAPPED_KEYS - _INERT_KEYS - _MOE_KEYS - set(_FIXED_VALUES))
     if unknown:
         raise ValueError(
             f"model architecture has unknown keys {unknown}; remove them "
@@ -204,8 +212,8 @@ def _parse_arch(arch: Mapping[str, Any]) -> _Arch:
         raise ValueError(
             f"hidden_size={hidden} is not divisible by num_attention_heads={heads}; set kv_channels"
         )
-    vocab = int(arch["padded_vocab_size"])
     min_vocab = len(SPECIAL_TOKENS) + len(CHARACTERS)
+    vocab = int(arch.get("padded_vocab_size") or _pad_vocab(min_vocab, arch))
     if vocab < min_vocab:
         raise ValueError(f"padded_vocab_size={vocab} is smaller than the tokenizer ({min_vocab}); raise it")
     return _Arch(
@@ -221,6 +229,12 @@ def _parse_arch(arch: Mapping[str, Any]) -> _Arch:
         norm_epsilon=float(arch.get("norm_epsilon", 1e-6)),
         init_method_std=float(arch.get("init_method_std", 0.02)),
     )
+
+
+def _pad_vocab(size: int, arch: Mapping[str, Any]) -> int:
+    # Megatron's rule when padded_vocab_size is unset: round the tokenizer size up to a multiple.
+    divisor = int(arch.get("make_vocab_size_divisible_by") or 128)
+    return -(-size // divisor) * divisor
 
 
 def qwen3_config_from_arch(arch: Mapping[str, Any]) -> Qwen3Config:
@@ -271,7 +285,8 @@ def create_tiny_model(path: str | os.PathLike[str], arch: Mapping[str, Any], see
         # fork_rng keeps the caller's global RNG stream untouched by model creation.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = Qwen3ForCausalLM(config).to(torch.float32)
+            model = Qwen3ForCausalLM(config)
+        assert model.dtype == torch.float32, model.dtype
         model.generation_config = GenerationConfig(
             eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID, do_sample=True
         )

@@ -52,7 +52,7 @@ def keep_torch_set_num_threads() -> Iterator[None]:
         yield
     finally:
         if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
-            torch.set_num_threads = original  # type: ignore[assignment]
+            torch.set_num_threads = original
 
 
 def check_cpu_head_dim(head_dim: int) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asp_scheduler.predictors.base import PromptItem
+from asp_scheduler.predictors.base import LengthPredictor, PromptItem
 from asp_scheduler.predictors.from_file import FilePredictor, load_predictions, save_predictions
 
 
@@ -34,7 +34,7 @@ def test_save_then_predict_round_trips_exactly(tmp_path: Path, suffix: str) -> N
 
 def test_fit_is_a_no_op_returning_self(tmp_path: Path) -> None:
     path = save_predictions(tmp_path / "p.jsonl", ["a", "b"], [10.0, 20.0])
-    predictor = FilePredictor(path)
+    predictor: LengthPredictor = FilePredictor(path)  # mypy checks the Protocol here
     assert predictor.fit(_items(["a", "b"]), np.array([99.0, 1.0])) is predictor
     np.testing.assert_array_equal(predictor.predict(_items(["b", "a"])), [20.0, 10.0])
 
@@ -66,13 +66,21 @@ def test_identical_duplicates_are_accepted_conflicting_ones_rejected(tmp_path: P
         {"prompt_id": "a", "predicted_length": 7},
     ]
     conflict = _write_jsonl(tmp_path / "conflict.jsonl", rows)
-    with pytest.raises(ValueError, match=r"conflict\.jsonl:3: prompt id 'a' has length 7\.0 here but 5\.0 on line 1"):
+    with pytest.raises(
+        ValueError, match=r"conflict\.jsonl:3: prompt id 'a' has length 7\.0 here but 5\.0 on line 1"
+    ):
         load_predictions(conflict)
 
 
 @pytest.mark.parametrize(
     ("raw", "problem"),
-    [("abc", "not a number"), (True, "not a number"), (None, "not a number"), (-3, "finite and > 0"), (0, "> 0")],
+    [
+        ("abc", "not a number"),
+        (True, "not a number"),
+        (None, "not a number"),
+        (-3, "finite and > 0"),
+        (0, "> 0"),
+    ],
 )
 def test_bad_lengths_name_file_and_line(tmp_path: Path, raw: object, problem: str) -> None:
     rows = [{"prompt_id": "ok", "predicted_length": 1}, {"prompt_id": "bad", "predicted_length": raw}]

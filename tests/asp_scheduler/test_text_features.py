@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asp_scheduler.predictors.base import PromptItem, evaluate_predictor
+from asp_scheduler.predictors.base import LengthPredictor, PromptItem, evaluate_predictor
 from asp_scheduler.predictors.text_features import (
     NUM_NUMERIC_FEATURES,
     TextFeatureConfig,
@@ -52,7 +52,8 @@ def test_learns_an_easy_relation_on_held_out_prompts() -> None:
 
 def test_predictions_are_positive_float64_and_deterministic() -> None:
     prompts, lengths = _synthetic(60, 2, seed=1)
-    first = TextFeaturePredictor().fit(prompts, lengths).predict(prompts)
+    predictor: LengthPredictor = TextFeaturePredictor()  # mypy checks the Protocol here
+    first = predictor.fit(prompts, lengths).predict(prompts)
     second = TextFeaturePredictor().fit(prompts, lengths).predict(prompts)
     assert first.dtype == np.float64 and first.shape == (120,)
     assert np.all(first > 0)

@@ -33,6 +33,8 @@ class SamplingConfig:
     top_k: int = -1
     """-1 disables top-k."""
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    """vLLM backend only (the HF engine rejects values other than 1.0)."""
     logprobs: int = 1
     """Accepted for upstream compatibility; engines always return the sampled token's log-prob
     (the only one GRPO uses) and no top-k alternatives."""
@@ -52,6 +54,7 @@ class SamplingConfig:
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (self.top_k == -1 or self.top_k >= 1, "top_k must be -1 (off) or >= 1"),
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty must be > 0 (1.0 = off)"),
             (self.logprobs >= 0, "logprobs must be >= 0"),
             (self.min_tokens >= 0, "min_tokens must be >= 0"),
         )

@@ -22,6 +22,7 @@ _VLLM_KEYS = {
     "enable_expert_parallel": "enable_expert_parallel",
     "enforce_eager": "enforce_eager",
     "trust_remote_code": "trust_remote_code",
+    "enable_chunked_prefill": "enable_chunked_prefill",
     "num_threads": "num_threads",
     "cpu_kvcache_space_gib": "kv_cache_space_gib",
 }
@@ -35,6 +36,8 @@ _NOT_ENGINE_KEYS = frozenset(
         "offload_train_param",
         "infer_expert_parallel_size",
         "infer_pipeline_parallel_size",
+        "torchair_graph",  # vllm-ascend only
+        "ascend_scheduler_config_enabled",  # vllm-ascend only
     }
 )
 

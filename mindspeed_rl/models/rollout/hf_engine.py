@@ -62,7 +62,8 @@ class HFEngine:
         # there, which would then leak into later layers through the KV cache).
         self._model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), attn_implementation="eager"
-        ).to(self._device)
+        )
+        torch.nn.Module.to(self._model, self._device)
         self._model.eval()
         config = self._model.config
         self._max_model_len = int(max_model_len or config.max_position_embeddings)
@@ -84,6 +85,11 @@ class HFEngine:
         max_tokens_per_prompt: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         check_num_samples(n)
+        if sampling.repetition_penalty != 1.0:
+            raise ValueError(
+                f"repetition_penalty={sampling.repetition_penalty} is not implemented by the HF engine; "
+                "set it to 1.0 or use the vllm backend"
+            )
         limits = resolve_max_tokens(prompts, sampling, max_tokens_per_prompt, self._max_model_len)
         rows = [
             _Row(prompt=p, max_tokens=m, min_tokens=min(sampling.min_tokens, m))

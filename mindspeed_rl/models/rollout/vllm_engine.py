@@ -41,6 +41,8 @@ class VLLMOptions:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = False
     enable_expert_parallel: bool = False
+    enable_chunked_prefill: bool | None = None
+    """None: vLLM's default."""
     enforce_eager: bool | None = None
     """None: eager on CPU (no graph compile on 2 cores), CUDA graphs elsewhere."""
     trust_remote_code: bool = False
@@ -85,6 +87,7 @@ class VLLMEngine:
             "gpu_memory_utilization": opts.gpu_memory_utilization,
             "enable_prefix_caching": opts.enable_prefix_caching,
             "enable_expert_parallel": opts.enable_expert_parallel,
+            "enable_chunked_prefill": opts.enable_chunked_prefill,
             "enforce_eager": on_cpu if opts.enforce_eager is None else opts.enforce_eager,
             "trust_remote_code": opts.trust_remote_code,
             "logprobs_mode": "processed_logprobs",
@@ -116,6 +119,7 @@ class VLLMEngine:
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
                 ignore_eos=sampling.ignore_eos,
                 # Distinct per prompt: one shared seed would give every prompt the same noise.
                 seed=None if sampling.seed is None else sampling.seed + i * n,

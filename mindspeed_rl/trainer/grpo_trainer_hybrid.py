@@ -1,0 +1,125 @@
+"""Upstream's alternating GRPO loop: generate → reward → ref/old log-probs → update → push weights.
+
+    prompts ──► GenerationActor.generate_minibatch ──► TrainingUnit.train_step ──┐
+       ▲                                                                         │
+       └──────────── GenerationActor.load_weights ◄── TrainingUnit weights ◄─────┘
+
+Every iteration is strictly on-policy: the rollout engine gets the new weights before the next
+global batch is generated (``d_off`` = 0). The async pipeline (``grpo_trainer_async``) reuses the
+same TrainingUnit and GenerationActor; only the schedule around them differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, ScheduledMinibatch
+from mindspeed_rl.trainer import components
+from mindspeed_rl.utils.metrics import MetricsWriter, format_progress
+from mindspeed_rl.utils.run_summary import write_summary
+
+if TYPE_CHECKING:
+    from mindspeed_rl.config_cls import GRPOConfig
+
+logger = logging.getLogger(__name__)
+CONSOLE_KEYS = ("reward_mean", "response_length_mean", "tokens_per_s", "iteration_time_s")
+
+
+def train(config: GRPOConfig, run_dir: Path) -> None:
+    import ray
+
+    from mindspeed_rl.utils.ray_setup import ray_actor_options
+    from mindspeed_rl.workers.generation_actor import GenerationActor
+    from mindspeed_rl.workers.training_unit import TrainingUnit
+
+    policy_path = str(components.prepare_policy_model(config))
+    prompt_set = components.load_prompt_set(config, components.load_tokenizer(policy_path))
+    prompts = {r.prompt_id: r for r in prompt_set.records}
+    batches = components.global_batches(config, [r.prompt_id for r in prompt_set.records])
+
+    resources = config.rl_config.actor_resource
+    options = ray_actor_options(resources)
+    trainer = ray.remote(TrainingUnit).options(**options).remote(config, policy_path, prompts)
+    actor = (
+        ray.remote(GenerationActor)
+        .options(**options)
+        .remote(
+            config,
+            policy_path,
+            prompts,
+            num_cpus=resources.num_cpus,
+            seed=config.megatron_training.training.seed,
+        )
+    )
+    # Engine start-up (model load, vLLM warm-up) is not part of any iteration's time.
+    ray.get([trainer.__ray_ready__.remote(), actor.__ray_ready__.remote()])
+    num_iters = config.megatron_training.training.train_iters
+    with MetricsWriter(run_dir, use_tensorboard=config.rl_config.use_tensorboard) as sink:
+        for iteration, prompt_ids in enumerate(batches):
+            record = _iteration(iteration, prompt_ids, actor, trainer)
+            logger.info(format_progress(sink.write(iteration, record), num_iters, CONSOLE_KEYS))
+            _maybe_save(config, run_dir, iteration, trainer)
+    ray.get(trainer.save_hf.remote(str(run_dir / "final_model")))
+    write_summary(
+        run_dir,
+        pipeline="hybrid",
+        prompts_scheduled=sum(len(b) for b in batches),
+        prompts_consumed=sum(len(b) for b in batches),
+        # Hybrid generation happens under the exact weights being trained: no lag, no queue.
+        max_policy_lag_measured=0,
+        max_queue_depth_samples=0,
+        queue_limit_samples=None,
+    )
+
+
+def _iteration(
+    iteration: int, prompt_ids: tuple[str, ...], actor: object, trainer: object
+) -> dict[str, float]:
+    import ray
+
+    start = time.perf_counter()
+    minibatch = ScheduledMinibatch(
+        minibatch_id=iteration,
+        prompt_ids=prompt_ids,
+        batch_group_id=iteration,
+        predicted_load=0.0,
+        order_index=iteration,
+    )
+    completed: CompletedMinibatch = ray.get(actor.generate_minibatch.remote(minibatch))  # type: ignore[attr-defined]
+    gen_s = time.perf_counter() - start
+    stats = ray.get(trainer.train_step.remote(group_by_prompt(completed)))  # type: ignore[attr-defined]
+    train_s = time.perf_counter() - start - gen_s
+    weights = trainer.inference_weights.remote()  # type: ignore[attr-defined]
+    ray.get(actor.load_weights.remote(weights, iteration + 1))  # type: ignore[attr-defined]
+    total_s = time.perf_counter() - start
+    return {
+        **stats,
+        "iteration_time_s": total_s,
+        "tokens_per_s": stats["num_response_tokens"] / total_s,
+        "time/generate_s": gen_s,
+        "time/train_s": train_s,
+        "time/weight_sync_s": total_s - gen_s - train_s,
+        "generate_tokens_per_s": stats["num_response_tokens"] / gen_s,
+    }
+
+
+def group_by_prompt(completed: CompletedMinibatch) -> tuple[PromptGroup, ...]:
+    """The minibatch's samples as whole prompt groups, in the minibatch's prompt order."""
+    by_prompt: dict[str, list] = {}
+    for sample in completed.samples:
+        by_prompt.setdefault(sample.prompt_id, []).append(sample)
+    return tuple(
+        PromptGroup(prompt_id=pid, minibatch_id=completed.minibatch_id, samples=tuple(samples))
+        for pid, samples in by_prompt.items()
+    )
+
+
+def _maybe_save(config: GRPOConfig, run_dir: Path, iteration: int, trainer: object) -> None:
+    import ray
+
+    interval = config.megatron_training.training.save_interval
+    if interval and (iteration + 1) % interval == 0:
+        ray.get(trainer.save_hf.remote(str(run_dir / "checkpoints" / f"iter_{iteration + 1:07d}")))  # type: ignore[attr-defined]

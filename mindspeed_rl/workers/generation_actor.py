@@ -1,0 +1,103 @@
+"""A generation actor: one rollout engine that decodes whole minibatches.
+
+Lifecycle (SPEC §4): receive a minibatch → generate all ``n`` samples of every prompt → return
+them together. Weight reloads happen only between minibatches: the caller (hybrid loop, or the
+Generation Unit in the async pipeline) never calls ``load_weights`` while ``generate_minibatch``
+runs, because an actor is a single-threaded Ray actor.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
+from mindspeed_rl.workers.training_unit import torch_threads_for
+
+if TYPE_CHECKING:
+    import torch
+
+    from mindspeed_rl.config_cls import GRPOConfig
+    from mindspeed_rl.datasets import PromptRecord
+
+
+class GenerationActor:
+    def __init__(
+        self,
+        config: GRPOConfig,
+        policy_path: str,
+        prompts: Mapping[str, PromptRecord],
+        *,
+        gu_id: int = 0,
+        actor_id: int = 0,
+        num_cpus: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        from mindspeed_rl.models.rollout.factory import build_rollout_engine
+        from mindspeed_rl.trainer.components import generate_config_mapping, sampling_config
+
+        engine_keys = generate_config_mapping(config)
+        engine_keys.setdefault("num_threads", torch_threads_for(num_cpus))
+        self._engine = build_rollout_engine(
+            config.rl_config.rollout_backend, policy_path, engine_keys, seed=seed
+        )
+        self._sampling = sampling_config(config)
+        self._n = config.rl_config.n_samples_per_prompt
+        self._prompts = dict(prompts)
+        self.gu_id = gu_id
+        self.actor_id = actor_id
+        self.policy_version = 0
+
+    def generate_minibatch(
+        self, minibatch: ScheduledMinibatch, *, attempt: int = 0, sent_at: float = 0.0
+    ) -> CompletedMinibatch:
+        started = time.time()
+        token_ids = [self._prompts[pid].token_ids for pid in minibatch.prompt_ids]
+        outputs = self._engine.generate(token_ids, self._sampling, n=self._n)
+        samples = tuple(
+            Sample(
+                prompt_id=pid,
+                sample_index=j,
+                minibatch_id=minibatch.minibatch_id,
+                response_token_ids=completion.token_ids,
+                rollout_log_probs=completion.log_probs,
+                reward=None,
+                policy_version=self.policy_version,
+                gu_id=self.gu_id,
+                actor_id=self.actor_id,
+                sent_at=sent_at,
+                finish_reason=completion.finish_reason,
+            )
+            for pid, completions in zip(minibatch.prompt_ids, outputs)
+            for j, completion in enumerate(completions)
+        )
+        return CompletedMinibatch(
+            minibatch_id=minibatch.minibatch_id,
+            attempt=attempt,
+            samples=samples,
+            gu_id=self.gu_id,
+            actor_id=self.actor_id,
+            policy_version=self.policy_version,
+            started_at=started,
+            finished_at=time.time(),
+        )
+
+    def load_weights(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> float:
+        """In-place reload; returns seconds spent. Called only between minibatches."""
+        tic = time.perf_counter()
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        self._engine.load_weights(items)
+        self.policy_version = version
+        return time.perf_counter() - tic
+
+    def load_weights_from_path(self, path: str, version: int) -> float:
+        tic = time.perf_counter()
+        self._engine.load_weights_from_path(path)
+        self.policy_version = version
+        return time.perf_counter() - tic
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()

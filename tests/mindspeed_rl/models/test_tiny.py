@@ -1,0 +1,101 @@
+"""The tiny Qwen3 model and its character tokenizer, built locally."""
+
+from __future__ import annotations
+
+import random
+import string
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from mindspeed_rl.models.tiny import (
+    TINY_TEST_ARCH,
+    build_char_tokenizer,
+    create_tiny_model,
+    ensure_model,
+    qwen3_config_from_arch,
+)
+
+PRINTABLE = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")
+
+
+def test_tokenizer_round_trips_printable_ascii_exactly() -> None:
+    tok = build_char_tokenizer()
+    rng = random.Random(0)
+    texts = ["  two  spaces ", "\ttab\nnewline\n", "".join(rng.choice(PRINTABLE) for _ in range(400))]
+    for text in texts:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert len(ids) == len(text)
+        assert tok.decode(ids) == text
+    assert len(tok) == 101 < 128
+
+
+def test_special_tokens_are_single_ids() -> None:
+    tok = build_char_tokenizer()
+    ids = tok("<|im_start|>user\nhi<|im_end|><|endoftext|>", add_special_tokens=False)["input_ids"]
+    assert ids[0] == 2 and ids[-2:] == [3, 1]
+    assert (tok.pad_token_id, tok.eos_token_id) == (0, 1)
+
+
+def test_unknown_character_is_an_error_not_a_silent_token() -> None:
+    with pytest.raises(Exception, match="UNK"):
+        build_char_tokenizer()("é")
+
+
+def test_arch_keys_map_to_qwen3_config() -> None:
+    cfg = qwen3_config_from_arch(TINY_TEST_ARCH)
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size) == (2, 64, 128)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (4, 2, 32)
+    assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.tie_word_embeddings) == (128, 512, False)
+    assert cfg.rope_parameters is not None and cfg.rope_parameters["rope_theta"] == 1e6
+    no_vocab = {k: v for k, v in TINY_TEST_ARCH.items() if k != "padded_vocab_size"}
+    assert qwen3_config_from_arch({**no_vocab, "make_vocab_size_divisible_by": 64}).vocab_size == 128
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"untie_embeddings_and_output_weights": False}, "untie_embeddings_and_output_weights must be true"),
+        ({"num_experts": 8}, "dense"),
+        ({"qk_layernorm": False}, "qk_layernorm: True"),
+        ({"num_query_groups": 3}, "multiple of num_query_groups"),
+        ({"num_layer": 2}, r"unknown keys \['num_layer'\]"),
+        ({"num_layers": 0}, "missing"),
+        ({"padded_vocab_size": 64}, "smaller than the tokenizer"),
+    ],
+)
+def test_bad_architecture_is_rejected(override: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        qwen3_config_from_arch({**TINY_TEST_ARCH, **override})
+
+
+def test_create_saves_a_loadable_seeded_hf_folder(tmp_path: Path) -> None:
+    path = create_tiny_model(tmp_path / "m", TINY_TEST_ARCH, seed=3)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.decode(tok("a b  c")["input_ids"]) == "a b  c"
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.dtype == torch.float32
+    assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    assert model.generation_config.eos_token_id == 1 and model.generation_config.pad_token_id == 0
+    again = create_tiny_model(tmp_path / "again", TINY_TEST_ARCH, seed=3)
+    other = create_tiny_model(tmp_path / "other", TINY_TEST_ARCH, seed=4)
+    weights = [load_file(p / "model.safetensors")["lm_head.weight"] for p in (path, again, other)]
+    assert torch.equal(weights[0], weights[1]) and not torch.equal(weights[0], weights[2])
+    with pytest.raises(ValueError, match="already exists"):
+        create_tiny_model(path, TINY_TEST_ARCH)
+
+
+def test_ensure_model_creates_once_and_checks_the_architecture(tmp_path: Path) -> None:
+    path = ensure_model(tmp_path / "m", TINY_TEST_ARCH)
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert ensure_model(path, TINY_TEST_ARCH) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+    assert AutoConfig.from_pretrained(path).num_hidden_layers == 2
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        ensure_model(path, {**TINY_TEST_ARCH, "num_layers": 3})
+    (path / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="lacks"):
+        ensure_model(path, TINY_TEST_ARCH)

@@ -1,0 +1,115 @@
+"""Engine-agnostic acceptance checks; test_hf_engine.py and test_vllm_engine.py run them all.
+
+Each check perturbs a fresh HF copy of the weights, pushes it into the engine, and compares the
+engine's log-probs with a plain HF forward of the same weights (`logprob_check`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from mindspeed_rl.models.rollout.base import RolloutEngine, SamplingConfig
+from mindspeed_rl.models.rollout.logprob_check import max_log_prob_diff
+from mindspeed_rl.models.tiny import EOS_TOKEN_ID
+
+# Prompts of different lengths, so batched engines must pad and still match an unpadded forward.
+PROMPTS: list[list[int]] = [[2, 80, 81, 82], [2, 50], [2, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69]]
+TOLERANCE = 1e-3
+VOCAB = 128
+
+
+def load_reference(model_dir: Path) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def perturb(model: PreTrainedModel, scale: float, seed: int, only: str | None = None) -> PreTrainedModel:
+    """Add seeded Gaussian noise in place to every parameter (or those whose name contains `only`)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if only is None or only in name:
+                p.add_(torch.randn(p.shape, generator=gen) * scale)
+    return model
+
+
+def check_log_probs_match_after_sync(engine: RolloutEngine, model_dir: Path, temperature: float) -> None:
+    model = perturb(load_reference(model_dir), scale=0.05, seed=1)
+    engine.load_weights(model.named_parameters())
+    sampling = SamplingConfig(max_tokens=24, temperature=temperature)
+    out = engine.generate(PROMPTS, sampling, n=2)
+    assert max_log_prob_diff(model, PROMPTS, out, temperature) <= TOLERANCE
+    # Not stale: the weights before the sync score these tokens differently.
+    assert max_log_prob_diff(load_reference(model_dir), PROMPTS, out, temperature) > 10 * TOLERANCE
+
+
+def check_lm_head_reload_not_stale(engine: RolloutEngine, model_dir: Path) -> None:
+    base = load_reference(model_dir)
+    engine.load_weights(base.named_parameters())
+    sampling = SamplingConfig(max_tokens=16, temperature=1.0, seed=7)
+    before = engine.generate(PROMPTS, sampling)
+    changed = perturb(load_reference(model_dir), scale=0.5, seed=2, only="lm_head")
+    engine.load_weights(changed.named_parameters())
+    after = engine.generate(PROMPTS, sampling)
+    assert max_log_prob_diff(changed, PROMPTS, after) <= TOLERANCE
+    assert [c.log_probs for s in before for c in s] != [c.log_probs for s in after for c in s]
+
+
+def check_reload_from_path(engine: RolloutEngine, model_dir: Path, tmp_path: Path) -> None:
+    model = perturb(load_reference(model_dir), scale=0.05, seed=3)
+    model.save_pretrained(tmp_path)
+    engine.load_weights_from_path(str(tmp_path))
+    out = engine.generate(PROMPTS, SamplingConfig(max_tokens=16), n=2)
+    assert max_log_prob_diff(model, PROMPTS, out) <= TOLERANCE
+
+
+def _uniform(model_dir: Path) -> PreTrainedModel:
+    # Zero final-norm gain: every logit is 0, so each token's log-prob is exactly -log(vocab).
+    model = load_reference(model_dir)
+    with torch.no_grad():
+        norm = model.get_submodule("model.norm")
+        assert isinstance(norm.weight, torch.nn.Parameter)
+        norm.weight.zero_()
+    return model
+
+
+def check_stop_and_length(engine: RolloutEngine, model_dir: Path) -> None:
+    engine.load_weights(_uniform(model_dir).named_parameters())
+    # Per sample P(no EOS in 128 tokens) = (127/128)^128 = 0.37: both outcomes occur (P(not) < 1e-6).
+    out = engine.generate([[2, 70]], SamplingConfig(max_tokens=128, seed=11), n=32)[0]
+    assert len(out) == 32
+    assert {c.finish_reason for c in out} == {"stop", "length"}
+    for c in out:
+        assert all(math.isclose(lp, -math.log(VOCAB), abs_tol=1e-5) for lp in c.log_probs)
+        if c.finish_reason == "stop":
+            assert c.token_ids[-1] == EOS_TOKEN_ID and EOS_TOKEN_ID not in c.token_ids[:-1]
+        else:
+            assert len(c.token_ids) == 128 and EOS_TOKEN_ID not in c.token_ids
+
+
+def check_forced_lengths(engine: RolloutEngine, model_dir: Path) -> None:
+    """Trace replay: min_tokens = max_tokens per prompt with ignore_eos gives exact lengths."""
+    engine.load_weights(_uniform(model_dir).named_parameters())
+    lengths = [3, 150, 40]
+    sampling = SamplingConfig(max_tokens=150, min_tokens=150, ignore_eos=True)
+    out = engine.generate(PROMPTS, sampling, n=3, max_tokens_per_prompt=lengths)
+    assert [[len(c.token_ids) for c in s] for s in out] == [[n] * 3 for n in lengths]
+    for c in (c for s in out for c in s):
+        assert c.finish_reason == "length" and EOS_TOKEN_ID not in c.token_ids
+        # EOS is masked below min_tokens, so the remaining 127 tokens share the mass.
+        assert all(math.isclose(lp, -math.log(VOCAB - 1), abs_tol=1e-5) for lp in c.log_probs)
+
+
+def check_max_tokens_and_seed(engine: RolloutEngine, model_dir: Path) -> None:
+    engine.load_weights(load_reference(model_dir).named_parameters())
+    sampling = SamplingConfig(max_tokens=9, temperature=1.0, seed=5, ignore_eos=True)
+    first = engine.generate(PROMPTS, sampling, n=4, max_tokens_per_prompt=[9, 2, 5])
+    assert [[len(c.token_ids) for c in s] for s in first] == [[9] * 4, [2] * 4, [5] * 4]
+    assert first == engine.generate(PROMPTS, sampling, n=4, max_tokens_per_prompt=[9, 2, 5])
+    assert len({c.token_ids for c in first[0]}) > 1  # n samples differ from each other
+    default = engine.generate(PROMPTS, sampling)
+    assert [len(s) for s in default] == [1, 1, 1]
+    assert all(len(s[0].token_ids) == 9 for s in default)

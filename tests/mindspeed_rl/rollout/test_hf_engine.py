@@ -1,0 +1,90 @@
+"""HFEngine: the acceptance checks of rollout_helpers, plus HF-specific input errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from rollout_helpers import (
+    PROMPTS,
+    check_forced_lengths,
+    check_lm_head_reload_not_stale,
+    check_log_probs_match_after_sync,
+    check_max_tokens_and_seed,
+    check_reload_from_path,
+    check_stop_and_length,
+    load_reference,
+)
+
+from mindspeed_rl.models.rollout import SamplingConfig, build_rollout_engine
+from mindspeed_rl.models.rollout.hf_engine import HFEngine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> HFEngine:
+    # Small chunks so the batched path with several chunks is exercised too.
+    return HFEngine(str(tiny_model_dir), seed=0, max_num_seqs=4)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_log_probs_match_hf_forward_after_sync(
+    engine: HFEngine, tiny_model_dir: Path, temperature: float
+) -> None:
+    check_log_probs_match_after_sync(engine, tiny_model_dir, temperature)
+
+
+def test_lm_head_reload_is_not_stale(engine: HFEngine, tiny_model_dir: Path) -> None:
+    check_lm_head_reload_not_stale(engine, tiny_model_dir)
+
+
+def test_reload_from_path(engine: HFEngine, tiny_model_dir: Path, tmp_path: Path) -> None:
+    check_reload_from_path(engine, tiny_model_dir, tmp_path)
+
+
+def test_stops_at_eos_or_max_tokens(engine: HFEngine, tiny_model_dir: Path) -> None:
+    check_stop_and_length(engine, tiny_model_dir)
+
+
+def test_min_tokens_and_ignore_eos_force_exact_lengths(engine: HFEngine, tiny_model_dir: Path) -> None:
+    check_forced_lengths(engine, tiny_model_dir)
+
+
+def test_max_tokens_overrides_n_and_seed(engine: HFEngine, tiny_model_dir: Path) -> None:
+    check_max_tokens_and_seed(engine, tiny_model_dir)
+
+
+def test_partial_weight_update_is_rejected(engine: HFEngine, tiny_model_dir: Path) -> None:
+    params = list(load_reference(tiny_model_dir).named_parameters())
+    with pytest.raises(ValueError, match="missing"):
+        engine.load_weights(params[:-1])
+    with pytest.raises(ValueError, match="unexpected"):
+        engine.load_weights([*params, ("lm_head.bias", torch.zeros(128))])
+
+
+def test_request_errors_name_the_fix(engine: HFEngine) -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate(PROMPTS, SamplingConfig(max_tokens=600))
+    with pytest.raises(ValueError, match="one per prompt"):
+        engine.generate(PROMPTS, SamplingConfig(max_tokens=4), max_tokens_per_prompt=[4])
+    with pytest.raises(ValueError, match="vllm backend"):
+        engine.generate(PROMPTS, SamplingConfig(max_tokens=4, repetition_penalty=1.1))
+    with pytest.raises(ValueError, match="n=0"):
+        engine.generate(PROMPTS, SamplingConfig(max_tokens=4), n=0)
+
+
+def test_factory_builds_hf_engine_from_generate_config(tiny_model_dir: Path) -> None:
+    config = {
+        "dtype": "float32",
+        "max_num_seqs": 8,
+        "max_model_len": 64,
+        "sampling_config": {"max_tokens": 4},
+    }
+    built = build_rollout_engine("hf", str(tiny_model_dir), config, seed=3)
+    assert isinstance(built, HFEngine)
+    with pytest.raises(ValueError, match="max_model_len 64"):
+        built.generate([[2] * 60], SamplingConfig(max_tokens=8))
+    with pytest.raises(ValueError, match="did you mean 'max_num_seqs'"):
+        build_rollout_engine("hf", str(tiny_model_dir), {"max_num_seq": 8})
+    with pytest.raises(ValueError, match="unknown rollout backend"):
+        build_rollout_engine("sglang", str(tiny_model_dir), {})

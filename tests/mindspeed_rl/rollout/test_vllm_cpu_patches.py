@@ -1,0 +1,52 @@
+"""One test per vLLM CPU workaround in mindspeed_rl.utils.vllm_cpu_patches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mindspeed_rl.utils import vllm_cpu_patches
+
+
+def test_cpu_env_defaults_do_not_override_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in vllm_cpu_patches.CPU_ENV_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    applied = vllm_cpu_patches.apply_cpu_env(kv_cache_space_gib=2)
+    assert applied == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "3",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    }
+
+
+def test_cpu_env_kv_cache_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert vllm_cpu_patches.apply_cpu_env(kv_cache_space_gib=2)["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    with pytest.raises(ValueError, match="at least 1"):
+        vllm_cpu_patches.apply_cpu_env(kv_cache_space_gib=0)
+
+
+def test_set_num_threads_is_restored_only_without_pinning(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = torch.set_num_threads
+
+    def no_op(n: int) -> None:
+        return None
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    with vllm_cpu_patches.keep_torch_set_num_threads():
+        monkeypatch.setattr(torch, "set_num_threads", no_op)  # what vLLM's CPU worker does
+    assert torch.set_num_threads is original
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    with vllm_cpu_patches.keep_torch_set_num_threads():
+        monkeypatch.setattr(torch, "set_num_threads", no_op)
+    assert torch.set_num_threads is no_op  # pinned threads: vLLM's guard stays
+
+
+@pytest.mark.vllm
+def test_head_dim_check_names_valid_sizes() -> None:
+    pytest.importorskip("vllm")
+    vllm_cpu_patches.check_cpu_head_dim(32)
+    with pytest.raises(ValueError, match=r"head_dim=16.*kv_channels"):
+        vllm_cpu_patches.check_cpu_head_dim(16)
