@@ -73,3 +73,29 @@ def read_prompts(
         text = record.get(text_field)
         prompts.append(PromptItem(prompt_id=pid, text="" if text is None else str(text)))
     return prompts
+
+
+def read_length_pairs(
+    path: str | Path, *, id_field: str = "prompt_id", length_field: str = "length", text_field: str = "prompt"
+) -> list[tuple[str, str | None, float]]:
+    """Profiled ``(prompt id, prompt text or None, measured length)`` rows in file order.
+
+    Repeated ids are kept (several sampled responses of one prompt); the text is optional so a
+    file of ids and lengths can be joined with the prompt set that holds the texts.
+    """
+    rows: list[tuple[str, str | None, float]] = []
+    for line_no, record in _records(path):
+        for name in (id_field, length_field):
+            if name not in record:
+                raise ValueError(
+                    f"{path}:{line_no}: field {name!r} is missing (present: {sorted(record)}); "
+                    f"write rows like {{{id_field!r}: ..., {length_field!r}: ..., {text_field!r}: ...}}"
+                )
+        raw = record[length_field]
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw <= 0:
+            raise ValueError(
+                f"{path}:{line_no}: {length_field!r} is {raw!r}; measured lengths must be numbers > 0 (tokens)"
+            )
+        text = record.get(text_field)
+        rows.append((str(record[id_field]), None if text is None else str(text), float(raw)))
+    return rows

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from asp_scheduler.metrics import ScheduleMetrics, segment_metrics
-from asp_scheduler.minibatch import DpObjective, partition_sorted
+from asp_scheduler.minibatch import DpObjective, fixed_size_endpoints, partition_sorted, validate_sizes
 from asp_scheduler.ordering import anneal_order, validate_group_size
 from asp_scheduler.predictors.base import PredictorQuality
 
@@ -151,6 +151,42 @@ def build_schedule(
         num_short_minibatches=partition.num_short_minibatches,
         sa_variance_reduction=ordering.variance_reduction,
         predicted_metrics=segment_metrics(balance_sorted, ends, dispatch, k),
+        predictor=dict(predictor or {}),
+        predictor_quality=predictor_quality,
+    )
+
+
+def fixed_order_schedule(
+    predicted_lengths: np.ndarray,
+    b: int,
+    k: int,
+    *,
+    item_ids: Sequence[str] | None = None,
+    predictor: Mapping[str, Any] | None = None,
+    predictor_quality: PredictorQuality | None = None,
+) -> Schedule:
+    """Condition C0: consecutive size-``b`` minibatches in input order, no sorting and no SA.
+
+    When ``b`` does not divide the item count the last minibatch is shorter (nothing dropped);
+    it is counted in ``num_short_minibatches``.
+    """
+    validate_sizes(b, 0)
+    validate_group_size(k)
+    pred = _check_lengths(predicted_lengths, "predicted_lengths")
+    if item_ids is not None and len(item_ids) != pred.size:
+        raise ValueError(f"item_ids has {len(item_ids)} entries but there are {pred.size} items")
+    ends = fixed_size_endpoints(pred.size, b)
+    num_minibatches = ends.size - 1
+    return Schedule(
+        minibatches=np.split(np.arange(pred.size, dtype=np.int64), ends[1:-1]),
+        batch_group_ids=np.arange(num_minibatches, dtype=np.int64) // k,
+        predicted_lengths=pred,
+        calibrated_lengths=None,
+        item_ids=None if item_ids is None else [str(x) for x in item_ids],
+        params=ScheduleParams(b=int(b), kappa=0, k=int(k), sa_iterations=0, allow_small=True),
+        num_short_minibatches=int(pred.size % b != 0),
+        sa_variance_reduction=0.0,
+        predicted_metrics=segment_metrics(pred, ends, np.arange(num_minibatches), k),
         predictor=dict(predictor or {}),
         predictor_quality=predictor_quality,
     )

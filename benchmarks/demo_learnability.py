@@ -47,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kl-coef", type=float, default=0.001)
     p.add_argument("--clip-ratio", type=float, default=0.2)
     p.add_argument("--entropy-coeff", type=float, default=0.0)
+    p.add_argument("--model-dir", type=Path, default=None, help="reuse a warmed model here (created on first use)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for this model size)")
     p.add_argument("--max-new-tokens", type=int, default=MAX_RESPONSE_CHARS + 8)
     return p.parse_args()
@@ -103,15 +104,26 @@ def grpo_iteration(
     }
 
 
+def warmed_model(args: argparse.Namespace, tokenizer: Any, tmp: Path) -> tuple[Path, dict[str, float]]:
+    """Create + SFT a model, or reuse the one in ``--model-dir`` (handy when tuning GRPO only)."""
+    marker = args.model_dir / "warmup.json" if args.model_dir else None
+    if marker is not None and marker.exists():
+        return args.model_dir, json.loads(marker.read_text())
+    path = create_tiny_model(args.model_dir or tmp, model_arch(args), seed=args.seed)
+    pairs = demo_sft_pairs(min(20_000, args.sft_steps * args.sft_batch_size), args.seed)
+    warm = sft_warmup(path, tokenizer, pairs, steps=args.sft_steps, lr=args.sft_lr, batch_size=args.sft_batch_size, seed=args.seed)
+    if marker is not None:
+        marker.write_text(json.dumps(warm))
+    return path, warm
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tokenizer = build_char_tokenizer()
     with tempfile.TemporaryDirectory() as tmp:
-        path = create_tiny_model(Path(tmp) / "model", model_arch(args), seed=args.seed)
-        pairs = demo_sft_pairs(min(20_000, args.sft_steps * args.sft_batch_size), args.seed)
-        warm = sft_warmup(path, tokenizer, pairs, steps=args.sft_steps, lr=args.sft_lr, batch_size=args.sft_batch_size, seed=args.seed)
+        path, warm = warmed_model(args, tokenizer, Path(tmp) / "model")
         print(f"warm-up: {json.dumps(warm)}", flush=True)
         cfg = TorchEngineConfig(
             lr=args.lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.99, clip_grad=1.0,

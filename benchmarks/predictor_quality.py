@@ -24,13 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asp_scheduler.predictors.base import PromptItem, evaluate_predictor
-from asp_scheduler.predictors.text_features import (
-    TextFeatureConfig,
-    TextFeaturePredictor,
-    group_by_prompt,
-    holdout_quality,
-    split_by_prompt,
-)
+from asp_scheduler.predictors.holdout import group_by_prompt, holdout_quality, split_by_prompt
+from asp_scheduler.predictors.text_features import TextFeatureConfig, TextFeaturePredictor
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DATASETS = {

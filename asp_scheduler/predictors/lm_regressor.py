@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from asp_scheduler.predictors.base import PredictorQuality, PromptItem
-from asp_scheduler.predictors.text_features import group_by_prompt, holdout_quality
+from asp_scheduler.predictors.holdout import group_by_prompt, holdout_quality
 
 _META_FILE = "length_regressor.json"
 _META_VERSION = 1

@@ -48,6 +48,20 @@ def _check_lengths(lengths: np.ndarray) -> np.ndarray:
     return arr
 
 
+def _noise(size: int, seed: int) -> np.ndarray:
+    # A stream of its own: users often draw their data with default_rng(seed) too.
+    return np.random.default_rng([seed, 1]).standard_normal(size)
+
+
+def noisy_oracle_with_nu(lengths: np.ndarray, nu: float, seed: int) -> NoisyOracleResult:
+    """``l * exp(nu * eps)`` for a given ``nu`` (no search); same ``eps`` as the tau search."""
+    if not np.isfinite(nu) or nu < 0:
+        raise ValueError(f"nu (noise_sigma) must be finite and >= 0, got {nu}; e.g. 0.5")
+    true = _check_lengths(lengths)
+    log_pred = np.log(true) + nu * _noise(true.size, seed)
+    return NoisyOracleResult(predictions=np.exp(log_pred), nu=float(nu), measured_tau=_tau(true, log_pred))
+
+
 def noisy_oracle_predictions(lengths: np.ndarray, target_tau: float, seed: int) -> NoisyOracleResult:
     """Predictions whose Kendall tau against ``lengths`` is ``target_tau`` within 0.02."""
     if not 0.0 <= target_tau <= 1.0:
@@ -56,8 +70,7 @@ def noisy_oracle_predictions(lengths: np.ndarray, target_tau: float, seed: int) 
         )
     true = _check_lengths(lengths)
     log_true = np.log(true)
-    # A stream of its own: users often draw their data with default_rng(seed) too.
-    eps = np.random.default_rng([seed, 1]).standard_normal(true.size)
+    eps = _noise(true.size, seed)
     if target_tau >= 1.0:
         return NoisyOracleResult(predictions=true.copy(), nu=0.0, measured_tau=_tau(true, true))
     lo, hi = 0.0, _NU_MAX

@@ -26,8 +26,9 @@ class PredictorConfig:
     type: PredictorType = opt("none", "Predictor kind (see class doc).")
     path: str | None = opt(None, "Lengths / prompt-length pairs file (JSONL).")
     model_path: str | None = opt(None, "lm: HF folder of the regression model.")
-    target_tau: float = opt(0.64, "oracle_noisy: Kendall tau to reach when calibrating nu.")
-    noise_sigma: float = opt(0.5, "oracle_noisy: nu used directly when asp_config.calibrate is false.")
+    target_tau: float = opt(0.64, "oracle_noisy: Kendall tau to reach when calibrate_nu is true.")
+    calibrate_nu: bool = opt(True, "oracle_noisy: search nu to hit target_tau (else use noise_sigma).")
+    noise_sigma: float = opt(0.5, "oracle_noisy: nu used directly when calibrate_nu is false.")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,7 +46,11 @@ class ASPConfig:
     sa_constant: float = opt(1.0, "SA temperature constant C in T_n = C / log(n + 2).")
     seed: int = opt(0, "Seed of the noisy oracle, SA and group shuffling.")
     shuffle_groups: bool = opt(True, "Shuffle whole batch groups after ordering (keeps their balance).")
-    calibrate: bool = opt(True, "oracle_noisy: search nu to hit predictor.target_tau (else use noise_sigma).")
+    calibrate_loads: bool = opt(
+        False,
+        "Balance batch groups on isotonic-calibrated loads E[measured | predicted], fitted on profiled "
+        "(prediction, length) pairs; oracle_noisy fits it on a random 20% of the true lengths.",
+    )
     schedule_path: str | None = opt(
         None, "Precomputed schedule file; when set, prediction and SA are skipped."
     )

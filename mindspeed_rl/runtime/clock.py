@@ -17,8 +17,17 @@ class Clock(Protocol):
     def now(self) -> float: ...
 
 
+class WallClock:
+    """Seconds since the epoch (``time.time``): comparable across processes and, with NTP, across
+    machines. The ControlLoop's default, because it compares its own time with timestamps that
+    generation actors take in other processes (``started_at``/``finished_at``)."""
+
+    def now(self) -> float:
+        return time.time()
+
+
 class MonotonicClock:
-    """Wall-clock time that never goes backwards (``time.monotonic``)."""
+    """Time that never goes backwards (``time.monotonic``); only comparable within one process."""
 
     def now(self) -> float:
         return time.monotonic()

@@ -36,7 +36,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.runtime.backpressure import Backpressure
-from mindspeed_rl.runtime.clock import Clock, MonotonicClock
+from mindspeed_rl.runtime.clock import Clock, WallClock
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.database import Database, InFlight, MinibatchState
 from mindspeed_rl.runtime.errors import ProtocolError
@@ -81,7 +81,7 @@ class ControlLoop:
         events: ev.EventLog | None = None,
     ) -> None:
         self.config = config
-        self.clock: Clock = clock or MonotonicClock()
+        self.clock: Clock = clock or WallClock()
         self.events = events if events is not None else ev.EventLog()
         self.database = Database(schedule)
         config.check_minibatch_fits(self.database.max_minibatch_prompts)

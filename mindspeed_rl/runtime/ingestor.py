@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mindspeed_rl.runtime.clock import Clock
 from mindspeed_rl.runtime.database import Database, InFlight, MinibatchState
@@ -70,8 +70,13 @@ class Ingestor:
         record = self._db.in_flight(completed.minibatch_id)
         if state is MinibatchState.COMPLETED:
             outcome = IngestOutcome.DUPLICATE
-        elif record is None or record.attempt != completed.attempt or record.actor_id is None:
+        elif record is None or record.attempt != completed.attempt:
             outcome = IngestOutcome.SUPERSEDED
+        elif record.actor_id is None:
+            raise ProtocolError(
+                f"minibatch {completed.minibatch_id} (attempt {completed.attempt}) was completed without a "
+                "granted start; call request_start and generate only when it is granted."
+            )
         else:
             outcome = IngestOutcome.ACCEPTED
         arrival = None
@@ -79,8 +84,9 @@ class Ingestor:
             assert record is not None
             self._validate(completed, record)
             record = self._db.mark_completed(completed.minibatch_id)
-            stamped = tuple(replace(s, received_at=now) for s in completed.samples)
-            arrival = self._queue.put(replace(completed, samples=stamped), deadline=deadline)
+            for sample in completed.samples:
+                sample.received_at = now
+            arrival = self._queue.put(completed, deadline=deadline)
         self._record(completed, outcome, record, now)
         return outcome, (record if outcome is IngestOutcome.ACCEPTED else None), arrival
 

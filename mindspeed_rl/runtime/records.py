@@ -43,9 +43,12 @@ class ScheduledMinibatch:
         return len(self.prompt_ids)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Sample:
-    """One prompt–response trajectory with everything needed to train on it and to audit lag."""
+    """One prompt–response trajectory with everything needed to train on it and to audit lag.
+
+    Not frozen, unlike the other records: the Ingestor stamps ``received_at`` in place, because a
+    frozen copy per sample cost more than the rest of the control loop put together."""
 
     prompt_id: str
     sample_index: int

@@ -35,6 +35,7 @@ class RuntimeSummary:
     superseded_completions_dropped: int
     minibatches_reissued: int
     train_steps: int
+    """Global batches handed to the trainer."""
     max_policy_lag_measured: int | None
     max_policy_lag_limit: int | None
     mean_policy_lag_measured: float | None
@@ -45,6 +46,7 @@ class RuntimeSummary:
     num_backpressure_pauses: int
     seconds_paused: float
     starts_refused: dict[str, int]
+    """Refused ``request_start`` calls by reason; counts requests (GUs retry), not minibatches."""
     trainer_lag_holds: int
     """Times a global batch was ready but held back to keep a due prompt's deadline."""
     reloads_not_newest: int

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, ScheduledMinibatch
+from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, Sample, ScheduledMinibatch
 from mindspeed_rl.trainer import components
 from mindspeed_rl.utils.metrics import MetricsWriter, format_progress
 from mindspeed_rl.utils.run_summary import write_summary
@@ -42,7 +42,7 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
 
     resources = config.rl_config.actor_resource
     options = ray_actor_options(resources)
-    trainer = ray.remote(TrainingUnit).options(**options).remote(config, policy_path, prompts)
+    trainer: Any = ray.remote(TrainingUnit).options(**options).remote(config, policy_path, prompts)
     actor = (
         ray.remote(GenerationActor)
         .options(**options)
@@ -75,9 +75,7 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     )
 
 
-def _iteration(
-    iteration: int, prompt_ids: tuple[str, ...], actor: object, trainer: object
-) -> dict[str, float]:
+def _iteration(iteration: int, prompt_ids: tuple[str, ...], actor: Any, trainer: Any) -> dict[str, float]:
     import ray
 
     start = time.perf_counter()
@@ -88,12 +86,12 @@ def _iteration(
         predicted_load=0.0,
         order_index=iteration,
     )
-    completed: CompletedMinibatch = ray.get(actor.generate_minibatch.remote(minibatch))  # type: ignore[attr-defined]
+    completed: CompletedMinibatch = ray.get(actor.generate_minibatch.remote(minibatch))
     gen_s = time.perf_counter() - start
-    stats = ray.get(trainer.train_step.remote(group_by_prompt(completed)))  # type: ignore[attr-defined]
+    stats: dict[str, float] = ray.get(trainer.train_step.remote(group_by_prompt(completed)))
     train_s = time.perf_counter() - start - gen_s
-    weights = trainer.inference_weights.remote()  # type: ignore[attr-defined]
-    ray.get(actor.load_weights.remote(weights, iteration + 1))  # type: ignore[attr-defined]
+    weights = trainer.inference_weights.remote()
+    ray.get(actor.load_weights.remote(weights, iteration + 1))
     total_s = time.perf_counter() - start
     return {
         **stats,
@@ -108,7 +106,7 @@ def _iteration(
 
 def group_by_prompt(completed: CompletedMinibatch) -> tuple[PromptGroup, ...]:
     """The minibatch's samples as whole prompt groups, in the minibatch's prompt order."""
-    by_prompt: dict[str, list] = {}
+    by_prompt: dict[str, list[Sample]] = {}
     for sample in completed.samples:
         by_prompt.setdefault(sample.prompt_id, []).append(sample)
     return tuple(
@@ -117,9 +115,9 @@ def group_by_prompt(completed: CompletedMinibatch) -> tuple[PromptGroup, ...]:
     )
 
 
-def _maybe_save(config: GRPOConfig, run_dir: Path, iteration: int, trainer: object) -> None:
+def _maybe_save(config: GRPOConfig, run_dir: Path, iteration: int, trainer: Any) -> None:
     import ray
 
     interval = config.megatron_training.training.save_interval
     if interval and (iteration + 1) % interval == 0:
-        ray.get(trainer.save_hf.remote(str(run_dir / "checkpoints" / f"iter_{iteration + 1:07d}")))  # type: ignore[attr-defined]
+        ray.get(trainer.save_hf.remote(str(run_dir / "checkpoints" / f"iter_{iteration + 1:07d}")))

@@ -88,3 +88,13 @@ def test_importing_the_package_does_not_import_torch():
         ).stdout.strip()
         == "False"
     )
+
+
+def test_predictors_export_every_predictor_and_load_the_lm_one_lazily():
+    code = (
+        "import sys; from asp_scheduler.predictors import FilePredictor, TextFeaturePredictor; "
+        "print('asp_scheduler.predictors.lm_regressor' in sys.modules); "
+        "from asp_scheduler.predictors import LMRegressor; print(LMRegressor.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "LMRegressor"]

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 
 from asp_scheduler.predictors.base import LengthPredictor, PromptItem, evaluate_predictor
+from asp_scheduler.predictors.holdout import group_by_prompt, split_by_prompt
 from asp_scheduler.predictors.text_features import (
     NUM_NUMERIC_FEATURES,
     TextFeatureConfig,
     TextFeaturePredictor,
-    group_by_prompt,
     numeric_features,
-    split_by_prompt,
 )
 
 _FILLER = ["the", "value", "of", "a", "triangle", "integer", "sum", "$x$", "real", "set"]

@@ -9,6 +9,7 @@ from runtime_fakes import complete, make_config, make_schedule
 from mindspeed_rl.runtime import (
     Assignment,
     ControlLoop,
+    EventLog,
     FakeClock,
     IngestOutcome,
     ProtocolError,
@@ -81,6 +82,9 @@ def test_a_full_small_run_through_the_facade() -> None:
     assert summary.mean_policy_lag_eq4_estimate is not None
     assert [a.num_minibatches for a in summary.actors] == [2, 2]
     assert len(loop.events.of_type(MinibatchReceived)) == 4
+    lines = [json.dumps(EventLog.to_json_dict(e)) for e in loop.events]
+    assert json.loads(lines[0])["event"] == "MinibatchIssued"
+    assert len(loop.events.since(len(lines) - 1)) == 1
 
 
 def test_starts_are_refused_while_paused_and_resume_after_draining() -> None:
@@ -115,6 +119,8 @@ def test_revoked_work_and_broken_protocol_are_reported() -> None:
     work = loop.on_gu_capacity(0, num_actors=2)
     assert _start(loop, dataclasses.replace(work[0], gu_id=1), 0) is StartRefusal.REVOKED
     assert _start(loop, dataclasses.replace(work[0], attempt=1), 0) is StartRefusal.REVOKED
+    with pytest.raises(ProtocolError, match="without a granted start"):
+        _finish(loop, work[0], 0)
     assert _start(loop, work[0], 0) is None
     with pytest.raises(ProtocolError, match="one minibatch at a time"):
         _start(loop, work[1], 0)

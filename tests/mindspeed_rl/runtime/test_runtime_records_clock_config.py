@@ -1,11 +1,28 @@
 from __future__ import annotations
 
 import pickle
+import time
 
 import pytest
 from runtime_fakes import complete, make_config, make_schedule
 
-from mindspeed_rl.runtime import Assignment, FakeClock, GlobalBatch, PromptGroup, Sample, ScheduledMinibatch
+from mindspeed_rl.runtime import (
+    Assignment,
+    FakeClock,
+    GlobalBatch,
+    MonotonicClock,
+    PromptGroup,
+    Sample,
+    ScheduledMinibatch,
+    WallClock,
+)
+
+
+def test_real_clocks_tell_increasing_time() -> None:
+    for clock in (WallClock(), MonotonicClock()):
+        first = clock.now()
+        assert clock.now() >= first
+    assert abs(WallClock().now() - time.time()) < 60.0  # epoch-based, comparable across processes
 
 
 def test_fake_clock_moves_only_forward() -> None:
