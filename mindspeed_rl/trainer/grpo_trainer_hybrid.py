@@ -43,7 +43,7 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     resources = config.rl_config.actor_resource
     options = ray_actor_options(resources)
     trainer: Any = ray.remote(TrainingUnit).options(**options).remote(config, policy_path, prompts)
-    actor = (
+    actor: Any = (
         ray.remote(GenerationActor)
         .options(**options)
         .remote(
