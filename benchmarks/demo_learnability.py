@@ -19,7 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from mindspeed_rl.datasets.demo_task import MAX_RESPONSE_CHARS, demo_reward, demo_sft_pairs, generate_demo_prompts
+from mindspeed_rl.datasets.demo_task import (
+    MAX_RESPONSE_CHARS,
+    demo_reward,
+    demo_sft_pairs,
+    generate_demo_prompts,
+)
 from mindspeed_rl.models.loss import GRPOLossConfig, group_norm_advantages
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, build_char_tokenizer, create_tiny_model
 from mindspeed_rl.models.training.batch import TrainBatch
@@ -42,12 +47,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompts-per-iteration", type=int, default=16)
     p.add_argument("--n-samples", type=int, default=8)
     p.add_argument("--mini-batch-size", type=int, default=8, help="prompts per optimizer step")
+    p.add_argument("--epochs", type=int, default=1, help="passes over each global batch")
     p.add_argument("--micro-batch-size", type=int, default=32, help="samples per forward/backward")
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--kl-coef", type=float, default=0.001)
     p.add_argument("--clip-ratio", type=float, default=0.2)
     p.add_argument("--entropy-coeff", type=float, default=0.0)
-    p.add_argument("--model-dir", type=Path, default=None, help="reuse a warmed model here (created on first use)")
+    p.add_argument(
+        "--model-dir", type=Path, default=None, help="reuse a warmed model here (created on first use)"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for this model size)")
     p.add_argument("--max-new-tokens", type=int, default=MAX_RESPONSE_CHARS + 8)
     return p.parse_args()
@@ -55,16 +63,22 @@ def parse_args() -> argparse.Namespace:
 
 def model_arch(args: argparse.Namespace) -> dict[str, Any]:
     arch = dict(TINY_TEST_ARCH)
-    arch.update(hidden_size=args.hidden_size, num_layers=args.num_layers, ffn_hidden_size=2 * args.hidden_size)
+    arch.update(
+        hidden_size=args.hidden_size, num_layers=args.num_layers, ffn_hidden_size=2 * args.hidden_size
+    )
     arch["kv_channels"] = args.hidden_size // arch["num_attention_heads"]
     return arch
 
 
 @torch.no_grad()
-def sample(model: torch.nn.Module, tokenizer: Any, prompts: list[str], n: int, max_new: int) -> list[list[int]]:
+def sample(
+    model: Any, tokenizer: Any, prompts: list[str], n: int, max_new: int
+) -> list[list[int]]:
     """n samples per prompt (grouped), each cut after its first eos (eos kept: stopping is learned)."""
     tokenizer.padding_side = "left"
-    enc = tokenizer([p for p in prompts for _ in range(n)], return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tokenizer(
+        [p for p in prompts for _ in range(n)], return_tensors="pt", padding=True, add_special_tokens=False
+    )
     model.eval()
     out = model.generate(
         **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new,
@@ -78,18 +92,28 @@ def sample(model: torch.nn.Module, tokenizer: Any, prompts: list[str], n: int, m
 
 
 def grpo_iteration(
-    engine: TorchTrainingEngine, ref: ReferenceModel, tokenizer: Any, items: list[dict[str, str]], args: argparse.Namespace
+    engine: TorchTrainingEngine,
+    ref: ReferenceModel,
+    tokenizer: Any,
+    items: list[dict[str, str]],
+    args: argparse.Namespace,
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     prompts = [it["prompt"] for it in items]
     responses = sample(engine.model, tokenizer, prompts, args.n_samples, args.max_new_tokens)
     t_gen = time.perf_counter() - t0
     answers = [it["answer"] for it in items for _ in range(args.n_samples)]
-    rewards = np.array([demo_reward(tokenizer.decode(r, skip_special_tokens=True), a) for r, a in zip(responses, answers)])
+    rewards = np.array(
+        [demo_reward(tokenizer.decode(r, skip_special_tokens=True), a) for r, a in zip(responses, answers)]
+    )
     adv = group_norm_advantages(torch.from_numpy(rewards), args.n_samples).numpy()
-    prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts for _ in range(args.n_samples)]
+    prompt_ids = [
+        tokenizer.encode(p, add_special_tokens=False) for p in prompts for _ in range(args.n_samples)
+    ]
     batch = TrainBatch.from_lists(prompt_ids=prompt_ids, response_ids=responses, advantages=adv)
-    batch = batch.with_log_probs(old=engine.compute_log_probs(batch, 1.0), ref=ref.compute_log_probs(batch, 1.0))
+    batch = batch.with_log_probs(
+        old=engine.compute_log_probs(batch, 1.0), ref=ref.compute_log_probs(batch, 1.0)
+    )
     t1 = time.perf_counter()
     metrics = engine.update(batch, 1.0)
     lengths = [len(r) for r in responses]
@@ -111,7 +135,15 @@ def warmed_model(args: argparse.Namespace, tokenizer: Any, tmp: Path) -> tuple[P
         return args.model_dir, json.loads(marker.read_text())
     path = create_tiny_model(args.model_dir or tmp, model_arch(args), seed=args.seed)
     pairs = demo_sft_pairs(min(20_000, args.sft_steps * args.sft_batch_size), args.seed)
-    warm = sft_warmup(path, tokenizer, pairs, steps=args.sft_steps, lr=args.sft_lr, batch_size=args.sft_batch_size, seed=args.seed)
+    warm = sft_warmup(
+        path,
+        tokenizer,
+        pairs,
+        steps=args.sft_steps,
+        lr=args.sft_lr,
+        batch_size=args.sft_batch_size,
+        seed=args.seed,
+    )
     if marker is not None:
         marker.write_text(json.dumps(warm))
     return path, warm
@@ -128,7 +160,7 @@ def main() -> None:
         cfg = TorchEngineConfig(
             lr=args.lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.99, clip_grad=1.0,
             micro_batch_size=args.micro_batch_size, forward_micro_batch_size=64,
-            mini_batch_size=args.mini_batch_size, n_samples_per_prompt=args.n_samples, seed=args.seed,
+            mini_batch_size=args.mini_batch_size, epochs=args.epochs, n_samples_per_prompt=args.n_samples, seed=args.seed,
             loss=GRPOLossConfig(clip_ratio=args.clip_ratio, kl_penalty="low_var_kl", init_kl_coef=args.kl_coef, entropy_coeff=args.entropy_coeff),
         )  # fmt: skip
         engine = TorchTrainingEngine(path, cfg)
@@ -139,7 +171,10 @@ def main() -> None:
             chunk = items[it * args.prompts_per_iteration : (it + 1) * args.prompts_per_iteration]
             row = {"iteration": it, **grpo_iteration(engine, ref, tokenizer, chunk, args)}
             rows.append(row)
-            print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+            print(
+                " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                flush=True,
+            )
     rewards = [r["reward_mean"] for r in rows]
     summary = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -299,8 +299,11 @@ class ControlLoop:
         self.weights.converted(gu_id, version, seconds)
 
     @_serialized
-    def on_weights_loaded(self, gu_id: int, actor_id: int, version: int, seconds: float) -> None:
-        self.weights.loaded(gu_id, actor_id, version, seconds)
+    def on_weights_loaded(
+        self, gu_id: int, actor_id: int, version: int, seconds: float, *, started_at: float | None = None
+    ) -> None:
+        """``started_at``: when the GU chose the target (clock time); see ``WeightFlowLedger.loaded``."""
+        self.weights.loaded(gu_id, actor_id, version, seconds, started_at=started_at)
 
     # ---- training side -------------------------------------------------------------------------
     @_serialized

@@ -100,7 +100,9 @@ class WeightsLoaded:
     version: int
     seconds: float
     newest_published: int
-    """Newest published version at load time; a reload should always pick it."""
+    """Newest published version when the load was reported."""
+    newest_at_start: int | None = None
+    """Newest published version when the GU chose the reload target; a reload should pick it."""
 
 
 Event = (

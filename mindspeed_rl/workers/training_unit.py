@@ -2,12 +2,18 @@
 
 A plain class; the trainers wrap it with ``ray.remote`` (resources from the config). Both
 pipelines feed it the same typed ``PromptGroup`` records, so hybrid and async train identically.
+
+Async pipeline: ``enable_snapshots`` once, then ``export_snapshot(version)`` after a step. The
+copy of the weights happens on the calling thread (the next step updates them in place); writing
+and atomic publishing run on the SnapshotWriter's thread, whose completion callback announces the
+snapshot to the Control Unit, so the trainer never waits for the disk.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +28,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.training.batch import TrainBatch
+    from mindspeed_rl.workers.resharding.export import ExportResult, SnapshotWriter
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +43,14 @@ def torch_threads_for(num_cpus: float) -> int:
 
 
 class TrainingUnit:
-    def __init__(self, config: GRPOConfig, policy_path: str, prompts: Mapping[str, PromptRecord]) -> None:
+    def __init__(
+        self,
+        config: GRPOConfig,
+        policy_path: str,
+        prompts: Mapping[str, PromptRecord],
+        *,
+        num_cpus: float | None = None,
+    ) -> None:
         import torch
 
         from mindspeed_rl.models.rewards import build_reward_fn
@@ -44,7 +58,8 @@ class TrainingUnit:
         from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
         from mindspeed_rl.trainer.components import load_tokenizer, torch_engine_config
 
-        torch.set_num_threads(torch_threads_for(config.rl_config.actor_resource.num_cpus))
+        cpus = config.rl_config.actor_resource.num_cpus if num_cpus is None else num_cpus
+        torch.set_num_threads(torch_threads_for(cpus))
         self._config = config
         self._prompts = dict(prompts)
         self._tokenizer = load_tokenizer(policy_path)
@@ -67,6 +82,9 @@ class TrainingUnit:
         # the behaviour policy then IS the current one and the ratio is exactly 1.
         steps = config.global_batch_prompts // config.mini_batch_prompts * rl.epochs
         self._needs_old_log_probs = steps > 1
+        self._writer: SnapshotWriter | None = None
+        self._export_errors: list[BaseException] = []
+        self._errors_lock = threading.Lock()
 
     def train_step(self, groups: Sequence[PromptGroup]) -> dict[str, float]:
         """One GRPO iteration on whole prompt groups; returns metrics and stage times."""
@@ -111,6 +129,59 @@ class TrainingUnit:
 
     def save_hf(self, path: str) -> None:
         self._engine.save_hf(path)
+
+    def enable_snapshots(self, root_dir: str, keep_last: int) -> None:
+        from pathlib import Path
+
+        from mindspeed_rl.workers.resharding.export import SnapshotWriter
+
+        if self._writer is not None:
+            raise ValueError("enable_snapshots was already called; a TU exports to one snapshot root")
+        self._writer = SnapshotWriter(Path(root_dir), keep_last=keep_last)
+
+    def export_snapshot(self, version: int, *, notify: Any = None) -> float:
+        """Start exporting the current weights as snapshot ``version``; returns the seconds spent
+        copying them (the rest happens in the background). ``notify`` is a Control Unit handle
+        whose ``on_snapshot_published`` is called once the snapshot is published."""
+        from mindspeed_rl.workers.resharding.layout import TrainingLayout
+
+        if self._writer is None:
+            raise ValueError(
+                "export_snapshot before enable_snapshots; call enable_snapshots(root, keep) first"
+            )
+        self._raise_export_error()
+        tic = time.perf_counter()
+        future = self._writer.export(version, self._engine.named_weights_for_inference(), TrainingLayout())
+        copy_seconds = time.perf_counter() - tic
+        future.add_done_callback(lambda f: self._on_exported(f, notify))
+        return copy_seconds
+
+    def finish_snapshots(self) -> None:
+        """Wait for pending exports and stop the writer; re-raises a failed export."""
+        if self._writer is not None:
+            self._writer.close()
+        self._raise_export_error()
+
+    def _on_exported(self, future: Any, notify: Any) -> None:
+        from mindspeed_rl.runtime.records import SnapshotInfo
+
+        error = future.exception()
+        if error is not None:
+            logger.error("snapshot export failed: %r", error)
+            with self._errors_lock:
+                self._export_errors.append(error)
+            return
+        result: ExportResult = future.result()
+        if result.published is not None and notify is not None:
+            info = SnapshotInfo(
+                version=result.version, path=str(result.published.path), created_at=time.time()
+            )
+            notify.on_snapshot_published.remote(info, result.save_seconds)
+
+    def _raise_export_error(self) -> None:
+        with self._errors_lock:
+            if self._export_errors:
+                raise RuntimeError("a snapshot export failed") from self._export_errors[0]
 
     def _rewards(self, samples: Sequence[Sample]) -> tuple[np.ndarray, Mapping[str, np.ndarray]]:
         responses = [

@@ -66,6 +66,7 @@ class VLLMEngine:
         if on_cpu:
             vllm_cpu_patches.apply_cpu_env(opts.kv_cache_space_gib)
             vllm_cpu_patches.check_cpu_head_dim(_head_dim(model_path))
+            vllm_cpu_patches.guard_kernel_scan()
             if opts.num_threads is not None:
                 import torch
 

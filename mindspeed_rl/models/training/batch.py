@@ -6,7 +6,6 @@ it into tensors with :func:`pad_batch` only for the micro-batch they are about t
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,7 +50,9 @@ class TrainBatch:
                 continue
             bad = [i for i, (lp, r) in enumerate(zip(values, self.response_ids)) if lp.shape != r.shape]
             if len(values) != n or bad:
-                raise ValueError(f"{name} must hold one value per response token for every sample (bad: {bad[:5]})")
+                raise ValueError(
+                    f"{name} must hold one value per response token for every sample (bad: {bad[:5]})"
+                )
 
     @classmethod
     def from_lists(
@@ -103,12 +104,19 @@ class TrainBatch:
         self, *, old: Sequence[np.ndarray] | None = None, ref: Sequence[np.ndarray] | None = None
     ) -> TrainBatch:
         """A copy with old and/or reference log-probs filled in (e.g. from ``compute_log_probs``)."""
-        changes: dict[str, tuple[np.ndarray, ...]] = {}
-        if old is not None:
-            changes["old_log_probs"] = tuple(np.asarray(x, dtype=np.float32) for x in old)
-        if ref is not None:
-            changes["ref_log_probs"] = tuple(np.asarray(x, dtype=np.float32) for x in ref)
-        return dataclasses.replace(self, **changes)
+
+        def floats(
+            rows: Sequence[np.ndarray] | None, current: tuple[np.ndarray, ...] | None
+        ) -> tuple[np.ndarray, ...] | None:
+            return current if rows is None else tuple(np.asarray(x, dtype=np.float32) for x in rows)
+
+        return TrainBatch(
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            advantages=self.advantages,
+            old_log_probs=floats(old, self.old_log_probs),
+            ref_log_probs=floats(ref, self.ref_log_probs),
+        )
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

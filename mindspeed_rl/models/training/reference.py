@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -10,13 +11,17 @@ import torch
 from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.log_probs import compute_response_log_probs
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def load_causal_lm(path: str | os.PathLike[str], device: torch.device | str) -> torch.nn.Module:
+
+def load_causal_lm(path: str | os.PathLike[str], device: torch.device | str) -> PreTrainedModel:
     """Load an HF causal-LM folder in fp32 (exact log-prob agreement with fp32 rollout engines)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=torch.float32)
-    return model.to(device)
+    torch.nn.Module.to(model, torch.device(device))  # HF wraps .to with a decorator mypy cannot read
+    return model
 
 
 class ReferenceModel:

@@ -229,3 +229,16 @@ def test_hydra_overrides_reach_the_typed_config() -> None:
         REPO_CONFIGS, "grpo_tiny_cpu", ["rl_config.pipeline=async", "run_dir=/tmp/x"]
     )
     assert config.rl_config.pipeline == "async" and config.run_dir == "/tmp/x"
+
+
+def test_the_two_calibration_switches_have_separate_unambiguous_keys() -> None:
+    config = load_config(
+        _raw(
+            asp_config={"calibrate_loads": True, "predictor": {"type": "oracle_noisy", "calibrate_nu": False}}
+        )
+    )
+    assert config.asp_config.calibrate_loads and not config.asp_config.predictor.calibrate_nu
+    # The old ambiguous key is gone; the loader points at its closest replacement.
+    assert "asp_config: unknown key 'calibrate'" in _error(_raw(asp_config={"calibrate": True}))
+    tiny = load_config_from_files(REPO_CONFIGS, "grpo_tiny_asp")
+    assert tiny.asp_config.predictor.calibrate_nu and not tiny.asp_config.calibrate_loads

@@ -39,7 +39,9 @@ def test_grpo_loss_hand_computed() -> None:
 def test_micro_batch_terms_sum_to_mini_batch_token_mean() -> None:
     cfg = GRPOLossConfig(clip_ratio=0.2, kl_penalty="low_var_kl", init_kl_coef=0.3, entropy_coeff=0.0)
     full = grpo_loss(**_inputs(), config=cfg, num_tokens=3)
-    parts = [grpo_loss(**{k: v[i : i + 1] for k, v in _inputs().items()}, config=cfg, num_tokens=3) for i in (0, 1)]
+    parts = [
+        grpo_loss(**{k: v[i : i + 1] for k, v in _inputs().items()}, config=cfg, num_tokens=3) for i in (0, 1)
+    ]
     assert sum(p.loss.item() for p in parts) == pytest.approx(full.loss.item(), abs=1e-6)
     assert sum(p.kl.item() for p in parts) == pytest.approx(full.kl.item(), abs=1e-6)
 

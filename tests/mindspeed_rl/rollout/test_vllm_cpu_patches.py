@@ -50,3 +50,15 @@ def test_head_dim_check_names_valid_sizes() -> None:
     vllm_cpu_patches.check_cpu_head_dim(32)
     with pytest.raises(ValueError, match=r"head_dim=16.*kv_channels"):
         vllm_cpu_patches.check_cpu_head_dim(16)
+
+
+@pytest.mark.vllm
+def test_kernel_scan_survives_numba_being_imported_first() -> None:
+    pytest.importorskip("vllm")
+    import llvmlite.binding  # noqa: F401  (what importing numba / asp_scheduler does)
+    from vllm.triton_utils import dispatcher
+
+    vllm_cpu_patches.guard_kernel_scan()
+    vllm_cpu_patches.guard_kernel_scan()  # idempotent: wraps once
+    dispatcher._rebind_kernels([])  # unpatched, this raises AttributeError from llvmlite's ffi.lib
+    assert "llvmlite.binding" in __import__("sys").modules

@@ -81,7 +81,9 @@ def test_gradient_accumulation_matches_one_big_micro_batch(tiny_model_path: Path
 
 @pytest.mark.parametrize(("mini", "epochs", "expected"), [(1, 1, 4), (2, 3, 6), (4, 2, 2)])
 def test_optimizer_step_count(tiny_model_path: Path, mini: int, epochs: int, expected: int) -> None:
-    engine = TorchTrainingEngine(tiny_model_path, _config(mini_batch_size=mini, epochs=epochs, shuffle_mini_batch=True))
+    engine = TorchTrainingEngine(
+        tiny_model_path, _config(mini_batch_size=mini, epochs=epochs, shuffle_mini_batch=True)
+    )
     batch = _batch(num_prompts=4, n=2)
     metrics = engine.update(batch.with_log_probs(old=engine.compute_log_probs(batch, 1.0)), 1.0)
     assert metrics["num_optimizer_steps"] == expected == engine.num_optimizer_steps

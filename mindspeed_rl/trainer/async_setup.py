@@ -1,0 +1,131 @@
+"""Start-up decisions of the async pipeline, kept out of the driver so it reads as a schedule.
+
+Which prompts the run schedules: exactly ``train_iters × global_batch_size``, drawn with the same
+pass/shuffle logic as the hybrid loop (``components.global_batches``), so both pipelines see the
+same prompts and ``prompts_scheduled == prompts_consumed`` holds by construction. The ASP schedule
+reorders them across the whole run; that is the point of it. A prompt drawn again in a later pass
+over a small dataset gets an alias id (``<id>@<pass>``), because the runtime tracks prompts by id
+and each scheduled prompt must be consumed exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mindspeed_rl.runtime.config import RuntimeConfig
+from mindspeed_rl.trainer import components
+
+if TYPE_CHECKING:
+    from mindspeed_rl.config_cls import GRPOConfig
+    from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.runtime.records import ScheduledMinibatch
+    from mindspeed_rl.workers.generation_unit import FaultPlan
+
+logger = logging.getLogger(__name__)
+FAULTS_ENV = "MINDSPEED_RL_TEST_FAULTS"
+SCHEDULE_FILE = "asp_schedule.json"
+
+
+def run_prompts(config: GRPOConfig, records: Sequence[PromptRecord]) -> list[PromptRecord]:
+    """The run's prompts in hybrid's draw order, repeated draws renamed ``<id>@<pass>``."""
+    by_id = {r.prompt_id: r for r in records}
+    seen: Counter[str] = Counter()
+    chosen: list[PromptRecord] = []
+    for batch in components.global_batches(config, [r.prompt_id for r in records]):
+        for pid in batch:
+            alias = pid if seen[pid] == 0 else f"{pid}@{seen[pid]}"
+            seen[pid] += 1
+            chosen.append(dataclasses.replace(by_id[pid], prompt_id=alias))
+    return chosen
+
+
+def true_lengths(config: GRPOConfig, records: Sequence[PromptRecord]) -> dict[str, float] | None:
+    """Response lengths a built-in task knows exactly (the demo: answer + eos), else ``None``."""
+    if config.megatron_training.training.data_path != "builtin:demo":
+        return None
+    return {r.prompt_id: float(len(r.label) + 1) for r in records}
+
+
+def build_schedule(
+    config: GRPOConfig, records: Sequence[PromptRecord], run_dir: Path
+) -> tuple[ScheduledMinibatch, ...]:
+    """The ASP schedule of the run's prompts, saved into the run directory for reuse."""
+    from mindspeed_rl.datasets.asp_schedule import build_run_schedule
+
+    asp = config.asp_config
+    lengths = (
+        true_lengths(config, records)
+        if asp.predictor.type == "oracle_noisy" and not asp.predictor.path
+        else None
+    )
+    run_schedule = build_run_schedule(asp, records, true_lengths=lengths)
+    run_schedule.schedule.save(run_dir / SCHEDULE_FILE)
+    logger.info(
+        "ASP schedule: %d prompts in %d minibatches, predictor quality %s",
+        run_schedule.num_prompts,
+        len(run_schedule.minibatches),
+        run_schedule.predictor_quality,
+    )
+    return run_schedule.minibatches
+
+
+def runtime_config(config: GRPOConfig) -> RuntimeConfig:
+    a = config.async_config
+    return RuntimeConfig(
+        num_prompts_per_global_batch=config.global_batch_prompts,
+        num_samples_per_prompt=config.rl_config.n_samples_per_prompt,
+        queue_max_samples=a.queue_max_samples,
+        queue_resume_samples=a.queue_resume_samples,
+        gu_queue_low=a.gu_queue_low,
+        gu_queue_high=a.gu_queue_high,
+        max_policy_lag=a.max_policy_lag,
+        snapshot_interval=a.snapshot_interval,
+    )
+
+
+def snapshot_root(config: GRPOConfig, run_dir: Path) -> Path:
+    configured = config.async_config.snapshot_dir
+    return Path(configured) if configured else run_dir / "snapshots"
+
+
+def check_resources(config: GRPOConfig, available: Mapping[str, float]) -> None:
+    from mindspeed_rl.utils.ray_setup import check_requests_fit
+
+    a = config.async_config
+    if a.weight_transport != "shared_fs":
+        raise ValueError(
+            f"async_config.weight_transport={a.weight_transport!r} is not implemented yet; use shared_fs"
+        )
+    check_requests_fit(
+        [
+            ("control unit", a.control_resources, 1),
+            ("generation unit", a.control_resources, a.num_generation_units),
+            ("generation actor", a.actor_resources, a.num_generation_units * a.actors_per_unit),
+            ("training unit", a.trainer_resources, 1),
+        ],
+        available,
+    )
+
+
+def fault_plan(env: Mapping[str, str]) -> FaultPlan:
+    """Test-only faults from ``MINDSPEED_RL_TEST_FAULTS``: comma-separated ``actor:G:A:N`` (actor A
+    of GU G exits during its N-th minibatch) and ``gu:G:N`` (GU G exits after N completions)."""
+    from mindspeed_rl.workers.generation_unit import FaultPlan
+
+    actors: dict[tuple[int, int], int] = {}
+    gus: dict[int, int] = {}
+    for item in filter(None, env.get(FAULTS_ENV, "").split(",")):
+        kind, *numbers = item.split(":")
+        if not all(n.isdigit() for n in numbers) or (kind, len(numbers)) not in (("actor", 3), ("gu", 2)):
+            raise ValueError(f"{FAULTS_ENV}: cannot parse {item!r}; use actor:G:A:N or gu:G:N")
+        values = [int(n) for n in numbers]
+        if kind == "actor":
+            actors[(values[0], values[1])] = values[2]
+        else:
+            gus[values[0]] = values[1]
+    return FaultPlan(actor_dies=actors, gu_dies=gus)

@@ -1,0 +1,204 @@
+"""The Control Unit actor: the ``ControlLoop`` behind one threaded Ray actor.
+
+::
+
+    GU g ── poll(g) ──────────────► ┌──────────── ControlUnit ────────────┐
+         ◄─ GuPoll(assignments,     │ outbox[g] ◄── ControlLoop.dispatch() │
+            snapshot, paused)       │ ControlLoop: Database, Sender,       │
+    GU g ── request_start / ──────► │   Ingestor, TrainingQueue, lag,      │
+            on_minibatch_completed  │   backpressure, weight-flow ledger   │
+    TU   ── on_snapshot_published ► │                                      │
+    driver ─ pop_global_batch ────► │ step_metrics(): per-step digest      │
+                                    └──────────────────────────────────────┘
+
+Delivery is pull-based: every dispatch lands in a per-GU outbox that the GU drains with
+``poll``, together with the newest snapshot and the pause signal, in one round trip. The CU
+therefore needs no GU handles, and a dead GU's undelivered assignments are simply discarded
+(the ControlLoop re-queues them when the GU is declared failed).
+
+Departure from the paper: the Training Queue is not a separate actor. It lives here, inside
+the ControlLoop, because backpressure and the lag gate read its depth synchronously at every
+arrival and every pop; a separate actor would add one RPC per arrival and a window in which
+the pause decision reads a stale depth. It is still its own class (``runtime.training_queue``).
+
+The actor is threaded (GUs, the TU's writer thread and the driver call it concurrently), so
+every method holds one lock; the ControlLoop is built inside the actor because it holds a lock
+and cannot be pickled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mindspeed_rl.runtime import events as ev
+from mindspeed_rl.runtime.config import RuntimeConfig
+from mindspeed_rl.runtime.controller import ControlLoop
+from mindspeed_rl.runtime.records import (
+    Assignment,
+    CompletedMinibatch,
+    GlobalBatch,
+    ScheduledMinibatch,
+    SnapshotInfo,
+    StartDecision,
+)
+from mindspeed_rl.workers.pipeline_metrics import MetricsCursor, step_metrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuPoll:
+    """What a GU learns from one ``poll``: new work, the snapshot to reload to, the pause signal."""
+
+    assignments: tuple[Assignment, ...]
+    latest_snapshot: SnapshotInfo | None
+    paused: bool
+    finished: bool
+    """Every scheduled prompt has been consumed: the GU may stop."""
+    gu_known: bool
+    """False once the GU was declared failed (it must stop: its work went elsewhere)."""
+
+
+class ControlUnit:
+    def __init__(self, config: RuntimeConfig, schedule: Sequence[ScheduledMinibatch]) -> None:
+        self._loop = ControlLoop(config=config, schedule=schedule)
+        self._outbox: dict[int, list[Assignment]] = {}
+        self._failed_gus: set[int] = set()
+        self._cursor = MetricsCursor()
+        self.snapshots_superseded = 0
+        # Held around dispatch + outbox append so two threads cannot reorder one GU's assignments.
+        self._lock = threading.RLock()
+
+    # ---- generation side ---------------------------------------------------------------------
+    def register_gu(self, gu_id: int, num_actors: int) -> None:
+        with self._lock:
+            self._loop.register_gu(gu_id, num_actors=num_actors)
+            self._outbox.setdefault(gu_id, [])
+
+    def start(self) -> int:
+        """First dispatch, once every GU has registered; returns the number of assignments."""
+        with self._lock:
+            return self._dispatch()
+
+    def poll(self, gu_id: int) -> GuPoll:
+        with self._lock:
+            self._dispatch()
+            known = gu_id not in self._failed_gus and gu_id in self._outbox
+            work = tuple(self._outbox.get(gu_id, ())) if known else ()
+            if known:
+                self._outbox[gu_id] = []
+            return GuPoll(
+                assignments=work,
+                latest_snapshot=self._loop.latest_snapshot(),
+                paused=self._loop.pause_signal(),
+                finished=self._loop.is_finished(),
+                gu_known=known,
+            )
+
+    def request_start(
+        self, minibatch_id: int, *, attempt: int, gu_id: int, actor_id: int, policy_version: int
+    ) -> StartDecision:
+        with self._lock:
+            return self._loop.request_start(
+                minibatch_id, attempt=attempt, gu_id=gu_id, actor_id=actor_id, policy_version=policy_version
+            )
+
+    def on_minibatch_completed(self, completed: CompletedMinibatch) -> str:
+        with self._lock:
+            outcome = self._loop.on_minibatch_completed(completed)
+            self._dispatch()
+            return outcome.value
+
+    def on_actor_failed(self, gu_id: int, actor_id: int) -> list[int]:
+        with self._lock:
+            requeued = self._loop.on_actor_failed(gu_id, actor_id)
+            if self._loop.sender.gu(gu_id) is None:  # it was the GU's last actor
+                self._forget_gu(gu_id)
+            logger.warning("GU %d actor %d failed; re-queued minibatches %s", gu_id, actor_id, requeued)
+            self._dispatch()
+            return requeued
+
+    def on_gu_failed(self, gu_id: int) -> list[int]:
+        with self._lock:
+            if gu_id in self._failed_gus:
+                return []
+            requeued = self._loop.on_gu_failed(gu_id)
+            self._forget_gu(gu_id)
+            logger.warning("GU %d failed; re-queued minibatches %s", gu_id, requeued)
+            self._dispatch()
+            return requeued
+
+    def _forget_gu(self, gu_id: int) -> None:
+        self._failed_gus.add(gu_id)
+        self._outbox.pop(gu_id, None)
+
+    def _dispatch(self) -> int:
+        assignments = self._loop.dispatch()
+        for a in assignments:
+            assert a.gu_id in self._outbox, f"dispatched to unknown GU {a.gu_id}"
+            self._outbox[a.gu_id].append(a)
+        return len(assignments)
+
+    # ---- weight flow ---------------------------------------------------------------------------
+    def on_snapshot_published(self, snapshot: SnapshotInfo, save_seconds: float | None = None) -> bool:
+        """Record a published snapshot; returns False if a newer one was announced first.
+
+        The TU's writer thread announces snapshots in version order, but this actor is threaded
+        and may run two announcements out of order; the older one is then superseded (actors
+        always reload to the newest), so it is counted and logged instead of failing the run.
+        """
+        with self._lock:
+            if snapshot.version <= self._loop.latest_version:
+                self.snapshots_superseded += 1
+                logger.info("snapshot v%d announced after a newer one; skipped", snapshot.version)
+                return False
+            self._loop.on_snapshot_published(snapshot, save_seconds=save_seconds)
+            return True
+
+    def on_snapshot_converted(self, gu_id: int, version: int, seconds: float) -> None:
+        with self._lock:
+            self._loop.on_snapshot_converted(gu_id, version, seconds)
+
+    def on_weights_loaded(
+        self, gu_id: int, actor_id: int, version: int, seconds: float, started_at: float | None = None
+    ) -> None:
+        with self._lock:
+            self._loop.on_weights_loaded(gu_id, actor_id, version, seconds, started_at=started_at)
+
+    # ---- training side -------------------------------------------------------------------------
+    def pop_global_batch(self, step: int) -> GlobalBatch | None:
+        with self._lock:
+            return self._loop.pop_global_batch(step)
+
+    def on_train_step_done(self, step: int) -> None:
+        with self._lock:
+            self._loop.on_train_step_done(step)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Observability digest since the previous call (one call per trainer step)."""
+        with self._lock:
+            return step_metrics(self._loop, self._cursor)
+
+    # ---- state -------------------------------------------------------------------------------
+    def is_finished(self) -> bool:
+        with self._lock:
+            return self._loop.is_finished()
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            data = self._loop.summary().to_dict()
+            data["snapshots_superseded"] = self.snapshots_superseded
+            return data
+
+    def check_invariants(self) -> None:
+        with self._lock:
+            self._loop.check_invariants()
+
+    def event_records(self) -> list[dict[str, Any]]:
+        """The whole control-plane event log as JSON-ready dicts (written to ``events.jsonl``)."""
+        with self._lock:
+            return [ev.EventLog.to_json_dict(e) for e in self._loop.events]

@@ -1,0 +1,116 @@
+"""Per-step observability of the async pipeline, computed from the ControlLoop's records.
+
+One digest per trainer step, covering everything that happened since the previous digest:
+Training Queue depth at arrivals, time paused by backpressure, per-GU / per-actor minibatch
+counts and generation times, snapshot save / convert / load times, measured ``d_off`` next to
+the Eq. 4 estimate, and the duty cycle η of every actor (cumulative, as the paper reports it).
+Key names match ``mindspeed_rl.utils.plots.DEFAULT_PANELS``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from mindspeed_rl.runtime import events as ev
+from mindspeed_rl.runtime.controller import ControlLoop
+
+
+@dataclass(slots=True)
+class MetricsCursor:
+    """How far the previous digest read (indices into the loop's append-only logs)."""
+
+    num_events: int = 0
+    num_arrivals: int = 0
+    num_lag_steps: int = 0
+    seconds_paused: float = 0.0
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def step_metrics(loop: ControlLoop, cursor: MetricsCursor) -> dict[str, float]:
+    new_events = loop.events.since(cursor.num_events)
+    arrivals = loop.queue.arrivals[cursor.num_arrivals :]
+    lags = loop.lag.steps[cursor.num_lag_steps :]
+    paused = loop.backpressure.seconds_paused
+    out: dict[str, float | None] = {
+        "queue/depth_samples_mean": _mean([float(a.depth_samples_after) for a in arrivals]),
+        "queue/depth_samples_max": max((float(a.depth_samples_after) for a in arrivals), default=None),
+        "queue/depth_samples_now": float(loop.queue.depth_samples),
+        "queue/arrivals": float(len(arrivals)),
+        "backpressure/seconds_paused": paused - cursor.seconds_paused,
+        "backpressure/paused": float(loop.backpressure.paused),
+        "lag/d_off_mean": _mean([s.d_off_mean for s in lags]),
+        "lag/d_off_max": max((float(s.d_off_max) for s in lags), default=None),
+        "lag/d_off_eq4": _mean([s.d_off_estimate_mean for s in lags if s.d_off_estimate_mean is not None]),
+        "lag/policy_version": float(loop.latest_version),
+    }
+    out.update(_generation(new_events))
+    out.update(_weight_flow(new_events))
+    out.update(_duty_cycles(loop))
+    cursor.num_events += len(new_events)
+    cursor.num_arrivals += len(arrivals)
+    cursor.num_lag_steps += len(lags)
+    cursor.seconds_paused = paused
+    # MetricsWriter accepts numbers only; a metric with nothing to report this step is omitted.
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _generation(events: list[ev.Event]) -> dict[str, float]:
+    per_gu: defaultdict[int, int] = defaultdict(int)
+    per_actor: defaultdict[str, list[float]] = defaultdict(list)
+    dropped = 0
+    for e in events:
+        if not isinstance(e, ev.MinibatchReceived):
+            continue
+        if e.outcome != "accepted":
+            dropped += 1
+            continue
+        per_gu[e.gu_id] += 1
+        per_actor[f"{e.gu_id}_{e.actor_id}"].append(e.generation_seconds)
+    out: dict[str, float] = {"gen/minibatches_dropped": float(dropped)}
+    out.update({f"gen/gu{g}/minibatches": float(n) for g, n in sorted(per_gu.items())})
+    for key, seconds in sorted(per_actor.items()):
+        out[f"gen/actor{key}/minibatches"] = float(len(seconds))
+        out[f"gen/actor{key}/gen_s_mean"] = sum(seconds) / len(seconds)
+    out["gen/minibatches"] = float(sum(per_gu.values()))
+    out["requeued_minibatches"] = float(sum(isinstance(e, ev.MinibatchRequeued) for e in events))
+    return out
+
+
+def _weight_flow(events: list[ev.Event]) -> dict[str, float | None]:
+    saves = [
+        e.save_seconds for e in events if isinstance(e, ev.SnapshotPublished) and e.save_seconds is not None
+    ]
+    converts = [e.seconds for e in events if isinstance(e, ev.SnapshotConverted)]
+    loads = [e for e in events if isinstance(e, ev.WeightsLoaded)]
+    return {
+        "snapshot/save_s": _mean(saves),
+        "snapshot/convert_s": _mean(converts),
+        "snapshot/load_s": _mean([e.seconds for e in loads]),
+        "snapshot/reloads": float(len(loads)),
+        "snapshot/reloads_not_newest": float(
+            sum(e.newest_at_start is not None and e.version < e.newest_at_start for e in loads)
+        ),
+    }
+
+
+def _duty_cycles(loop: ControlLoop) -> dict[str, float]:
+    now = loop.clock.now()
+    out: dict[str, float] = {}
+    cycles: list[float] = []
+    busy: list[float] = []
+    for (g, a), activity in sorted(loop.activity.actors.items()):
+        if activity.duty_cycle is not None:
+            out[f"duty_cycle/actor{g}_{a}"] = activity.duty_cycle
+            cycles.append(activity.duty_cycle)
+        fraction = activity.busy_fraction(now)
+        if fraction is not None:
+            busy.append(fraction)
+    if cycles:
+        out["duty_cycle_mean"] = sum(cycles) / len(cycles)
+    if busy:
+        out["busy_fraction_mean"] = sum(busy) / len(busy)
+    return out

@@ -1,0 +1,224 @@
+"""The ControlUnit adapter without Ray: outbox delivery, GU failure, snapshot announcements, metrics."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mindspeed_rl.runtime.config import RuntimeConfig
+from mindspeed_rl.runtime.records import (
+    CompletedMinibatch,
+    Sample,
+    ScheduledMinibatch,
+    SnapshotInfo,
+    StartRefusal,
+)
+from mindspeed_rl.workers.control_unit import ControlUnit
+
+N = 2  # samples per prompt
+
+
+def schedule(num_minibatches: int, prompts_each: int = 2, group_size: int = 2) -> list[ScheduledMinibatch]:
+    return [
+        ScheduledMinibatch(
+            minibatch_id=i,
+            prompt_ids=tuple(f"p{i}_{j}" for j in range(prompts_each)),
+            batch_group_id=i // group_size,
+            predicted_load=10.0 + i,
+            order_index=i,
+        )
+        for i in range(num_minibatches)
+    ]
+
+
+def make_cu(num_minibatches: int = 8, **overrides: int) -> ControlUnit:
+    config = RuntimeConfig(
+        num_prompts_per_global_batch=4,
+        num_samples_per_prompt=N,
+        queue_max_samples=overrides.get("queue_max_samples", 16),
+        queue_resume_samples=overrides.get("queue_resume_samples", 8),
+        gu_queue_low=1,
+        gu_queue_high=2,
+        max_policy_lag=2,
+    )
+    return ControlUnit(config, schedule(num_minibatches))
+
+
+def completed(
+    mb: ScheduledMinibatch, *, gu: int, actor: int, attempt: int = 0, version: int = 0
+) -> CompletedMinibatch:
+    now = time.time()
+    samples = tuple(
+        Sample(
+            prompt_id=pid,
+            sample_index=j,
+            minibatch_id=mb.minibatch_id,
+            response_token_ids=(1, 2, 3),
+            rollout_log_probs=(-0.1, -0.2, -0.3),
+            reward=None,
+            policy_version=version,
+            gu_id=gu,
+            actor_id=actor,
+            sent_at=now,
+        )
+        for pid in mb.prompt_ids
+        for j in range(N)
+    )
+    return CompletedMinibatch(
+        minibatch_id=mb.minibatch_id,
+        attempt=attempt,
+        samples=samples,
+        gu_id=gu,
+        actor_id=actor,
+        policy_version=version,
+        started_at=now - 0.5,
+        finished_at=now,
+    )
+
+
+def test_poll_delivers_each_assignment_once_and_spreads_over_gus() -> None:
+    cu = make_cu()
+    cu.register_gu(0, 1)
+    cu.register_gu(1, 1)
+    assert cu.start() > 0
+    first = {g: cu.poll(g) for g in (0, 1)}
+    assert all(p.assignments and p.gu_known and not p.finished for p in first.values())
+    delivered = [a.minibatch.minibatch_id for p in first.values() for a in p.assignments]
+    assert len(delivered) == len(set(delivered))
+    again = [a.minibatch.minibatch_id for g in (0, 1) for a in cu.poll(g).assignments]
+    assert not set(again) & set(delivered)  # nothing is delivered twice
+    assert all(a.gu_id == g for g, p in first.items() for a in p.assignments)
+
+
+def test_failed_gu_is_told_to_stop_and_its_work_goes_to_the_other_gu() -> None:
+    cu = make_cu()
+    cu.register_gu(0, 1)
+    cu.register_gu(1, 1)
+    cu.start()
+    held = [a.minibatch.minibatch_id for a in cu.poll(0).assignments]
+    queue_1 = list(cu.poll(1).assignments)
+    requeued = cu.on_gu_failed(0)
+    assert sorted(requeued) == sorted(held)
+    assert cu.on_gu_failed(0) == []  # reported twice (driver and GU): counted once
+    assert not cu.poll(0).gu_known
+    # GU 1 works through its queue; once it drains to the low mark the re-issues arrive first.
+    reissued: dict[int, int] = {}
+    while queue_1:
+        a = queue_1.pop(0)
+        assert cu.request_start(
+            a.minibatch.minibatch_id, attempt=a.attempt, gu_id=1, actor_id=0, policy_version=0
+        ).granted
+        cu.on_minibatch_completed(completed(a.minibatch, gu=1, actor=0, attempt=a.attempt))
+        new = cu.poll(1).assignments
+        reissued.update({b.minibatch.minibatch_id: b.attempt for b in new if b.attempt > 0})
+        queue_1 += new
+        if set(held) <= set(reissued):
+            break
+    assert set(held) <= set(reissued) and all(reissued[i] == 1 for i in held)
+    assert cu.summary()["minibatches_reissued"] == len(held)
+
+
+def test_completion_flows_to_a_global_batch_with_metrics_and_summary() -> None:
+    cu = make_cu(num_minibatches=2)
+    cu.register_gu(0, 2)
+    cu.start()
+    work = cu.poll(0).assignments
+    for actor, a in enumerate(work):
+        decision = cu.request_start(
+            a.minibatch.minibatch_id, attempt=a.attempt, gu_id=0, actor_id=actor, policy_version=0
+        )
+        assert decision.granted
+        assert cu.on_minibatch_completed(completed(a.minibatch, gu=0, actor=actor)) == "accepted"
+    # A late duplicate of a completed minibatch is dropped, not queued twice.
+    assert cu.on_minibatch_completed(completed(work[0].minibatch, gu=0, actor=0)) == "duplicate"
+    batch = cu.pop_global_batch(0)
+    assert batch is not None and batch.num_prompts == 4
+    cu.on_train_step_done(0)
+    metrics = cu.step_metrics()
+    for key in (
+        "queue/depth_samples_max",
+        "lag/d_off_mean",
+        "lag/d_off_max",
+        "duty_cycle_mean",
+        "gen/gu0/minibatches",
+    ):
+        assert key in metrics, key
+    assert metrics["queue/depth_samples_max"] == 8 and metrics["gen/gu0/minibatches"] == 2
+    assert cu.step_metrics()["gen/minibatches"] == 0  # the next digest only covers what is new
+    summary = cu.summary()
+    assert summary["prompts_consumed"] == summary["prompts_scheduled"] == 4
+    assert summary["duplicate_minibatches_dropped"] == 1
+    assert cu.is_finished() and cu.poll(0).finished
+    cu.check_invariants()
+
+
+def test_backpressure_refuses_starts_and_shows_in_poll() -> None:
+    cu = make_cu(num_minibatches=8, queue_max_samples=8, queue_resume_samples=6)
+    cu.register_gu(0, 4)
+    cu.start()
+    pending = list(cu.poll(0).assignments)
+    for actor in range(3):
+        a = pending.pop(0)
+        assert cu.request_start(
+            a.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=actor, policy_version=0
+        ).granted
+        cu.on_minibatch_completed(completed(a.minibatch, gu=0, actor=actor))
+        pending += cu.poll(0).assignments
+    poll = cu.poll(0)
+    assert poll.paused  # 12 samples queued > Q_max = 8
+    head = pending[0]
+    decision = cu.request_start(head.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=3, policy_version=0)
+    assert not decision.granted and decision.refusal is StartRefusal.BACKPRESSURE
+    assert cu.pop_global_batch(0) is not None
+    assert not cu.poll(0).paused  # drained to 4 samples <= resume level 6
+
+
+def test_out_of_order_snapshot_announcement_is_counted_not_fatal() -> None:
+    cu = make_cu()
+    cu.register_gu(0, 1)
+    cu.start()
+    _consume_steps(cu, 2)
+    assert cu.on_snapshot_published(SnapshotInfo(version=2, path="/s/v2", created_at=0.0), 0.1)
+    assert not cu.on_snapshot_published(SnapshotInfo(version=1, path="/s/v1", created_at=0.0), 0.1)
+    poll = cu.poll(0)
+    assert poll.latest_snapshot is not None and poll.latest_snapshot.version == 2
+    assert cu.summary()["snapshots_superseded"] == 1
+
+
+def test_reload_is_judged_against_the_newest_snapshot_when_it_was_chosen() -> None:
+    cu = make_cu()
+    cu.register_gu(0, 1)
+    cu.start()
+    _consume_steps(cu, 2)
+    cu.on_snapshot_published(SnapshotInfo(version=1, path="/s/v1", created_at=0.0), 0.1)
+    chosen_at = time.time()
+    time.sleep(0.01)
+    cu.on_snapshot_published(SnapshotInfo(version=2, path="/s/v2", created_at=0.0), 0.1)
+    cu.on_weights_loaded(0, 0, 1, 0.05, chosen_at)  # v2 appeared while loading v1: fine
+    assert cu.summary()["reloads_not_newest"] == 0
+    cu.on_weights_loaded(0, 0, 1, 0.05, time.time())  # v2 was known: a violation
+    assert cu.summary()["reloads_not_newest"] == 1
+    loads = [e for e in cu.event_records() if e["event"] == "WeightsLoaded"]
+    assert [e["newest_at_start"] for e in loads] == [1, 2]
+
+
+def _consume_steps(cu: ControlUnit, steps: int) -> None:
+    """Run ``steps`` trainer steps on actor 0 of GU 0 with initial weights."""
+    for step in range(steps):
+        while (batch := cu.pop_global_batch(step)) is None:
+            work = cu.poll(0).assignments
+            for a in work:
+                grant = cu.request_start(
+                    a.minibatch.minibatch_id, attempt=a.attempt, gu_id=0, actor_id=0, policy_version=0
+                )
+                assert grant.granted, grant.refusal
+                cu.on_minibatch_completed(completed(a.minibatch, gu=0, actor=0))
+        assert batch.step == step
+        cu.on_train_step_done(step)
+
+
+def test_unknown_gu_assignment_is_an_internal_error() -> None:
+    cu = make_cu()
+    with pytest.raises(ValueError, match="at least one actor"):
+        cu.register_gu(0, 0)
