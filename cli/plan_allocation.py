@@ -24,7 +24,13 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mindspeed_rl.sim.planner import PlannerInputs, TrainingUnitOption, format_plan, options_from_pairs, recommend
+from mindspeed_rl.sim.planner import (
+    PlannerInputs,
+    TrainingUnitOption,
+    format_plan,
+    options_from_pairs,
+    recommend,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--save-seconds", type=float, default=None)
     p.add_argument("--convert-seconds", type=float, default=None)
     p.add_argument("--margin", type=float, default=0.1, help="mild: rollout >= (1 - margin) x TU rate")
-    p.add_argument("--actors-per-gu", type=int, default=None, help="express the plan in GUs of this many actors")
+    p.add_argument(
+        "--actors-per-gu", type=int, default=None, help="express the plan in GUs of this many actors"
+    )
     p.add_argument("--verify", type=int, default=0, metavar="N", help="simulate N iterations of the plan")
     p.add_argument("--json", default=None, help="write the plan (and check) here")
     return p
@@ -64,8 +72,14 @@ def _preset_defaults(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.tu is None:
         if args.tu_devices is None:
-            raise ValueError("with --preset and no --tu, give --tu-devices: the TU size its T_train was measured on.")
-        defaults["tu"] = (TrainingUnitOption(num_devices=args.tu_devices, train_seconds=preset.profile.train.per_step_seconds),)
+            raise ValueError(
+                "with --preset and no --tu, give --tu-devices: the TU size its T_train was measured on."
+            )
+        defaults["tu"] = (
+            TrainingUnitOption(
+                num_devices=args.tu_devices, train_seconds=preset.profile.train.per_step_seconds
+            ),
+        )
     return defaults
 
 

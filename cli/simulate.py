@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mindspeed_rl.sim.conditions import CONDITIONS
-from mindspeed_rl.sim.preset import SimPreset, TraceSpec
+from mindspeed_rl.sim.preset import ReferenceTimings, SimPreset, TraceSpec
 from mindspeed_rl.sim.runner import ConditionsReport, eq4_constant, simulate_conditions, with_cluster
 from mindspeed_rl.sim.table4b import format_table
 from mindspeed_rl.sim.timing import TrainModel
@@ -71,7 +71,9 @@ def preset_from_args(args: argparse.Namespace) -> SimPreset:
         )
         preset = preset.with_trace(trace)
     sched = {k: getattr(args, k) for k in ("tau", "b", "kappa", "k", "sa_iterations", "seed")}
-    preset = replace(preset, schedule=replace(preset.schedule, **{k: v for k, v in sched.items() if v is not None}))
+    preset = replace(
+        preset, schedule=replace(preset.schedule, **{k: v for k, v in sched.items() if v is not None})
+    )
     if args.seed is not None:
         preset = replace(preset, seed=args.seed)
     profile = preset.profile
@@ -80,8 +82,13 @@ def preset_from_args(args: argparse.Namespace) -> SimPreset:
     if args.noise_cv is not None:
         profile = replace(profile, noise_cv=args.noise_cv)
     preset = replace(preset, profile=profile)
+    if args.trace is not None or args.train_seconds is not None:
+        # The reference T_gen belongs to the preset's own workload and trainer, not to overrides.
+        preset = replace(preset, reference=ReferenceTimings())
     if args.global_batch is not None:
-        preset = replace(preset, runtime={**preset.runtime, "num_prompts_per_global_batch": args.global_batch})
+        preset = replace(
+            preset, runtime={**preset.runtime, "num_prompts_per_global_batch": args.global_batch}
+        )
     return with_cluster(preset, num_gus=args.num_gus, actors_per_gu=args.actors_per_gu)
 
 

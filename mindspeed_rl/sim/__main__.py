@@ -23,7 +23,9 @@ from mindspeed_rl.sim.fit import DecodeFit, fit_decode, read_runs, write_runs
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m mindspeed_rl.sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m mindspeed_rl.sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit-decode", help="fit the decode model from a JSONL of timed runs")

@@ -56,10 +56,14 @@ def verify_plan(
         for j, start in enumerate(range(0, len(ids), int(m)))
     ]
     profile = TimingProfile(
-        decode=DecodeModel(per_step_seconds=0.0, per_token_seconds=0.0, per_minibatch_seconds=inputs.gen_seconds),
+        decode=DecodeModel(
+            per_step_seconds=0.0, per_token_seconds=0.0, per_minibatch_seconds=inputs.gen_seconds
+        ),
         train=TrainModel(per_step_seconds=plan.train_seconds),
         weight_flow=WeightFlowModel(
-            save_seconds=inputs.save_seconds, convert_seconds=inputs.convert_seconds, load_seconds=inputs.load_seconds
+            save_seconds=inputs.save_seconds,
+            convert_seconds=inputs.convert_seconds,
+            load_seconds=inputs.load_seconds,
         ),
     )
     runtime = RuntimeConfig(

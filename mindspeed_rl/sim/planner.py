@@ -58,7 +58,12 @@ class PlannerInputs:
         for opt in self.training_options:
             if opt.num_devices < 1 or not opt.train_seconds > 0:
                 raise ValueError(f"TU option {opt} needs num_devices >= 1 and train_seconds > 0.")
-        positive = (self.actor_devices, self.gen_seconds, self.prompts_per_minibatch, self.prompts_per_global_batch)
+        positive = (
+            self.actor_devices,
+            self.gen_seconds,
+            self.prompts_per_minibatch,
+            self.prompts_per_global_batch,
+        )
         if min(positive) <= 0:
             raise ValueError(
                 "actor_devices, gen_seconds, prompts_per_minibatch and prompts_per_global_batch must be > 0."
@@ -66,7 +71,9 @@ class PlannerInputs:
         if min(self.load_seconds, self.save_seconds, self.convert_seconds) < 0:
             raise ValueError("load/save/convert seconds must be >= 0.")
         if not 0 <= self.margin < 1:
-            raise ValueError(f"margin must lie in [0, 1), got {self.margin}; 0.1 means rollout >= 90% of TU rate.")
+            raise ValueError(
+                f"margin must lie in [0, 1), got {self.margin}; 0.1 means rollout >= 90% of TU rate."
+            )
         if self.actors_per_gu is not None and self.actors_per_gu < 1:
             raise ValueError("actors_per_gu must be >= 1 when given.")
         smallest = min(o.num_devices for o in self.training_options)
@@ -120,11 +127,17 @@ def plan_for(inputs: PlannerInputs, option: TrainingUnitOption, num_actors: int)
     rho = rollout / consumption
     iteration = max(option.train_seconds, inputs.prompts_per_global_batch / rollout)
     if math.isclose(rho, 1.0, rel_tol=1e-9):
-        bottleneck, queue = "balanced", "bounded: arrivals match consumption (fluctuations absorbed by the queue)"
+        bottleneck, queue = (
+            "balanced",
+            "bounded: arrivals match consumption (fluctuations absorbed by the queue)",
+        )
     elif rho < 1:
         bottleneck, queue = "generation", "bounded: stays near empty, the trainer waits for rollouts"
     else:
-        bottleneck, queue = "training", "grows until backpressure (Q_max) pauses generation; pause/resume cycles"
+        bottleneck, queue = (
+            "training",
+            "grows until backpressure (Q_max) pauses generation; pause/resume cycles",
+        )
     delay = inputs.save_seconds + inputs.convert_seconds + inputs.load_seconds + inputs.gen_seconds
     return AllocationPlan(
         training_devices=option.num_devices,
@@ -167,7 +180,9 @@ def recommend(inputs: PlannerInputs) -> AllocationPlan:
     """The fastest candidate; ties go to the plan that uses fewer devices."""
     plans = candidate_plans(inputs)
     assert plans, "PlannerInputs guarantees the smallest TU plus one actor fits"
-    return min(plans, key=lambda p: (round(p.iteration_seconds, 6), p.training_devices + p.generation_devices))
+    return min(
+        plans, key=lambda p: (round(p.iteration_seconds, 6), p.training_devices + p.generation_devices)
+    )
 
 
 def format_plan(plan: AllocationPlan, inputs: PlannerInputs) -> str:

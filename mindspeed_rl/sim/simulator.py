@@ -183,8 +183,7 @@ class Simulator:
             if self.loop.pause_signal():
                 return progress
             if actor.version < unit.converted and not actor.just_loaded:  # deferred reload
-                actor.busy = True
-                self._push(self.profile.weight_flow.load_seconds, EventKind.LOAD_DONE, (g, a, unit.converted))
+                self._start_reload(g, a)
                 progress = True
                 continue
             head = unit.queue[0]
@@ -203,9 +202,18 @@ class Simulator:
             elif decision.refusal is StartRefusal.REVOKED:
                 unit.queue.popleft()
                 progress = True
+            elif decision.refusal is StartRefusal.STALE_WEIGHTS and actor.version < unit.converted:
+                # A snapshot converted during the last reload is needed to meet the lag bound.
+                self._start_reload(g, a)
+                progress = True
             else:  # backpressure, lag budget, or weights too old until the next conversion
                 return progress
         return progress
+
+    def _start_reload(self, g: int, a: int) -> None:
+        unit = self._units[g]
+        unit.actors[a].busy = True
+        self._push(self.profile.weight_flow.load_seconds, EventKind.LOAD_DONE, (g, a, unit.converted))
 
     def _start_generation(self, assignment: Assignment, g: int, a: int) -> None:
         actor, now, mb = self._units[g].actors[a], self.clock.now(), assignment.minibatch

@@ -1,0 +1,170 @@
+"""The async pipeline end to end: real CLI, real Ray, tiny model; invariants read back from the run.
+
+One run with vLLM engines (the acceptance run), two fault runs on the light HF engine: a
+generation actor killed mid-minibatch, and a whole Generation Unit killed. Faults are injected
+through the trainer's test hook (``MINDSPEED_RL_TEST_FAULTS``): the process calls ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mindspeed_rl.trainer.async_setup import FAULTS_ENV
+from mindspeed_rl.utils.metrics import read_metrics
+from mindspeed_rl.utils.run_summary import REQUIRED_KEYS
+
+ROOT = Path(__file__).resolve().parents[3]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# 4 iterations x 4 prompts; minibatches of 2 prompts (8 of them), batch groups of 2.
+TINY = (
+    "megatron_training.train_iters=4",
+    "megatron_training.global_batch_size=4",
+    "rl_config.mini_batch_size=4",
+    "rl_config.n_samples_per_prompt=4",
+    "actor_config.micro_batch_size=16",
+    "rl_config.actor_forward_micro_batch_size=16",
+    "rl_config.ref_forward_micro_batch_size=16",
+    "warmup_config.steps=5",
+    "asp_config.b=2",
+    "asp_config.kappa=0",
+    "asp_config.k=2",
+    "asp_config.sa_iterations=1000",
+    "async_config.queue_max_samples=24",
+    "async_config.queue_resume_samples=12",
+    "async_config.gu_queue_low=1",
+    "async_config.gu_queue_high=2",
+    "generate_config.sampling_config.max_tokens=24",
+    "rl_config.use_tensorboard=false",
+)
+HF = ("rl_config.rollout_backend=hf",)
+
+
+def run_cli(tmp_path: Path, *overrides: str, faults: str = "") -> Path:
+    runs = tmp_path / "runs"
+    cmd = [
+        sys.executable,
+        str(ROOT / "cli" / "train_grpo.py"),
+        "--config-name",
+        "grpo_tiny_asp",
+        f"run_dir={runs}",
+        f"megatron_training.tokenizer_name_or_path={tmp_path / 'model'}",
+        *TINY,
+        *overrides,
+    ]
+    env = {**os.environ, FAULTS_ENV: faults}
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    (run_dir,) = list(runs.iterdir())
+    return run_dir
+
+
+def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return summary, read_metrics(run_dir / "metrics.jsonl"), events
+
+
+def check_exactly_once(summary: dict[str, Any]) -> None:
+    assert set(REQUIRED_KEYS) <= set(summary)
+    assert summary["pipeline"] == "async"
+    assert summary["prompts_scheduled"] == summary["prompts_consumed"] == 16
+    assert summary["duplicate_minibatches_dropped"] == 0
+    assert summary["max_policy_lag_measured"] <= summary["max_policy_lag_limit"]
+
+
+def check_reload_discipline(events: list[dict[str, Any]]) -> int:
+    """Per actor: each start uses the version of its latest reload (0 before any), reloads only
+    between a completion and the next start, versions only go up, always the newest known."""
+    version: dict[tuple[int, int], int] = defaultdict(int)
+    running: dict[tuple[int, int], int] = {}
+    num_reloads = 0
+    for e in events:
+        key = (e.get("gu_id"), e.get("actor_id"))
+        if e["event"] == "WeightsLoaded":
+            assert key not in running, f"actor {key} reloaded while running minibatch {running.get(key)}"
+            assert e["version"] > version[key] and e["version"] >= e["newest_at_start"]
+            version[key] = e["version"]
+            num_reloads += 1
+        elif e["event"] == "MinibatchStarted":
+            assert e["policy_version"] == version[key]
+            running[key] = e["minibatch_id"]
+        elif e["event"] == "MinibatchReceived" and e["outcome"] == "accepted":
+            assert running.pop(key) == e["minibatch_id"]
+        elif e["event"] == "MinibatchRequeued" and e["actor_id"] is not None:
+            running.pop(key, None)
+    return num_reloads
+
+
+@pytest.mark.vllm
+def test_async_run_with_vllm_meets_the_pipeline_invariants(tmp_path: Path) -> None:
+    run_dir = run_cli(tmp_path)
+    summary, records, events = load_run(run_dir)
+    check_exactly_once(summary)
+    assert summary["minibatches_reissued"] == 0 and summary["reloads_not_newest"] == 0
+    # Queue bound: Q_max plus what the minibatches running when the pause began can still add.
+    in_flight = 2 * 2 * 2 * 4  # GUs x actors x prompts per minibatch x samples per prompt
+    assert summary["max_queue_depth_samples"] <= summary["queue_limit_samples"] + in_flight
+    assert check_reload_discipline(events) > 0
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    per_step = (
+        "iteration_time_s", "tokens_per_s", "time/trainer_wait_s", "queue/depth_samples_max",
+        "backpressure/seconds_paused", "lag/d_off_mean", "lag/d_off_max", "duty_cycle_mean",
+    )  # fmt: skip
+    for key in per_step:
+        assert all(isinstance(r.get(key), int | float) for r in records), key
+    anywhere = (
+        "lag/d_off_eq4",
+        "snapshot/save_s",
+        "snapshot/convert_s",
+        "snapshot/load_s",
+        "gen/gu1/minibatches",
+    )
+    for key in anywhere:
+        assert any(key in r for r in records), key
+    assert all(0 <= r["lag/d_off_max"] <= summary["max_policy_lag_limit"] for r in records)
+    assert (run_dir / "final_model" / "model.safetensors").is_file()
+    assert (run_dir / "asp_schedule.json").is_file()
+
+
+def test_killed_generation_actor_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    run_dir = run_cli(
+        tmp_path,
+        *HF,
+        "async_config.num_generation_units=1",
+        "async_config.actors_per_unit=2",
+        faults="actor:0:0:1",
+    )
+    summary, _, events = load_run(run_dir)
+    check_exactly_once(summary)
+    assert summary["minibatches_reissued"] >= 1
+    requeued = [e for e in events if e["event"] == "MinibatchRequeued"]
+    assert requeued and all(e["reason"] == "actor_failed" and e["actor_id"] == 0 for e in requeued)
+    assert {a["actor_id"] for a in summary["actors"] if a["num_minibatches"] > 0} == {1}
+    check_reload_discipline(events)
+
+
+def test_killed_generation_unit_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    run_dir = run_cli(
+        tmp_path,
+        *HF,
+        "async_config.num_generation_units=2",
+        "async_config.actors_per_unit=1",
+        faults="gu:1:1",
+    )
+    summary, _, events = load_run(run_dir)
+    check_exactly_once(summary)
+    assert summary["minibatches_reissued"] >= 1
+    requeued = [e for e in events if e["event"] == "MinibatchRequeued"]
+    assert requeued and all(e["reason"] == "gu_failed" and e["gu_id"] == 1 for e in requeued)
+    received = [e for e in events if e["event"] == "MinibatchReceived" and e["outcome"] == "accepted"]
+    assert sum(e["gu_id"] == 1 for e in received) == 1  # exactly what GU 1 forwarded before dying
+    check_reload_discipline(events)
