@@ -40,16 +40,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--hidden-size", type=int, default=TINY_TEST_ARCH["hidden_size"])
     p.add_argument("--num-layers", type=int, default=TINY_TEST_ARCH["num_layers"])
-    p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--sft-steps", type=int, default=1200)
     p.add_argument("--sft-lr", type=float, default=3e-3)
     p.add_argument("--sft-batch-size", type=int, default=32)
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--prompts-per-iteration", type=int, default=16)
     p.add_argument("--n-samples", type=int, default=8)
-    p.add_argument("--mini-batch-size", type=int, default=8, help="prompts per optimizer step")
-    p.add_argument("--epochs", type=int, default=1, help="passes over each global batch")
+    p.add_argument("--mini-batch-size", type=int, default=2, help="prompts per optimizer step")
+    p.add_argument("--epochs", type=int, default=2, help="passes over each global batch")
     p.add_argument("--micro-batch-size", type=int, default=32, help="samples per forward/backward")
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--kl-coef", type=float, default=0.001)
     p.add_argument("--clip-ratio", type=float, default=0.2)
     p.add_argument("--entropy-coeff", type=float, default=0.0)
@@ -71,9 +71,7 @@ def model_arch(args: argparse.Namespace) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def sample(
-    model: Any, tokenizer: Any, prompts: list[str], n: int, max_new: int
-) -> list[list[int]]:
+def sample(model: Any, tokenizer: Any, prompts: list[str], n: int, max_new: int) -> list[list[int]]:
     """n samples per prompt (grouped), each cut after its first eos (eos kept: stopping is learned)."""
     tokenizer.padding_side = "left"
     enc = tokenizer(

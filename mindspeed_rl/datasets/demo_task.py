@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
-OPERATIONS = ("cp", "up", "rep")
+OPERATIONS = ("cp", "up", "rev", "rep")
 MAX_RESPONSE_CHARS = 192
 EOS_TEXT = "<|endoftext|>"
 # Seed streams: RL prompts and SFT pairs never share draws for the same user seed.

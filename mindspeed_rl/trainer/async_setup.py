@@ -15,7 +15,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.trainer import components
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.runtime.records import ScheduledMinibatch
-    from mindspeed_rl.workers.generation_unit import FaultPlan
+    from mindspeed_rl.workers.generation_unit import FaultPlan, GuSpec
 
 logger = logging.getLogger(__name__)
 FAULTS_ENV = "MINDSPEED_RL_TEST_FAULTS"
@@ -110,6 +110,31 @@ def check_resources(config: GRPOConfig, available: Mapping[str, float]) -> None:
         ],
         available,
     )
+
+
+def gu_specs(
+    config: GRPOConfig, policy_path: str, prompts: Any, snapshots: Path, faults: FaultPlan
+) -> list[GuSpec]:
+    """One spec per Generation Unit; ``prompts`` is the prompt mapping or a Ray reference to it."""
+    from mindspeed_rl.utils.ray_setup import ray_actor_options
+    from mindspeed_rl.workers.generation_unit import GuSpec
+
+    a = config.async_config
+    return [
+        GuSpec(
+            gu_id=g,
+            config=config,
+            policy_path=policy_path,
+            prompts=prompts,
+            num_actors=a.actors_per_unit,
+            actor_options=ray_actor_options(a.actor_resources),
+            actor_num_cpus=a.actor_resources.num_cpus,
+            cache_dir=str(snapshots / f"gu{g}"),
+            seed=config.megatron_training.training.seed,
+            faults=faults,
+        )
+        for g in range(a.num_generation_units)
+    ]
 
 
 def fault_plan(env: Mapping[str, str]) -> FaultPlan:

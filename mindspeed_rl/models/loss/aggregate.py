@@ -15,12 +15,16 @@ import torch
 def masked_token_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum of ``values`` over positions where ``mask`` is 1 (padding contributes exactly 0)."""
     if values.shape != mask.shape:
-        raise ValueError(f"values {tuple(values.shape)} and mask {tuple(mask.shape)} must have the same shape")
+        raise ValueError(
+            f"values {tuple(values.shape)} and mask {tuple(mask.shape)} must have the same shape"
+        )
     # where() rather than multiply: a NaN/inf at a padded position must not leak into the sum.
     return torch.where(mask.bool(), values, torch.zeros_like(values)).sum()
 
 
-def masked_token_mean(values: torch.Tensor, mask: torch.Tensor, num_tokens: float | None = None) -> torch.Tensor:
+def masked_token_mean(
+    values: torch.Tensor, mask: torch.Tensor, num_tokens: float | None = None
+) -> torch.Tensor:
     """Token-mean of ``values`` under ``mask``.
 
     ``num_tokens`` is the denominator; pass the token count of the whole mini-batch when ``values``
@@ -28,5 +32,7 @@ def masked_token_mean(values: torch.Tensor, mask: torch.Tensor, num_tokens: floa
     """
     denom = float(mask.sum().item()) if num_tokens is None else float(num_tokens)
     if denom <= 0:
-        raise ValueError("masked_token_mean over zero response tokens; every sample needs >= 1 response token")
+        raise ValueError(
+            "masked_token_mean over zero response tokens; every sample needs >= 1 response token"
+        )
     return masked_token_sum(values, mask) / denom

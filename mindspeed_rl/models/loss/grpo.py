@@ -31,7 +31,9 @@ class GRPOLossConfig:
 
     def __post_init__(self) -> None:
         if self.clip_ratio <= 0:
-            raise ValueError(f"clip_ratio must be > 0; got {self.clip_ratio}. Set rl_config.clip_ratio (e.g. 0.2).")
+            raise ValueError(
+                f"clip_ratio must be > 0; got {self.clip_ratio}. Set rl_config.clip_ratio (e.g. 0.2)."
+            )
         if self.kl_penalty not in KL_PENALTIES:
             raise ValueError(
                 f"unknown kl_penalty {self.kl_penalty!r}; set rl_config.kl_penalty to one of {sorted(KL_PENALTIES)}"
@@ -93,4 +95,6 @@ def grpo_loss(
             loss = loss - config.entropy_coeff * ent
     elif config.entropy_coeff > 0:
         raise ValueError("entropy_coeff > 0 needs per-token entropy; pass entropy= (or set entropy_coeff: 0)")
-    return GRPOLossTerms(loss=loss, pg_loss=pg.detach(), kl=kl.detach(), entropy=ent.detach(), clip_frac=clip_frac)
+    return GRPOLossTerms(
+        loss=loss, pg_loss=pg.detach(), kl=kl.detach(), entropy=ent.detach(), clip_frac=clip_frac
+    )

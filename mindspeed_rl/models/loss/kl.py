@@ -51,5 +51,7 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) 
     """Dispatch on the upstream ``kl_penalty`` name; unknown names are a user error."""
     fn = KL_PENALTIES.get(kind)
     if fn is None:
-        raise ValueError(f"unknown kl_penalty {kind!r}; set rl_config.kl_penalty to one of {sorted(KL_PENALTIES)}")
+        raise ValueError(
+            f"unknown kl_penalty {kind!r}; set rl_config.kl_penalty to one of {sorted(KL_PENALTIES)}"
+        )
     return fn(log_probs, ref_log_probs)

@@ -43,7 +43,9 @@ class TorchEngineConfig:
         }
         bad = {k: v for k, v in positive.items() if v < 1}
         if bad:
-            raise ValueError(f"these batch settings must be >= 1: {bad}; fix them in actor_config / rl_config")
+            raise ValueError(
+                f"these batch settings must be >= 1: {bad}; fix them in actor_config / rl_config"
+            )
         if self.lr <= 0 or self.clip_grad < 0 or self.weight_decay < 0:
             raise ValueError(
                 f"need lr > 0, clip_grad >= 0, weight_decay >= 0; got lr={self.lr}, clip_grad={self.clip_grad}, "

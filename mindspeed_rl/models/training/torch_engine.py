@@ -73,7 +73,11 @@ class TorchTrainingEngine:
         per_step: list[dict[str, float]] = []
         size = self.config.samples_per_mini_batch
         for _ in range(self.config.epochs):
-            order = rng.permutation(batch.num_samples) if self.config.shuffle_mini_batch else np.arange(batch.num_samples)
+            order = (
+                rng.permutation(batch.num_samples)
+                if self.config.shuffle_mini_batch
+                else np.arange(batch.num_samples)
+            )
             for start in range(0, batch.num_samples, size):
                 per_step.append(self._optimizer_step(batch.select(order[start : start + size]), temperature))
         assert len(per_step) == num_steps
