@@ -101,6 +101,13 @@ def check_resources(config: GRPOConfig, available: Mapping[str, float]) -> None:
         raise ValueError(
             f"async_config.weight_transport={a.weight_transport!r} is not implemented yet; use shared_fs"
         )
+    if (a.actor_tensor_parallel_size, a.actor_expert_parallel_size) != (1, 1):
+        # The GU converts to one full replica per actor; sharded engines need the Megatron/NPU backend.
+        raise ValueError(
+            f"async_config.actor_tensor_parallel_size={a.actor_tensor_parallel_size} / "
+            f"actor_expert_parallel_size={a.actor_expert_parallel_size}: generation actors on this backend "
+            "hold a full replica; set both to 1"
+        )
     check_requests_fit(
         [
             ("control unit", a.control_resources, 1),

@@ -70,7 +70,12 @@ def _run_warmup(config: GRPOConfig, path: Path) -> None:
             f"warmup_config.enabled needs reference answers; only builtin:demo provides them, got "
             f"data_path={data_path!r}. Disable warmup_config or use builtin:demo"
         )
+    import torch
+
     warm = config.warmup_config
+    # The tiny model's matmuls are far too small to amortise a second OpenMP thread, and spinning
+    # threads collapse throughput when the cores are shared (measured: >10x slower with 2).
+    torch.set_num_threads(1)
     stats = sft_warmup(
         path,
         load_tokenizer(path),

@@ -66,10 +66,12 @@ def test_runtime_config_reads_async_config() -> None:
 
 
 def test_resources_that_do_not_fit_fail_with_the_arithmetic() -> None:
-    config = _config("async_config.actor_resources.num_cpus=1.0")
+    config = _config("async_config.num_generation_units=2", "async_config.actor_resources.num_cpus=1.0")
     with pytest.raises(ValueError, match="generation actor"):
         async_setup.check_resources(config, {"CPU": 2.0})
     async_setup.check_resources(_config(), {"CPU": 2.0})
+    with pytest.raises(ValueError, match="full replica"):
+        async_setup.check_resources(_config("async_config.actor_tensor_parallel_size=2"), {"CPU": 2.0})
 
 
 def test_fault_plan_parses_the_test_hook() -> None:
@@ -90,3 +92,13 @@ def test_schedule_is_built_and_saved(tmp_path: Path) -> None:
     scheduled = [pid for mb in minibatches for pid in mb.prompt_ids]
     assert sorted(scheduled) == sorted(r.prompt_id for r in records)
     assert (tmp_path / async_setup.SCHEDULE_FILE).is_file()
+
+
+def test_gu_specs_one_per_unit_with_its_own_cache() -> None:
+    config = _config("async_config.num_generation_units=3", "async_config.actor_resources.num_cpus=0.3")
+    plan = async_setup.fault_plan({async_setup.FAULTS_ENV: "gu:2:1"})
+    specs = async_setup.gu_specs(config, "/m", {}, Path("/snap"), plan)
+    assert [s.gu_id for s in specs] == [0, 1, 2]
+    assert len({s.cache_dir for s in specs}) == 3 and all(s.cache_dir.startswith("/snap/") for s in specs)
+    assert all(s.actor_options["num_cpus"] == 0.3 == s.actor_num_cpus for s in specs)
+    assert all(s.faults.gu_dies == {2: 1} for s in specs)
