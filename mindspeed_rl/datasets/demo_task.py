@@ -1,75 +1,64 @@
-"""The built-in CPU demo task: string transformations a tiny char-level model can learn.
+"""The built-in CPU demo task: write a character N times.
 
-A prompt names an operation and a lowercase input, ``"<op>:<input>="``; the response is the
-transformed string followed by eos. Operations:
+A prompt names a lowercase character and a count, ``"<c>*<N>="``; the answer is ``c`` repeated
+``N`` times, then eos. Example: ``"k*5="`` -> ``"kkkkk"``.
 
-- ``cp``   copy:       ``cp:abc=``   -> ``abc``
-- ``up``   uppercase:  ``up:abc=``   -> ``ABC``
-- ``rev``  reverse:    ``rev:abc=``  -> ``cba``
-- ``repK`` repeat K x: ``rep3:ab=``  -> ``ababab``
-
-Why this shape: the response length is a deterministic function of the prompt (input length, times
-K for ``rep``), and input lengths are drawn from a clipped lognormal, so response lengths are
-heavy-tailed across prompts (a few chars up to ``MAX_RESPONSE_CHARS``): exactly the setting where a
-length-aware scheduler pays off, and a length predictor can learn it from the prompt text.
+Why this task (measured on 2 CPU cores, see the issue note): a ~0.1 M-parameter model learns the
+format and the character from a 150-step SFT warm-up in seconds, but its stopping point stays
+imprecise (counting is the hard part), so sampled rewards start around 0.5 and GRPO has a
+consistent, prompt-independent signal to climb ("stop at exactly N"). Earlier string-rewriting
+variants (copy / reverse / repeat a random string) left the tiny model with errors that GRPO did not
+fix within 30 iterations. N is drawn from a clipped lognormal, so response lengths depend on the
+prompt and are heavy-tailed across prompts (median ~8, a tail up to ``MAX_RESPONSE_CHARS``): the
+setting where a length-aware scheduler pays off, and the count is readable from the prompt text.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
-OPERATIONS = ("cp", "up", "rev", "rep")
-MAX_RESPONSE_CHARS = 192
+MAX_RESPONSE_CHARS = 150
 EOS_TEXT = "<|endoftext|>"
+_PROMPT = re.compile(r"^([a-z])\*(\d+)=$")
 # Seed streams: RL prompts and SFT pairs never share draws for the same user seed.
 _RL_STREAM, _SFT_STREAM = 0, 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DemoLengths:
-    """Input-length distribution: ``round(exp(N(log(median), sigma)))`` clipped to [1, max]."""
+    """Count distribution: ``round(exp(N(log(median), sigma)))`` clipped to [1, max_count]."""
 
-    median_chars: float = 7.0
+    median_count: float = 8.0
     sigma: float = 0.8
-    max_repeat: int = 6
-    """``rep`` uses K in [2, max_repeat]; its input is drawn with half the median."""
+    max_count: int = MAX_RESPONSE_CHARS
 
 
 DEFAULT_LENGTHS = DemoLengths()
 
 
-def apply_operation(op: str, text: str) -> str:
-    """The target response for ``op`` (``cp``, ``up``, ``rev`` or ``rep<K>``) on ``text``."""
-    if op == "cp":
-        return text
-    if op == "up":
-        return text.upper()
-    if op == "rev":
-        return text[::-1]
-    if op.startswith("rep") and op[3:].isdigit():
-        return text * int(op[3:])
-    raise ValueError(f"unknown demo operation {op!r}; use one of cp, up, rev, rep<K>")
-
-
-def _draw_length(rng: np.random.Generator, median: float, sigma: float, cap: int) -> int:
-    return int(min(cap, max(1, round(math.exp(rng.normal(math.log(median), sigma))))))
+def answer_for(prompt: str) -> str:
+    """The exact answer to a demo prompt ``"<c>*<N>="``."""
+    match = _PROMPT.match(prompt)
+    if match is None:
+        raise ValueError(f"not a demo prompt: {prompt!r}; expected '<lowercase char>*<count>=' like 'k*5='")
+    return match.group(1) * int(match.group(2))
 
 
 def _draw_example(rng: np.random.Generator, lengths: DemoLengths) -> tuple[str, str]:
-    kind = OPERATIONS[int(rng.integers(len(OPERATIONS)))]
-    if kind == "rep":
-        k = int(rng.integers(2, lengths.max_repeat + 1))
-        n = _draw_length(rng, lengths.median_chars / 2, lengths.sigma, MAX_RESPONSE_CHARS // k)
-        op = f"rep{k}"
-    else:
-        n = _draw_length(rng, lengths.median_chars, lengths.sigma, MAX_RESPONSE_CHARS)
-        op = kind
-    text = "".join(ALPHABET[i] for i in rng.integers(len(ALPHABET), size=n))
-    return f"{op}:{text}=", apply_operation(op, text)
+    char = ALPHABET[int(rng.integers(len(ALPHABET)))]
+    count = int(
+        min(
+            lengths.max_count,
+            max(1, round(math.exp(rng.normal(math.log(lengths.median_count), lengths.sigma)))),
+        )
+    )
+    prompt = f"{char}*{count}="
+    return prompt, answer_for(prompt)
 
 
 def _examples(num: int, seed: int, stream: int, lengths: DemoLengths) -> list[tuple[str, str]]:
@@ -80,7 +69,7 @@ def _examples(num: int, seed: int, stream: int, lengths: DemoLengths) -> list[tu
 
 
 def generate_demo_prompts(num: int, seed: int) -> list[dict[str, str]]:
-    """``num`` RL prompts as ``{"prompt": "rev:abc=", "answer": "cba"}``; deterministic in ``seed``."""
+    """``num`` RL prompts as ``{"prompt": "k*5=", "answer": "kkkkk"}``; deterministic in ``seed``."""
     return [{"prompt": p, "answer": a} for p, a in _examples(num, seed, _RL_STREAM, DEFAULT_LENGTHS)]
 
 
@@ -99,8 +88,7 @@ def demo_reward(response: str, answer: str) -> float:
 
     Exact answer -> 1. Every wrong, missing or extra character costs the same ``1 / max_len``, so
     stopping early, running on past the answer and wrong characters are all penalised and the
-    reward is dense. Positions are compared one-to-one (no alignment), so an early dropped
-    character shifts the rest and costs more: that keeps the verifier O(length).
+    reward is dense (for this task it is ``min(len)/max(len)`` when the character is right).
     """
     got = clean_response(response)
     longest = max(len(got), len(answer))

@@ -5,17 +5,11 @@ import pytest
 
 from mindspeed_rl.datasets.demo_task import (
     MAX_RESPONSE_CHARS,
-    apply_operation,
+    answer_for,
     demo_reward,
     demo_sft_pairs,
     generate_demo_prompts,
 )
-
-
-def _parse(prompt: str) -> tuple[str, str]:
-    assert prompt.endswith("=")
-    op, text = prompt[:-1].split(":", 1)
-    return op, text
 
 
 def test_prompts_are_deterministic_and_seeded() -> None:
@@ -27,18 +21,17 @@ def test_sft_pairs_come_from_a_different_stream() -> None:
     rl = [(d["prompt"], d["answer"]) for d in generate_demo_prompts(200, 0)]
     sft = demo_sft_pairs(200, 0)
     assert rl != sft
-    assert len(set(rl) & set(sft)) < 40  # only short prompts can coincide by chance
+    # The task space is small (26 chars x counts), so single pairs may coincide; the streams may not.
+    assert sum(a == b for a, b in zip(rl, sft)) < 20
 
 
-def test_answers_follow_the_stated_operation() -> None:
+def test_answers_follow_the_prompt() -> None:
     allowed = set(string.printable) - set("\t\r\x0b\x0c")
     for item in generate_demo_prompts(300, 1):
-        op, text = _parse(item["prompt"])
-        assert item["answer"] == apply_operation(op, text)
+        char, count = item["prompt"][0], int(item["prompt"][2:-1])
+        assert item["answer"] == char * count == answer_for(item["prompt"])
         assert set(item["prompt"] + item["answer"]) <= allowed
-    assert apply_operation("rev", "abc") == "cba"
-    assert apply_operation("rep3", "ab") == "ababab"
-    assert apply_operation("up", "ab") == "AB"
+    assert answer_for("k*3=") == "kkk"
 
 
 def test_response_lengths_are_heavy_tailed() -> None:
@@ -68,6 +61,7 @@ def test_reward_partial_credit(response: str, answer: str, expected: float) -> N
     assert demo_reward(response, answer) == pytest.approx(expected)
 
 
-def test_unknown_operation_is_rejected() -> None:
-    with pytest.raises(ValueError, match="cp, up, rev"):
-        apply_operation("sort", "abc")
+@pytest.mark.parametrize("prompt", ["K*3=", "k*=", "k3=", "kk*3=", "k*3"])
+def test_malformed_prompt_is_rejected(prompt: str) -> None:
+    with pytest.raises(ValueError, match="not a demo prompt"):
+        answer_for(prompt)
