@@ -16,7 +16,7 @@ $(STAMP): setup.py
 setup: $(STAMP)
 
 demo: setup
-	$(PY) -m asp_scheduler demo --out runs/demo_schedule.json
+	$(PY) cli/train_grpo.py --config-name grpo_tiny_asp
 
 test: setup lint typecheck
 	$(PY) -m pytest -q --durations=15

@@ -78,10 +78,18 @@ class TrainingUnit:
             else None
         )
         self._temperature = config.generate_config.sampling_config.temperature
-        # Upstream skips the old-log-prob pass when one optimizer step consumes the whole batch:
-        # the behaviour policy then IS the current one and the ratio is exactly 1.
+        # Which log-probs the clipped ratio is taken against ("old"):
+        # - async: the ROLLOUT log-probs of the policy that generated each sample. Samples arrive
+        #   up to max_policy_lag versions stale; the ratio pi_theta / pi_behaviour then corrects for
+        #   that staleness and clip_ratio bounds it (PPO's off-policy form). Recomputing "old" with
+        #   the current weights would silently treat stale samples as on-policy.
+        # - hybrid: upstream's choice: recompute with the trainer's weights when several optimizer
+        #   steps share a batch; skip when one step consumes it (the ratio is then exactly 1).
+        #   Rollout and trainer log-probs agree to ~1e-6 in fp32 here, so both choices coincide.
         steps = config.global_batch_prompts // config.mini_batch_prompts * rl.epochs
-        self._needs_old_log_probs = steps > 1
+        self._old_log_probs = (
+            "rollout" if rl.pipeline == "async" else ("recompute" if steps > 1 else "current")
+        )
         self._writer: SnapshotWriter | None = None
         self._export_errors: list[BaseException] = []
         self._errors_lock = threading.Lock()
@@ -99,7 +107,11 @@ class TrainingUnit:
             tic = time.perf_counter()
             batch = batch.with_log_probs(ref=self._reference.compute_log_probs(batch, self._temperature))
             times["time/ref_log_probs_s"] = time.perf_counter() - tic
-        if self._needs_old_log_probs:
+        if self._old_log_probs == "rollout":
+            batch = batch.with_log_probs(
+                old=[np.asarray(s.rollout_log_probs, dtype=np.float32) for s in samples]
+            )
+        elif self._old_log_probs == "recompute":
             tic = time.perf_counter()
             batch = batch.with_log_probs(old=self._engine.compute_log_probs(batch, self._temperature))
             times["time/old_log_probs_s"] = time.perf_counter() - tic
