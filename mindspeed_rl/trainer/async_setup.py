@@ -120,7 +120,13 @@ def check_resources(config: GRPOConfig, available: Mapping[str, float]) -> None:
 
 
 def gu_specs(
-    config: GRPOConfig, policy_path: str, prompts: Any, snapshots: Path, faults: FaultPlan
+    config: GRPOConfig,
+    policy_path: str,
+    prompts: Any,
+    snapshots: Path,
+    faults: FaultPlan,
+    *,
+    forced_lengths: Mapping[str, tuple[int, ...]] | None = None,
 ) -> list[GuSpec]:
     """One spec per Generation Unit; ``prompts`` is the prompt mapping or a Ray reference to it."""
     from mindspeed_rl.utils.ray_setup import ray_actor_options
@@ -139,6 +145,7 @@ def gu_specs(
             cache_dir=str(snapshots / f"gu{g}"),
             seed=config.megatron_training.training.seed,
             faults=faults,
+            forced_lengths=forced_lengths,
         )
         for g in range(a.num_generation_units)
     ]

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,9 @@ from mindspeed_rl.utils.run_summary import write_summary
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
-    from mindspeed_rl.runtime.records import GlobalBatch
+    from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.runtime.records import GlobalBatch, ScheduledMinibatch
+    from mindspeed_rl.sim.replay import ReplayPlan
 
 logger = logging.getLogger(__name__)
 CONSOLE_KEYS = (
@@ -39,7 +42,9 @@ CONSOLE_KEYS = (
 POLL_SECONDS = 0.02
 
 
-def train(config: GRPOConfig, run_dir: Path) -> None:
+def train(config: GRPOConfig, run_dir: Path, *, replay: ReplayPlan | None = None) -> None:
+    """One async run. ``replay`` (trace replay, ``cli/replay_trace.py``) supplies the prompts, the
+    schedule and every sample's forced length, and makes the trainer step a fixed sleep."""
     import ray
 
     from mindspeed_rl.utils.ray_setup import ray_actor_options
@@ -48,9 +53,7 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
 
     a = config.async_config
     policy_path = str(components.prepare_policy_model(config))
-    prompt_set = components.load_prompt_set(config, components.load_tokenizer(policy_path))
-    records = setup.run_prompts(config, prompt_set.records)
-    schedule = setup.build_schedule(config, records, run_dir)
+    records, schedule = _plan(config, policy_path, run_dir, replay)
     setup.check_resources(config, ray.available_resources())
     prompts = ray.put({r.prompt_id: r for r in records})
     control = ray_actor_options(a.control_resources)
@@ -62,9 +65,16 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     tu: Any = (
         ray.remote(TrainingUnit)
         .options(**ray_actor_options(a.trainer_resources))
-        .remote(config, policy_path, prompts, num_cpus=a.trainer_resources.num_cpus)
+        .remote(
+            config,
+            policy_path,
+            prompts,
+            num_cpus=a.trainer_resources.num_cpus,
+            simulated_step_seconds=None if replay is None else replay.step_seconds,
+        )
     )
-    gus = _start_gus(config, policy_path, prompts, cu, setup.snapshot_root(config, run_dir))
+    forced = None if replay is None else replay.forced_lengths
+    gus = _start_gus(config, policy_path, prompts, cu, setup.snapshot_root(config, run_dir), forced)
     # Engine start-up is not part of any iteration's time (as in the hybrid loop).
     root = setup.snapshot_root(config, run_dir) / "trainer"
     ray.get(
@@ -94,8 +104,29 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
         ray.kill(handle)
 
 
+def _plan(
+    config: GRPOConfig, policy_path: str, run_dir: Path, replay: ReplayPlan | None
+) -> tuple[list[PromptRecord], tuple[ScheduledMinibatch, ...]]:
+    if replay is None:
+        prompt_set = components.load_prompt_set(config, components.load_tokenizer(policy_path))
+        records = setup.run_prompts(config, prompt_set.records)
+        return records, setup.build_schedule(config, records, run_dir)
+    expected = config.megatron_training.training.train_iters * config.global_batch_prompts
+    if len(replay.prompts) != expected:
+        raise ValueError(
+            f"the replay schedules {len(replay.prompts)} prompts but train_iters x global batch is {expected}; "
+            "set megatron_training.train_iters to the replay's number of global batches"
+        )
+    return list(replay.prompts), tuple(replay.schedule)
+
+
 def _start_gus(
-    config: GRPOConfig, policy_path: str, prompts: Any, cu: Any, snapshots: Path
+    config: GRPOConfig,
+    policy_path: str,
+    prompts: Any,
+    cu: Any,
+    snapshots: Path,
+    forced_lengths: Mapping[str, tuple[int, ...]] | None = None,
 ) -> dict[int, Any]:
     import ray
 
@@ -104,7 +135,8 @@ def _start_gus(
 
     options = ray_actor_options(config.async_config.control_resources)
     remote = ray.remote(GenerationUnit).options(**options, max_concurrency=4)
-    specs = setup.gu_specs(config, policy_path, prompts, snapshots, setup.fault_plan(os.environ))
+    faults = setup.fault_plan(os.environ)
+    specs = setup.gu_specs(config, policy_path, prompts, snapshots, faults, forced_lengths=forced_lengths)
     return {spec.gu_id: remote.remote(spec, cu) for spec in specs}
 
 

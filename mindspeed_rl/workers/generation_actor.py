@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.models.rollout.base import Completion
     from mindspeed_rl.workers.resharding.reload import ReloadPolicy, ReloadResult
 
 
@@ -48,6 +49,7 @@ class GenerationActor:
         num_cpus: float = 1.0,
         seed: int = 0,
         die_on_minibatch: int | None = None,
+        forced_lengths: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         from mindspeed_rl.models.rollout.factory import build_rollout_engine
         from mindspeed_rl.trainer.components import generate_config_mapping, sampling_config
@@ -59,6 +61,13 @@ class GenerationActor:
         )
         self._sampling = sampling_config(config)
         self._n = config.rl_config.n_samples_per_prompt
+        # Trace replay: every sample's response length is fixed in advance (EOS ignored), so the
+        # engine does the decode work a real trace implies, whatever the tiny model would say.
+        self._forced = _check_forced(forced_lengths, self._n) if forced_lengths is not None else None
+        if self._forced is not None:
+            import dataclasses
+
+            self._sampling = dataclasses.replace(self._sampling, ignore_eos=True)
         self._prompts = dict(prompts)
         self.gu_id = gu_id
         self.actor_id = actor_id
@@ -90,7 +99,7 @@ class GenerationActor:
         token_ids = [self._prompts[pid].token_ids for pid in minibatch.prompt_ids]
         policy = self._reload_policy
         with policy.generating() if policy is not None else contextlib.nullcontext():
-            outputs = self._engine.generate(token_ids, self._sampling, n=self._n)
+            outputs = self._generate(minibatch.prompt_ids, token_ids)
         samples = tuple(
             Sample(
                 prompt_id=pid,
@@ -118,6 +127,19 @@ class GenerationActor:
             started_at=started,
             finished_at=time.time(),
         )
+
+    def _generate(self, prompt_ids: Sequence[str], token_ids: list[tuple[int, ...]]) -> list[list[Completion]]:
+        if self._forced is None:
+            return self._engine.generate(token_ids, self._sampling, n=self._n)
+        # The engine forces one length per request, so each sample is its own request (n=1); with a
+        # seed, request i * n + j draws the same seed as sample j of prompt i would with n samples.
+        missing = [pid for pid in prompt_ids if pid not in self._forced]
+        if missing:
+            raise ValueError(f"no forced lengths for prompts {missing[:3]}; add them to the replay trace")
+        flat = [ids for ids in token_ids for _ in range(self._n)]
+        limits = [length for pid in prompt_ids for length in self._forced[pid]]
+        out = self._engine.generate(flat, self._sampling, n=1, max_tokens_per_prompt=limits)
+        return [[c[0] for c in out[i * self._n : (i + 1) * self._n]] for i in range(len(prompt_ids))]
 
     def load_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
@@ -154,3 +176,15 @@ class GenerationActor:
 
     def shutdown(self) -> None:
         self._engine.shutdown()
+
+
+def _check_forced(forced: Mapping[str, Sequence[int]], n: int) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for pid, lengths in forced.items():
+        values = tuple(int(v) for v in lengths)
+        if len(values) != n or min(values, default=0) < 1:
+            raise ValueError(
+                f"forced lengths of prompt {pid} are {values}; give n_samples_per_prompt={n} lengths, each >= 1"
+            )
+        out[pid] = values
+    return out

@@ -67,6 +67,8 @@ class GuSpec:
     seed: int
     poll_seconds: float = 0.02
     faults: FaultPlan = field(default_factory=FaultPlan)
+    forced_lengths: Mapping[str, tuple[int, ...]] | None = None
+    """Trace replay only: each prompt's per-sample response lengths (see GenerationActor)."""
 
 
 @dataclass(slots=True)
@@ -115,6 +117,7 @@ class GenerationUnit:
                 num_cpus=s.actor_num_cpus,
                 seed=s.seed + 1000 * self.gu_id + a,
                 die_on_minibatch=s.faults.actor_dies.get((self.gu_id, a)),
+                forced_lengths=s.forced_lengths,
             )
             self._slots[a] = _Slot(actor_id=a, handle=handle)
         ray.get([slot.handle.__ray_ready__.remote() for slot in self._slots.values()])

@@ -50,6 +50,7 @@ class TrainingUnit:
         prompts: Mapping[str, PromptRecord],
         *,
         num_cpus: float | None = None,
+        simulated_step_seconds: float | None = None,
     ) -> None:
         import torch
 
@@ -90,6 +91,11 @@ class TrainingUnit:
         self._old_log_probs = (
             "rollout" if rl.pipeline == "async" else ("recompute" if steps > 1 else "current")
         )
+        if simulated_step_seconds is not None and not simulated_step_seconds >= 0:
+            raise ValueError(f"simulated_step_seconds={simulated_step_seconds}; use a duration >= 0 or None")
+        # Trace replay (paper App. F.6.3): a fixed-duration step instead of reward + update, so the
+        # queue and weight-refresh path see a known trainer; the weights stay as loaded.
+        self._simulated_step_seconds = simulated_step_seconds
         self._writer: SnapshotWriter | None = None
         self._export_errors: list[BaseException] = []
         self._errors_lock = threading.Lock()
@@ -98,6 +104,8 @@ class TrainingUnit:
         """One GRPO iteration on whole prompt groups; returns metrics and stage times."""
         n = self._config.rl_config.n_samples_per_prompt
         samples = _ordered_samples(groups, n)
+        if self._simulated_step_seconds is not None:
+            return _simulated_step(samples, self._simulated_step_seconds)
         times: dict[str, float] = {}
         tic = time.perf_counter()
         rewards, per_verifier = self._rewards(samples)
@@ -216,6 +224,19 @@ class TrainingUnit:
             response_ids=[s.response_token_ids for s in samples],
             advantages=advantages,
         )
+
+
+def _simulated_step(samples: Sequence[Sample], seconds: float) -> dict[str, float]:
+    time.sleep(seconds)
+    lengths = np.array([len(s.response_token_ids) for s in samples], dtype=np.float64)
+    return {
+        "response_length_mean": float(lengths.mean()),
+        "response_length_max": float(lengths.max()),
+        "num_samples": float(len(samples)),
+        "num_response_tokens": float(lengths.sum()),
+        "truncated_fraction": float(np.mean([s.finish_reason == "length" for s in samples])),
+        "time/simulated_step_s": seconds,
+    }
 
 
 def _ordered_samples(groups: Sequence[PromptGroup], n: int) -> list[Sample]:

@@ -40,11 +40,14 @@ def test_hybrid_run_writes_metrics_summary_and_model(tmp_path: Path) -> None:
     assert [r["iteration"] for r in records] == [0, 1, 2]
     for key in ("reward_mean", "response_length_mean", "response_length_max", "tokens_per_s", "iteration_time_s"):
         assert all(isinstance(r[key], float) for r in records), key
-    assert all(r["num_samples"] == 16 * 8 for r in records)  # global batch 16 prompts x n=8
+    config = json.loads((run_dir / "config_resolved.json").read_text())
+    prompts = config["megatron_training"]["global_batch_size"]
+    samples = prompts * config["rl_config"]["n_samples_per_prompt"]
+    assert all(r["num_samples"] == samples for r in records)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(REQUIRED_KEYS) <= set(summary)
     assert summary["pipeline"] == "hybrid"
-    assert summary["prompts_consumed"] == summary["prompts_scheduled"] == 3 * 16
+    assert summary["prompts_consumed"] == summary["prompts_scheduled"] == 3 * prompts
     assert (run_dir / "final_model" / "model.safetensors").is_file()
     assert (run_dir / "config_resolved.json").is_file()
     assert any((run_dir / "tensorboard").iterdir())
