@@ -78,7 +78,9 @@ def forced_lengths(workload: Workload, limit: int) -> tuple[dict[str, tuple[int,
     return out, num_clipped
 
 
-def synthetic_prompts(prompt_ids: Sequence[str], *, num_tokens: int, vocab_size: int) -> tuple[PromptRecord, ...]:
+def synthetic_prompts(
+    prompt_ids: Sequence[str], *, num_tokens: int, vocab_size: int
+) -> tuple[PromptRecord, ...]:
     """Token-id prompts (distinct per prompt); the replay only needs something to decode from."""
     if num_tokens < 1 or vocab_size < 2:
         raise ValueError(f"need num_tokens >= 1 and vocab_size >= 2, got {num_tokens}, {vocab_size}.")

@@ -54,6 +54,10 @@ class GenerationActor:
         from mindspeed_rl.models.rollout.factory import build_rollout_engine
         from mindspeed_rl.trainer.components import generate_config_mapping, sampling_config
 
+        n = config.rl_config.n_samples_per_prompt
+        # Trace replay: every sample's response length is fixed in advance (EOS ignored), so the
+        # engine does the decode work a real trace implies, whatever the tiny model would say.
+        self._forced = _check_forced(forced_lengths, n) if forced_lengths is not None else None
         engine_keys = generate_config_mapping(config)
         engine_keys.setdefault("num_threads", torch_threads_for(num_cpus))
         self._engine = build_rollout_engine(
@@ -61,9 +65,6 @@ class GenerationActor:
         )
         self._sampling = sampling_config(config)
         self._n = config.rl_config.n_samples_per_prompt
-        # Trace replay: every sample's response length is fixed in advance (EOS ignored), so the
-        # engine does the decode work a real trace implies, whatever the tiny model would say.
-        self._forced = _check_forced(forced_lengths, self._n) if forced_lengths is not None else None
         if self._forced is not None:
             import dataclasses
 
@@ -128,7 +129,9 @@ class GenerationActor:
             finished_at=time.time(),
         )
 
-    def _generate(self, prompt_ids: Sequence[str], token_ids: list[tuple[int, ...]]) -> list[list[Completion]]:
+    def _generate(
+        self, prompt_ids: Sequence[str], token_ids: list[tuple[int, ...]]
+    ) -> list[list[Completion]]:
         if self._forced is None:
             return self._engine.generate(token_ids, self._sampling, n=self._n)
         # The engine forces one length per request, so each sample is its own request (n=1); with a

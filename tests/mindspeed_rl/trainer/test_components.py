@@ -62,7 +62,7 @@ def test_global_batches_straddling_two_passes_never_repeat_a_prompt() -> None:
 
 
 def test_too_few_prompts_is_a_clear_error() -> None:
-    config = _config("megatron_training.global_batch_size=16")
+    config = _config(*SMALL_BATCH)
     with pytest.raises(ValueError, match="global_batch_size"):
         components.global_batches(config, ["a", "b"])
 

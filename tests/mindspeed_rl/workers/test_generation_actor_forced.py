@@ -1,0 +1,59 @@
+"""Trace replay's forced lengths on a real engine (HF, in-process): every sample has its own length."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+from mindspeed_rl.config_cls import load_config_from_files
+from mindspeed_rl.datasets import PromptRecord
+from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
+from mindspeed_rl.runtime.records import ScheduledMinibatch
+from mindspeed_rl.workers.generation_actor import GenerationActor
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+PROMPTS = {
+    "p0": PromptRecord(prompt_id="p0", text="a", token_ids=(5, 6, 7), label=""),
+    "p1": PromptRecord(prompt_id="p1", text="b", token_ids=(8, 9), label=""),
+}
+
+
+def make_actor(tmp_path: Path, forced: Mapping[str, tuple[int, ...]]) -> GenerationActor:
+    torch.set_num_threads(1)
+    model = create_tiny_model(tmp_path / "model", TINY_TEST_ARCH, seed=0)
+    config = load_config_from_files(
+        CONFIGS,
+        "grpo_tiny_asp",
+        (
+            f"megatron_training.tokenizer_name_or_path={model}",
+            "rl_config.rollout_backend=hf",
+            "rl_config.n_samples_per_prompt=3",
+            "actor_config.micro_batch_size=16",
+            "rl_config.actor_forward_micro_batch_size=32",
+            "rl_config.ref_forward_micro_batch_size=32",
+            "generate_config.sampling_config.max_tokens=4",  # forced lengths override the cap
+        ),
+    )
+    return GenerationActor(config, str(model), PROMPTS, num_cpus=1.0, forced_lengths=forced)
+
+
+def test_every_sample_gets_its_forced_length(tmp_path: Path) -> None:
+    forced = {"p0": (1, 9, 4), "p1": (7, 2, 12)}
+    actor = make_actor(tmp_path, forced)
+    mb = ScheduledMinibatch(
+        minibatch_id=0, prompt_ids=("p1", "p0"), batch_group_id=0, predicted_load=1.0, order_index=0
+    )
+    done = actor.generate_minibatch(mb)
+    got: dict[str, list[int]] = {"p0": [0, 0, 0], "p1": [0, 0, 0]}
+    for s in done.samples:
+        got[s.prompt_id][s.sample_index] = len(s.response_token_ids)
+        assert len(s.rollout_log_probs) == len(s.response_token_ids)
+    assert {k: tuple(v) for k, v in got.items()} == forced
+
+
+def test_forced_lengths_need_one_per_sample(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="n_samples_per_prompt=3"):
+        make_actor(tmp_path, {"p0": (1, 2), "p1": (1, 2, 3)})
