@@ -38,7 +38,13 @@ def test_hybrid_run_writes_metrics_summary_and_model(tmp_path: Path) -> None:
     run_dir = run_cli(tmp_path, "megatron_training.train_iters=3", "warmup_config.steps=5")
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["iteration"] for r in records] == [0, 1, 2]
-    for key in ("reward_mean", "response_length_mean", "response_length_max", "tokens_per_s", "iteration_time_s"):
+    for key in (
+        "reward_mean",
+        "response_length_mean",
+        "response_length_max",
+        "tokens_per_s",
+        "iteration_time_s",
+    ):
         assert all(isinstance(r[key], float) for r in records), key
     config = json.loads((run_dir / "config_resolved.json").read_text())
     prompts = config["megatron_training"]["global_batch_size"]
