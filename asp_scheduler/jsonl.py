@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,9 @@ import numpy as np
 from asp_scheduler.predictors.base import PromptItem
 
 
-def _records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+def iter_json_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every non-blank line of a JSONL file, with clear errors."""
     file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{file}: file not found; check the path")
-    out = []
     with file.open(encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
@@ -29,7 +28,14 @@ def _records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
                 ) from None
             if not isinstance(record, dict):
                 raise ValueError(f"{file}:{line_no}: expected a JSON object, got {type(record).__name__}")
-            out.append((line_no, record))
+            yield line_no, record
+
+
+def _records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{file}: file not found; check the path")
+    out = list(iter_json_objects(file))
     if not out:
         raise ValueError(f"{file}: the file is empty; write one JSON object per item")
     return out

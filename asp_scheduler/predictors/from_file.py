@@ -19,6 +19,7 @@ from typing import TextIO
 
 import numpy as np
 
+from asp_scheduler.jsonl import iter_json_objects
 from asp_scheduler.predictors.base import PromptItem
 
 _SUFFIXES = (".jsonl", ".csv")
@@ -56,27 +57,14 @@ def _parse_length(raw: object, where: str, length_field: str) -> float:
 
 
 def _jsonl_rows(path: Path, id_field: str, length_field: str) -> Iterator[tuple[int, object, object]]:
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
+    for line_no, record in iter_json_objects(path):
+        for field in (id_field, length_field):
+            if field not in record:
                 raise ValueError(
-                    f"{path}:{line_no}: invalid JSON ({err.msg}); write one JSON object per line"
-                ) from None
-            if not isinstance(record, dict):
-                raise ValueError(
-                    f"{path}:{line_no}: expected a JSON object per line, got {type(record).__name__}"
+                    f"{path}:{line_no}: field {field!r} is missing (fields present: {sorted(record)}); "
+                    "add it or pass id_field=/length_field= naming the fields your file uses"
                 )
-            for field in (id_field, length_field):
-                if field not in record:
-                    raise ValueError(
-                        f"{path}:{line_no}: field {field!r} is missing (fields present: {sorted(record)}); "
-                        "add it or pass id_field=/length_field= naming the fields your file uses"
-                    )
-            yield line_no, record[id_field], record[length_field]
+        yield line_no, record[id_field], record[length_field]
 
 
 def _csv_rows(path: Path, id_field: str, length_field: str) -> Iterator[tuple[int, object, object]]:
