@@ -17,14 +17,17 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mindspeed_rl.sim.conditions import CONDITIONS, ScheduleSettings
-from mindspeed_rl.sim.replay import ReplayPlans, build_replay_plans, read_events
+from mindspeed_rl.sim.replay import ReplayPlans, build_replay_plans, read_events, write_plan
 from mindspeed_rl.sim.table4b import Table4bRow, format_table, table4b_row
 from mindspeed_rl.sim.workload import Workload, load_trace
 
@@ -108,6 +111,7 @@ def run_condition(config: Any, plans: ReplayPlans, name: str, root: Path, skip_f
     run_dir = root / name
     run_dir.mkdir(parents=True, exist_ok=False)
     plan = plans.plans[name]
+    write_plan(plan, run_dir)
     train(config, run_dir, replay=plan)
     _wait_for_released_cpus()
     row = table4b_row(read_events(run_dir / "events.jsonl"), condition=name, skip_first=skip_first)
@@ -144,11 +148,30 @@ def _wait_for_released_cpus(timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def replay(args: argparse.Namespace) -> dict[str, Any]:
-    from mindspeed_rl.config_cls import load_config_from_files
-    from mindspeed_rl.utils.ray_setup import init_ray
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayInputs:
+    """Everything a replay (or its simulated twin, ``cli/sim_vs_replay.py``) is built from."""
 
-    conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    workload: Workload
+    """The trace's first ``iters x global_batch`` prompts, lengths as in the trace (unclipped)."""
+    config: Any
+    plans: ReplayPlans
+    length_limit: int
+    run_root: Path
+
+    @property
+    def replayed_workload(self) -> Workload:
+        """The lengths the engine is forced to produce (clipped to its limit)."""
+        return replace(self.workload, lengths=np.minimum(self.workload.lengths, self.length_limit))
+
+
+def conditions_of(args: argparse.Namespace) -> list[str]:
+    return [c.strip() for c in args.conditions.split(",") if c.strip()]
+
+
+def replay_inputs(args: argparse.Namespace) -> ReplayInputs:
+    from mindspeed_rl.config_cls import load_config_from_files
+
     workload = sized_workload(args)
     root = Path(args.run_dir).resolve()
     config = load_config_from_files(REPO_CONFIGS, args.config_name, config_overrides(args, workload, root))
@@ -156,18 +179,30 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     settings = ScheduleSettings(
         b=args.b, kappa=args.kappa, k=args.k, tau=args.tau, sa_iterations=args.sa_iterations, seed=args.seed
     )
+    limit = min(sampling.max_tokens, config.generate_config.max_model_len - PROMPT_TOKENS)
     plans = build_replay_plans(
         workload,
         settings,
-        conditions,
+        conditions_of(args),
         step_seconds=args.step_seconds,
-        length_limit=min(sampling.max_tokens, config.generate_config.max_model_len - PROMPT_TOKENS),
+        length_limit=limit,
         prompt_tokens=PROMPT_TOKENS,
         vocab_size=_vocab_size(config),
     )
-    init_ray(config)
-    runs = {name: run_condition(config, plans, name, root, args.skip_first) for name in conditions}
-    return {"workload": workload.source, "measured_tau": plans.measured_tau,
+    return ReplayInputs(workload=workload, config=config, plans=plans, length_limit=limit, run_root=root)
+
+
+def replay(args: argparse.Namespace) -> dict[str, Any]:
+    from mindspeed_rl.utils.ray_setup import init_ray
+
+    inputs = replay_inputs(args)
+    init_ray(inputs.config)
+    runs = {
+        name: run_condition(inputs.config, inputs.plans, name, inputs.run_root, args.skip_first)
+        for name in conditions_of(args)
+    }
+    plans = inputs.plans
+    return {"workload": inputs.workload.source, "measured_tau": plans.measured_tau,
             "num_clipped_samples": plans.num_clipped_samples, "settings": vars(args), "runs": runs}  # fmt: skip
 
 

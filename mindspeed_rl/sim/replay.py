@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,6 +119,47 @@ def build_replay_plans(
         for name, schedule in built.schedules.items()
     }
     return ReplayPlans(plans=plans, measured_tau=built.measured_tau, num_clipped_samples=num_clipped)
+
+
+PLAN_FILE = "replay_plan.json"
+
+
+def write_plan(plan: ReplayPlan, run_dir: str | Path) -> Path:
+    """The condition's dispatch order with every sample's forced length (``read_plan_lengths``)."""
+    minibatches = [
+        {
+            "minibatch_id": mb.minibatch_id,
+            "batch_group_id": mb.batch_group_id,
+            "prompt_ids": list(mb.prompt_ids),
+            "lengths": [list(plan.forced_lengths[pid]) for pid in mb.prompt_ids],
+        }
+        for mb in plan.schedule
+    ]
+    payload = {"condition": plan.condition, "step_seconds": plan.step_seconds, "minibatches": minibatches}
+    out = Path(run_dir) / PLAN_FILE
+    out.write_text(json.dumps(payload))
+    return out
+
+
+def read_plan(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / PLAN_FILE
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist; it is written by cli/replay_trace.py for each condition.")
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def read_plan_lengths(run_dir: str | Path) -> dict[int, np.ndarray]:
+    """Per minibatch id, the forced lengths of all its samples (flattened), from ``write_plan``."""
+    return {
+        int(mb["minibatch_id"]): np.array([x for row in mb["lengths"] for x in row], dtype=np.int64)
+        for mb in read_plan(run_dir)["minibatches"]
+    }
+
+
+def plan_dispatch_order(run_dir: str | Path) -> list[tuple[str, ...]]:
+    """The prompt ids of each minibatch, in the order the run dispatched them."""
+    return [tuple(mb["prompt_ids"]) for mb in read_plan(run_dir)["minibatches"]]
 
 
 def event_from_json(record: Mapping[str, object]) -> ev.Event:

@@ -133,7 +133,7 @@ def format_table(rows: Sequence[Table4bRow]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.condition} | {r.num_iterations} | {r.mean_iteration_seconds:.1f} | "
+            f"| {r.condition} | {r.num_iterations} | {r.mean_iteration_seconds:.2f} | "
             f"{r.iteration_trend_spearman:+.3f} | {r.queue_std_samples:.1f} | {r.queue_max_samples} |"
         )
     return "\n".join(lines)
