@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     calibration = calibrate_run_dirs(
         [report["runs"][name]["run_dir"] for name in fit_from], fit_overhead=not args.no_overhead
     )
+    if calibration.unmeasured:
+        print(f"not measured in these runs, modelled as 0 s: {', '.join(calibration.unmeasured)}")
     fit = calibration.decode_fit
     print(calibration.profile_yaml())
     print(

@@ -45,6 +45,8 @@ class Calibration:
     num_snapshots: int
     num_reloads: int
     source: str
+    unmeasured: tuple[str, ...] = ()
+    """Weight-flow stages the runs never exercised (too short to export or reload); modelled as 0 s."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +61,7 @@ class Calibration:
             "num_train_steps": self.num_train_steps,
             "num_snapshots": self.num_snapshots,
             "num_reloads": self.num_reloads,
+            "unmeasured": list(self.unmeasured),
         }
 
     def profile_yaml(self) -> str:
@@ -120,12 +123,9 @@ def trainer_busy_seconds(metrics: Sequence[Mapping[str, float]]) -> np.ndarray:
     return np.array([m["iteration_time_s"] - m["time/trainer_wait_s"] for m in metrics], dtype=np.float64)
 
 
-def _median(values: Sequence[float], what: str) -> float:
-    if not values:
-        raise ValueError(
-            f"the run recorded no {what}; run more than one trainer step with snapshots enabled."
-        )
-    return float(np.median(np.asarray(values, dtype=np.float64)))
+def _median(values: Sequence[float]) -> float:
+    """0 for a stage the runs never exercised (``Calibration.unmeasured`` names it)."""
+    return float(np.median(np.asarray(values, dtype=np.float64))) if values else 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,14 +162,16 @@ def calibrate(timings: Sequence[RunTimings], *, source: str, fit_overhead: bool 
     )
     busy = np.concatenate([t.busy_seconds for t in timings])
     saves = [x for t in timings for x in t.save_seconds]
+    converts = [x for t in timings for x in t.convert_seconds]
     loads = [x for t in timings for x in t.load_seconds]
+    stages = {"save_seconds": saves, "convert_seconds": converts, "load_seconds": loads}
     profile = TimingProfile(
         decode=decode.model,
         train=TrainModel(per_step_seconds=float(np.median(busy))),
         weight_flow=WeightFlowModel(
-            save_seconds=_median(saves, "snapshot saves"),
-            convert_seconds=_median([x for t in timings for x in t.convert_seconds], "snapshot conversions"),
-            load_seconds=_median(loads, "weight reloads"),
+            save_seconds=_median(saves),
+            convert_seconds=_median(converts),
+            load_seconds=_median(loads),
         ),
     )
     return Calibration(
@@ -179,6 +181,7 @@ def calibrate(timings: Sequence[RunTimings], *, source: str, fit_overhead: bool 
         num_snapshots=len(saves),
         num_reloads=len(loads),
         source=source,
+        unmeasured=tuple(name for name, values in stages.items() if not values),
     )
 
 

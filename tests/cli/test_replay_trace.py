@@ -51,3 +51,15 @@ def test_replay_two_conditions(tmp_path: Path) -> None:
         # Every sample is generated at its forced length, so the run's token count is the trace's.
         assert run["response_tokens_generated"] == run["response_tokens_expected"] == expected_total
     assert "| C4 |" in proc.stdout
+
+    # Its simulated twin: a profile calibrated from both runs, the same settings, both conditions.
+    comparison = tmp_path / "sim.json"
+    cmd = [sys.executable, str(ROOT / "cli" / "sim_vs_replay.py"), "--report", str(out), "--fit-from", "all",
+           "--json", str(comparison)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    sim = json.loads(comparison.read_text())
+    assert sim["fit_from"] == ["C0", "C4"] and sim["calibration"]["decode_fit"]["num_runs"] == 2 * 2 * 2
+    for row in sim["comparison"]:
+        assert row["sim"]["num_iterations"] == 2 and np.isfinite(row["mean_iteration_rel_error"]), row
+    assert "| C4 (fit) |" in proc.stdout

@@ -82,6 +82,14 @@ def test_calibration_recovers_the_generating_profile() -> None:
     assert "per_token_seconds: 0.002" in cal.profile_yaml()
 
 
+def test_stages_a_run_never_exercised_are_zero_and_named() -> None:
+    decode_only = [e for e in _events() if isinstance(e, MinibatchReceived)]
+    cal = calibrate_events(decode_only, LENGTHS, METRICS, source="short run")
+    assert cal.profile.weight_flow.delay_seconds == 0.0
+    assert cal.unmeasured == ("save_seconds", "convert_seconds", "load_seconds")
+    assert calibrate_events(_events(), LENGTHS, METRICS, source="hand").unmeasured == ()
+
+
 def test_mismatched_plan_is_an_error() -> None:
     with pytest.raises(ValueError, match="not in the plan"):
         minibatch_decode_runs(_events(), {0: LENGTHS[0]})

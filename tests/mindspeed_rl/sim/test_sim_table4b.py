@@ -47,7 +47,7 @@ def test_columns_match_hand_computation() -> None:
     assert row.queue_mean_samples == pytest.approx(mean)
     assert row.queue_std_samples == pytest.approx(np.sqrt((weights * (depths - mean) ** 2).sum() / 10.0))
     assert row.queue_max_samples == 8
-    assert "| C9 | 2 | 5.0 |" in format_table([row])
+    assert "| C9 | 2 | 5.00 |" in format_table([row])
 
 
 def test_queue_series_and_trend_and_warmup_skip() -> None:
