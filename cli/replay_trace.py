@@ -196,6 +196,11 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     from mindspeed_rl.utils.ray_setup import init_ray
 
     inputs = replay_inputs(args)
+    taken = [name for name in conditions_of(args) if (inputs.run_root / name).exists()]
+    if taken:  # checked before any condition runs, so no replay is lost to a late failure
+        raise ValueError(
+            f"{inputs.run_root} already holds runs of {taken}; pass a new --run-dir or move the old one away."
+        )
     init_ray(inputs.config)
     runs = {
         name: run_condition(inputs.config, inputs.plans, name, inputs.run_root, args.skip_first)

@@ -63,3 +63,18 @@ def test_replay_two_conditions(tmp_path: Path) -> None:
     for row in sim["comparison"]:
         assert row["sim"]["num_iterations"] == 2 and np.isfinite(row["mean_iteration_rel_error"]), row
     assert "| C4 (fit) |" in proc.stdout
+
+
+def test_an_existing_run_directory_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from cli import replay_trace
+
+    write_trace(tmp_path / "trace.jsonl")
+    (tmp_path / "runs" / "C4").mkdir(parents=True)
+    args = replay_trace._parser().parse_args(
+        ["--trace", str(tmp_path / "trace.jsonl"), "--scale", str(SCALE), "--conditions", "C0,C4", "--iters", "2",
+         "--global-batch", str(GLOBAL_BATCH), "--b", "2", "--kappa", "0", "--sa-iterations", "100",
+         "--run-dir", str(tmp_path / "runs")]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"already holds runs of \['C4'\]"):
+        replay_trace.replay(args)
+    assert not (tmp_path / "runs" / "C0").exists()
