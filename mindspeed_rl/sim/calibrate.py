@@ -17,7 +17,6 @@ each stage. Medians, because a shared host produces occasional multi-second outl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from mindspeed_rl.runtime.events import (
 from mindspeed_rl.sim.fit import DecodeFit, DecodeRun, fit_decode
 from mindspeed_rl.sim.replay import read_events, read_plan_lengths
 from mindspeed_rl.sim.timing import TimingProfile, TrainModel, WeightFlowModel
+from mindspeed_rl.utils.metrics import read_metrics
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,8 +202,9 @@ def read_run_timings(run_dir: str | Path) -> RunTimings:
     metrics_path = folder / "metrics.jsonl"
     if not metrics_path.is_file():
         raise ValueError(f"{metrics_path} does not exist; pass a finished replay condition's run directory.")
-    metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    return run_timings(read_events(folder / "events.jsonl"), read_plan_lengths(folder), metrics)
+    return run_timings(
+        read_events(folder / "events.jsonl"), read_plan_lengths(folder), read_metrics(metrics_path)
+    )
 
 
 def calibrate_run_dirs(run_dirs: Sequence[str | Path], *, fit_overhead: bool = True) -> Calibration:
