@@ -24,6 +24,8 @@ class MetricsCursor:
     num_arrivals: int = 0
     num_lag_steps: int = 0
     seconds_paused: float = 0.0
+    # Queue depth when the previous digest was taken: the window's starting depth.
+    depth_samples: int = 0
 
 
 def _mean(values: list[float]) -> float | None:
@@ -37,7 +39,12 @@ def step_metrics(loop: ControlLoop, cursor: MetricsCursor) -> dict[str, float]:
     paused = loop.backpressure.seconds_paused
     out: dict[str, float | None] = {
         "queue/depth_samples_mean": _mean([float(a.depth_samples_after) for a in arrivals]),
-        "queue/depth_samples_max": max((float(a.depth_samples_after) for a in arrivals), default=None),
+        # Only arrivals raise the depth, so the window's peak is its starting depth or a depth
+        # right after an arrival. A step served entirely from samples queued earlier has no
+        # arrivals, yet the queue still held those samples: the max is then the starting depth.
+        "queue/depth_samples_max": float(
+            max([cursor.depth_samples, *(a.depth_samples_after for a in arrivals)])
+        ),
         "queue/depth_samples_now": float(loop.queue.depth_samples),
         "queue/arrivals": float(len(arrivals)),
         "backpressure/seconds_paused": paused - cursor.seconds_paused,
@@ -54,6 +61,7 @@ def step_metrics(loop: ControlLoop, cursor: MetricsCursor) -> dict[str, float]:
     cursor.num_arrivals += len(arrivals)
     cursor.num_lag_steps += len(lags)
     cursor.seconds_paused = paused
+    cursor.depth_samples = loop.queue.depth_samples
     # MetricsWriter accepts numbers only; a metric with nothing to report this step is omitted.
     return {k: v for k, v in out.items() if v is not None}
 

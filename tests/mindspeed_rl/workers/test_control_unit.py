@@ -153,6 +153,31 @@ def test_completion_flows_to_a_global_batch_with_metrics_and_summary() -> None:
     cu.check_invariants()
 
 
+def test_a_step_served_from_earlier_samples_reports_its_starting_queue_depth() -> None:
+    cu = make_cu(num_minibatches=4)
+    cu.register_gu(0, 4)
+    cu.start()
+    pending = list(cu.poll(0).assignments)
+    for actor in range(4):
+        a = pending.pop(0)
+        assert cu.request_start(
+            a.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=actor, policy_version=0
+        ).granted
+        cu.on_minibatch_completed(completed(a.minibatch, gu=0, actor=actor))
+        pending += cu.poll(0).assignments
+    assert cu.pop_global_batch(0) is not None
+    cu.on_train_step_done(0)
+    first = cu.step_metrics()
+    assert first["queue/depth_samples_max"] == 16 and first["queue/depth_samples_now"] == 8
+    # Step 1 trains on the 8 samples left over: no arrivals, but the queue held 8 at its start.
+    assert cu.pop_global_batch(1) is not None
+    cu.on_train_step_done(1)
+    second = cu.step_metrics()
+    assert second["queue/arrivals"] == 0
+    assert second["queue/depth_samples_max"] == 8 and second["queue/depth_samples_now"] == 0
+    assert "queue/depth_samples_mean" not in second  # a mean over no arrivals is not reported
+
+
 def test_backpressure_refuses_starts_and_shows_in_poll() -> None:
     cu = make_cu(num_minibatches=8, queue_max_samples=8, queue_resume_samples=6)
     cu.register_gu(0, 4)
