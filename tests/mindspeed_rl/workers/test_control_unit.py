@@ -8,6 +8,7 @@ import pytest
 
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.records import (
+    Assignment,
     CompletedMinibatch,
     Sample,
     ScheduledMinibatch,
@@ -157,14 +158,7 @@ def test_a_step_served_from_earlier_samples_reports_its_starting_queue_depth() -
     cu = make_cu(num_minibatches=4)
     cu.register_gu(0, 4)
     cu.start()
-    pending = list(cu.poll(0).assignments)
-    for actor in range(4):
-        a = pending.pop(0)
-        assert cu.request_start(
-            a.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=actor, policy_version=0
-        ).granted
-        cu.on_minibatch_completed(completed(a.minibatch, gu=0, actor=actor))
-        pending += cu.poll(0).assignments
+    _complete_on_actors(cu, 4)
     assert cu.pop_global_batch(0) is not None
     cu.on_train_step_done(0)
     first = cu.step_metrics()
@@ -182,14 +176,7 @@ def test_backpressure_refuses_starts_and_shows_in_poll() -> None:
     cu = make_cu(num_minibatches=8, queue_max_samples=8, queue_resume_samples=6)
     cu.register_gu(0, 4)
     cu.start()
-    pending = list(cu.poll(0).assignments)
-    for actor in range(3):
-        a = pending.pop(0)
-        assert cu.request_start(
-            a.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=actor, policy_version=0
-        ).granted
-        cu.on_minibatch_completed(completed(a.minibatch, gu=0, actor=actor))
-        pending += cu.poll(0).assignments
+    pending = _complete_on_actors(cu, 3)
     poll = cu.poll(0)
     assert poll.paused  # 12 samples queued > Q_max = 8
     head = pending[0]
@@ -226,6 +213,19 @@ def test_reload_is_judged_against_the_newest_snapshot_when_it_was_chosen() -> No
     assert cu.summary()["reloads_not_newest"] == 1
     loads = [e for e in cu.event_records() if e["event"] == "WeightsLoaded"]
     assert [e["newest_at_start"] for e in loads] == [1, 2]
+
+
+def _complete_on_actors(cu: ControlUnit, num_actors: int) -> list[Assignment]:
+    """Start and complete one minibatch on each of GU 0's first actors; returns what is still pending."""
+    pending = list(cu.poll(0).assignments)
+    for actor in range(num_actors):
+        a = pending.pop(0)
+        assert cu.request_start(
+            a.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=actor, policy_version=0
+        ).granted
+        cu.on_minibatch_completed(completed(a.minibatch, gu=0, actor=actor))
+        pending += cu.poll(0).assignments
+    return pending
 
 
 def _consume_steps(cu: ControlUnit, steps: int) -> None:
