@@ -25,6 +25,7 @@ RUNTIME = [
     "tensorboard==2.21.0",
     "matplotlib==3.11.2",
     "pyarrow==26.0.1",
+    "psutil==7.2.2",
 ]
 
 EXTRAS = {

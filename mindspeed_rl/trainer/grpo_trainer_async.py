@@ -2,7 +2,7 @@
 
     ASP schedule ─► ControlUnit ─► GU 0..G-1 (actors: reload newest ─► generate) ─┐
                         ▲  Training Queue ◄──── completed minibatches ◄──────────┘
-                        │        │ pop_global_batch(step)
+                        │        │ wait_global_batch(step)
                         │        ▼
                         └── TrainingUnit.train_step ─► export snapshot v=step+1 (background write)
 
@@ -39,7 +39,9 @@ CONSOLE_KEYS = (
     "lag/d_off_max",
     "queue/depth_samples_max",
 )
-POLL_SECONDS = 0.02
+# The driver blocks in the CU until its batch is ready, waking this often to check that the GUs
+# are alive (a dead GU's work is re-queued only once the driver has declared it failed).
+GU_CHECK_SECONDS = 0.5
 
 
 def train(config: GRPOConfig, run_dir: Path, *, replay: ReplayPlan | None = None) -> None:
@@ -86,14 +88,17 @@ def train(config: GRPOConfig, run_dir: Path, *, replay: ReplayPlan | None = None
     ray.get(cu.start.remote())
     runs = {gu.run.remote(): gu_id for gu_id, gu in gus.items()}
     num_iters = config.megatron_training.training.train_iters
+    started = time.perf_counter()
     with MetricsWriter(run_dir, use_tensorboard=config.rl_config.use_tensorboard) as sink:
         for step in range(num_iters):
             export = step + 1 < num_iters and (step + 1) % a.snapshot_interval == 0
             record = _iteration(step, cu, tu, runs, export=export)
             logger.info(format_progress(sink.write(step, record), num_iters, CONSOLE_KEYS))
             _maybe_save(config, run_dir, step, tu)
+    pipeline_seconds = time.perf_counter() - started
+    control_cpu = _control_plane_cpu(cu, {g: gus[g] for g in runs.values()}, pipeline_seconds)
     _stop_gus(gus, runs)
-    summary: dict[str, Any] = ray.get(cu.summary.remote())
+    summary: dict[str, Any] = {**ray.get(cu.summary.remote()), **control_cpu}
     _write_events(run_dir, ray.get(cu.event_records.remote()))
     ray.get(tu.finish_snapshots.remote())
     ray.get(tu.save_hf.remote(str(run_dir / "final_model")))
@@ -168,11 +173,10 @@ def _wait_for_batch(step: int, cu: Any, runs: dict[Any, int]) -> GlobalBatch:
     import ray
 
     while True:
-        batch = ray.get(cu.pop_global_batch.remote(step))
+        batch = ray.get(cu.wait_global_batch.remote(step, GU_CHECK_SECONDS))
         if batch is not None:
             return batch
         _reap_gus(cu, runs)
-        time.sleep(POLL_SECONDS)
 
 
 def _reap_gus(cu: Any, runs: dict[Any, int]) -> None:
@@ -192,6 +196,20 @@ def _reap_gus(cu: Any, runs: dict[Any, int]) -> None:
         ray.get(cu.on_gu_failed.remote(gu_id))
     if not runs:
         raise RuntimeError("every Generation Unit stopped before the run finished; see the GU errors above")
+
+
+def _control_plane_cpu(cu: Any, live_gus: Mapping[int, Any], seconds: float) -> dict[str, float]:
+    """CPU the CU and the GU control loops used over the run: cores the engines did not get."""
+    import ray
+
+    cu_s = ray.get(cu.cpu_seconds.remote())
+    gu_s = sum(ray.get([gu.cpu_seconds.remote() for gu in live_gus.values()]))
+    return {
+        "pipeline_seconds": seconds,
+        "cu_cpu_seconds": cu_s,
+        "gu_control_cpu_seconds": gu_s,
+        "control_plane_cores": (cu_s + gu_s) / seconds,
+    }
 
 
 def _stop_gus(gus: dict[int, Any], runs: dict[Any, int]) -> None:

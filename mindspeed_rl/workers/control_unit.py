@@ -8,7 +8,7 @@
     GU g ── request_start / ──────► │   Ingestor, TrainingQueue, lag,      │
             on_minibatch_completed  │   backpressure, weight-flow ledger   │
     TU   ── on_snapshot_published ► │                                      │
-    driver ─ pop_global_batch ────► │ step_metrics(): per-step digest      │
+    driver ─ wait_global_batch ───► │ step_metrics(): per-step digest      │
                                     └──────────────────────────────────────┘
 
 Delivery is pull-based: every dispatch lands in a per-GU outbox that the GU drains with
@@ -24,12 +24,18 @@ the pause decision reads a stale depth. It is still its own class (``runtime.tra
 The actor is threaded (GUs, the TU's writer thread and the driver call it concurrently), so
 every method holds one lock; the ControlLoop is built inside the actor because it holds a lock
 and cannot be pickled.
+
+The driver long-polls for its global batch (``wait_global_batch``): the call blocks on a
+condition that completions and failures signal. Polling instead (an RPC every few ms while the
+trainer waits) costs CPU that, on a small host, the rollout engines are using, and rounds every
+wait up to the polling period.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +78,9 @@ class ControlUnit:
         self.snapshots_superseded = 0
         # Held around dispatch + outbox append so two threads cannot reorder one GU's assignments.
         self._lock = threading.RLock()
+        # Signalled whenever a global batch may have become ready (completion, re-queue).
+        self._batch_may_be_ready = threading.Condition(self._lock)
+        self._cpu_at_start = time.process_time()
 
     # ---- generation side ---------------------------------------------------------------------
     def register_gu(self, gu_id: int, num_actors: int) -> None:
@@ -111,6 +120,7 @@ class ControlUnit:
         with self._lock:
             outcome = self._loop.on_minibatch_completed(completed)
             self._dispatch()
+            self._batch_may_be_ready.notify_all()
             return outcome.value
 
     def on_actor_failed(self, gu_id: int, actor_id: int) -> list[int]:
@@ -120,6 +130,7 @@ class ControlUnit:
                 self._forget_gu(gu_id)
             logger.warning("GU %d actor %d failed; re-queued minibatches %s", gu_id, actor_id, requeued)
             self._dispatch()
+            self._batch_may_be_ready.notify_all()
             return requeued
 
     def on_gu_failed(self, gu_id: int) -> list[int]:
@@ -130,6 +141,7 @@ class ControlUnit:
             self._forget_gu(gu_id)
             logger.warning("GU %d failed; re-queued minibatches %s", gu_id, requeued)
             self._dispatch()
+            self._batch_may_be_ready.notify_all()
             return requeued
 
     def _forget_gu(self, gu_id: int) -> None:
@@ -174,6 +186,23 @@ class ControlUnit:
         with self._lock:
             return self._loop.pop_global_batch(step)
 
+    def wait_global_batch(self, step: int, timeout_s: float) -> GlobalBatch | None:
+        """``pop_global_batch``, blocking up to ``timeout_s`` for the batch to become ready.
+
+        Returns ``None`` on timeout so the caller can check on the GUs (a dead GU's work is
+        re-queued only once the driver declares it failed) and call again.
+        """
+        if not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s}.")
+        deadline = time.monotonic() + timeout_s
+        with self._batch_may_be_ready:
+            while (batch := self._loop.pop_global_batch(step)) is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._batch_may_be_ready.wait(remaining)
+            return batch
+
     def on_train_step_done(self, step: int) -> None:
         with self._lock:
             self._loop.on_train_step_done(step)
@@ -193,6 +222,10 @@ class ControlUnit:
             data = self._loop.summary().to_dict()
             data["snapshots_superseded"] = self.snapshots_superseded
             return data
+
+    def cpu_seconds(self) -> float:
+        """CPU time of this actor's process (all its threads, Ray's included) since it started."""
+        return time.process_time() - self._cpu_at_start
 
     def check_invariants(self) -> None:
         with self._lock:

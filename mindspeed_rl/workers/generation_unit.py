@@ -13,6 +13,8 @@
               REVOKED ─► drop head (it was re-issued elsewhere)
       ray.wait(actor futures, timeout) ─► completions to CU; reload timings to CU;
                                           a dead actor ─► CU.on_actor_failed
+         (short timeout while an actor is idle; longer while all are busy: nothing but a
+          completion can give them work, so polling the CU then only costs CPU)
 
 Reloads only run on idle actors, so they happen between minibatches and always target the newest
 snapshot this GU has converted. A dead actor is not replaced: the CU re-issues its minibatch and
@@ -66,6 +68,12 @@ class GuSpec:
     cache_dir: str
     seed: int
     poll_seconds: float = 0.02
+    """Loop period while some actor is idle (waiting for work, the pause to lift, or the lag gate)."""
+    busy_wait_seconds: float = 0.25
+    """Longest wait for a completion while every actor is busy. Each loop round is one CU round
+    trip (a few ms of CPU); at 50 Hz that is about a tenth of a core the engines could use. The
+    cost of waiting longer: a snapshot published meanwhile is converted up to this much later,
+    still long before a minibatch ends and the actor reloads."""
     faults: FaultPlan = field(default_factory=FaultPlan)
     forced_lengths: Mapping[str, tuple[int, ...]] | None = None
     """Trace replay only: each prompt's per-sample response lengths (see GenerationActor)."""
@@ -96,6 +104,7 @@ class GenerationUnit:
         self._convert_rejected: set[int] = set()
         self.num_forwarded = 0
         self._polled_at = 0.0
+        self._cpu_at_start = time.process_time()
 
     def start_actors(self) -> int:
         """Create the actors, wait until their engines are up, register with the CU."""
@@ -142,8 +151,13 @@ class GenerationUnit:
             self._queue.extend(poll.assignments)
             self._convert(poll.latest_snapshot)
             self._start_work(paused=poll.paused)
-            self._collect(timeout=self.spec.poll_seconds)
+            all_busy = all(slot.future is not None for slot in self._slots.values())
+            self._collect(timeout=self.spec.busy_wait_seconds if all_busy else self.spec.poll_seconds)
         return {"forwarded": self.num_forwarded, "actors_alive": len(self._slots)}
+
+    def cpu_seconds(self) -> float:
+        """CPU time of this control process (all its threads, Ray's included) since it started."""
+        return time.process_time() - self._cpu_at_start
 
     def shutdown(self) -> None:
         import ray

@@ -111,6 +111,11 @@ def test_async_run_with_vllm_meets_the_pipeline_invariants(tmp_path: Path) -> No
     summary, records, events = load_run(run_dir)
     check_exactly_once(summary)
     assert summary["minibatches_reissued"] == 0 and summary["reloads_not_newest"] == 0
+    # The control plane's CPU is accounted (it competes with the engines on small hosts).
+    assert summary["cu_cpu_seconds"] > 0 and summary["gu_control_cpu_seconds"] > 0
+    assert summary["control_plane_cores"] == pytest.approx(
+        (summary["cu_cpu_seconds"] + summary["gu_control_cpu_seconds"]) / summary["pipeline_seconds"]
+    )
     # Queue bound: Q_max plus what the minibatches running when the pause began can still add.
     in_flight = 2 * 1 * 2 * 4  # GUs x actors x prompts per minibatch x samples per prompt
     assert summary["max_queue_depth_samples"] <= summary["queue_limit_samples"] + in_flight

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.records import (
     Assignment,
     CompletedMinibatch,
+    GlobalBatch,
     Sample,
     ScheduledMinibatch,
     SnapshotInfo,
@@ -172,6 +174,25 @@ def test_a_step_served_from_earlier_samples_reports_its_starting_queue_depth() -
     assert "queue/depth_samples_mean" not in second  # a mean over no arrivals is not reported
 
 
+def test_wait_global_batch_wakes_on_the_completion_that_makes_the_batch() -> None:
+    cu = make_cu(num_minibatches=2)
+    cu.register_gu(0, 2)
+    cu.start()
+    assert cu.wait_global_batch(0, timeout_s=0.01) is None  # nothing generated yet: times out
+    got: list[GlobalBatch | None] = []
+    waiter = threading.Thread(target=lambda: got.append(cu.wait_global_batch(0, timeout_s=30.0)))
+    waiter.start()
+    pending = _complete_on_actors(cu, 1)  # half a global batch: the waiter must keep waiting
+    waiter.join(timeout=0.2)
+    assert waiter.is_alive() and not got
+    _complete_on_actors(cu, 1, pending)
+    waiter.join(timeout=10.0)  # woken by the completion, long before its 30 s timeout
+    assert not waiter.is_alive()
+    assert got[0] is not None and got[0].step == 0 and got[0].num_prompts == 4
+    with pytest.raises(ValueError, match="timeout_s"):
+        cu.wait_global_batch(1, timeout_s=-1.0)
+
+
 def test_backpressure_refuses_starts_and_shows_in_poll() -> None:
     cu = make_cu(num_minibatches=8, queue_max_samples=8, queue_resume_samples=6)
     cu.register_gu(0, 4)
@@ -215,9 +236,12 @@ def test_reload_is_judged_against_the_newest_snapshot_when_it_was_chosen() -> No
     assert [e["newest_at_start"] for e in loads] == [1, 2]
 
 
-def _complete_on_actors(cu: ControlUnit, num_actors: int) -> list[Assignment]:
-    """Start and complete one minibatch on each of GU 0's first actors; returns what is still pending."""
-    pending = list(cu.poll(0).assignments)
+def _complete_on_actors(
+    cu: ControlUnit, num_actors: int, pending: list[Assignment] | None = None
+) -> list[Assignment]:
+    """Start and complete one minibatch on each of GU 0's first actors, taking work from ``pending``
+    (what an earlier call returned) and then the GU's outbox; returns what is still pending."""
+    pending = list(cu.poll(0).assignments) if pending is None else pending + list(cu.poll(0).assignments)
     for actor in range(num_actors):
         a = pending.pop(0)
         assert cu.request_start(
