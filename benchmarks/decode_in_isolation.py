@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,13 +33,6 @@ import numpy as np
 from mindspeed_rl.sim.calibrate import read_run_timings
 from mindspeed_rl.sim.fit import DecodeRun, fit_decode
 from mindspeed_rl.sim.replay import read_plan_lengths
-
-# vLLM's CPU settings as the replay's actors get them (see DESIGN.md / ray_setup.py).
-VLLM_CPU_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-}
 
 
 def parse_args() -> argparse.Namespace:
@@ -127,9 +119,7 @@ def _time_isolated(
 
 
 def main() -> int:
-    args = parse_args()
-    for key, value in VLLM_CPU_ENV.items():
-        os.environ.setdefault(key, value)
+    args = parse_args()  # the vLLM engine sets its CPU environment itself, as in the actors
     plans = _conditions(args.run_dirs)
     isolated = _time_isolated(args, _interleaved(plans))
     fit = fit_decode([run for _, run in isolated], relative=False)

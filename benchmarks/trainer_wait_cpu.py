@@ -32,10 +32,11 @@ import ray
 
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.records import ScheduledMinibatch
+from mindspeed_rl.trainer.grpo_trainer_async import GU_CHECK_SECONDS
 from mindspeed_rl.workers.control_unit import ControlUnit
 
 POLL_SECONDS = 0.02
-GU_CHECK_SECONDS = 0.5
+"""The period of the polling driver this replaced (it no longer exists in the trainer)."""
 
 
 def parse_args() -> argparse.Namespace:
