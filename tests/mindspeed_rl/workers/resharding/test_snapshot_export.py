@@ -154,7 +154,7 @@ def test_manifest_layout_and_store_import_without_torch():
         "import mindspeed_rl.workers.resharding.manifest, mindspeed_rl.workers.resharding.store\n"
         "assert 'torch' not in sys.modules, 'the CU must read manifests without torch'\n"
     )
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     subprocess.run(
         [sys.executable, "-c", code], check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}
     )
