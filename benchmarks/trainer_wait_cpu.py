@@ -32,7 +32,7 @@ import ray
 
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.records import ScheduledMinibatch
-from mindspeed_rl.trainer.grpo_trainer_async import GU_CHECK_SECONDS
+from mindspeed_rl.trainer.async_cluster import GU_CHECK_SECONDS
 from mindspeed_rl.workers.control_unit import ControlUnit
 
 POLL_SECONDS = 0.02

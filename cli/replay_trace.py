@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,9 +27,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mindspeed_rl.sim.conditions import CONDITIONS, ScheduleSettings
-from mindspeed_rl.sim.replay import ReplayPlans, build_replay_plans, read_events, write_plan
+from mindspeed_rl.sim.replay import ReplayPlan, ReplayPlans, build_replay_plans, read_events, write_plan
 from mindspeed_rl.sim.table4b import Table4bRow, format_table, table4b_row
 from mindspeed_rl.sim.workload import Workload, load_trace
+
+if TYPE_CHECKING:
+    from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PROMPT_TOKENS = 4
@@ -112,7 +115,7 @@ def run_condition(config: Any, plans: ReplayPlans, name: str, root: Path, skip_f
     run_dir.mkdir(parents=True, exist_ok=False)
     plan = plans.plans[name]
     write_plan(plan, run_dir)
-    train(config, run_dir, replay=plan)
+    train(config, run_dir, condition_inputs(config, plan))
     _wait_for_released_cpus()
     row = table4b_row(read_events(run_dir / "events.jsonl"), condition=name, skip_first=skip_first)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -125,6 +128,25 @@ def run_condition(config: Any, plans: ReplayPlans, name: str, root: Path, skip_f
         "response_tokens_expected": plan.total_response_tokens,
         "response_tokens_generated": int(sum(m["num_response_tokens"] for m in metrics)),
     }
+
+
+def condition_inputs(config: Any, plan: ReplayPlan) -> PipelineInputs:
+    """The async trainer's inputs for one replayed condition: its prompts, its order, forced
+    lengths and a fixed-duration trainer step."""
+    from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
+
+    expected = config.megatron_training.training.train_iters * config.global_batch_prompts
+    if len(plan.prompts) != expected:
+        raise ValueError(
+            f"the replay schedules {len(plan.prompts)} prompts but train_iters x global batch is {expected}; "
+            "set megatron_training.train_iters to the replay's number of global batches"
+        )
+    return PipelineInputs(
+        prompts=plan.prompts,
+        schedule=plan.schedule,
+        forced_lengths=plan.forced_lengths,
+        simulated_step_seconds=plan.step_seconds,
+    )
 
 
 def _vocab_size(config: Any) -> int:

@@ -14,6 +14,7 @@ import datetime as dt
 import importlib
 import json
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -27,6 +28,10 @@ from omegaconf import DictConfig
 from mindspeed_rl.config_cls import ConfigError, GRPOConfig, load_config
 from mindspeed_rl.config_cls.loader import SELF_WARNING
 from mindspeed_rl.utils import ray_setup
+
+if __package__ in (None, ""):  # run as a script: make `cli` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cli import fault_hooks
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 TRAINERS = {
@@ -108,12 +113,17 @@ def run(cfg: DictConfig, config_name: str | None) -> int:
         logger.info("no effect here: %s", key)
     run_dir = create_run_dir(config, config_name)
     write_resolved_config(config, run_dir)
+    # Test-only: a fault plan from the environment (see cli/fault_hooks.py); production passes none.
+    inputs = fault_hooks.inputs_with_faults(config, run_dir, os.environ)
     cluster = ray_setup.init_ray(config)
     logger.info(
         "run %s: pipeline=%s, ray %s %s", run_dir, config.rl_config.pipeline,
         "joined" if cluster.attached else "started", cluster.address,
     )  # fmt: skip
-    trainer.train(config, run_dir)
+    if inputs is None:
+        trainer.train(config, run_dir)
+    else:
+        trainer.train(config, run_dir, inputs)
     return 0
 
 

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.runtime.records import ScheduledMinibatch
+    from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
     from mindspeed_rl.workers.generation_unit import FaultPlan, GuSpec
 
 logger = logging.getLogger(__name__)
-FAULTS_ENV = "MINDSPEED_RL_TEST_FAULTS"
 SCHEDULE_FILE = "asp_schedule.json"
 
 
@@ -42,6 +42,15 @@ def run_prompts(config: GRPOConfig, records: Sequence[PromptRecord]) -> list[Pro
             seen[pid] += 1
             chosen.append(dataclasses.replace(by_id[pid], prompt_id=alias))
     return chosen
+
+
+def asp_inputs(config: GRPOConfig, policy_path: str, run_dir: Path) -> PipelineInputs:
+    """The run's prompts (hybrid's draw order) and their ASP schedule, saved into ``run_dir``."""
+    from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
+
+    prompt_set = components.load_prompt_set(config, components.load_tokenizer(policy_path))
+    records = run_prompts(config, prompt_set.records)
+    return PipelineInputs(prompts=tuple(records), schedule=build_schedule(config, records, run_dir))
 
 
 def true_lengths(config: GRPOConfig, records: Sequence[PromptRecord]) -> dict[str, float] | None:
@@ -149,22 +158,3 @@ def gu_specs(
         )
         for g in range(a.num_generation_units)
     ]
-
-
-def fault_plan(env: Mapping[str, str]) -> FaultPlan:
-    """Test-only faults from ``MINDSPEED_RL_TEST_FAULTS``: comma-separated ``actor:G:A:N`` (actor A
-    of GU G exits during its N-th minibatch) and ``gu:G:N`` (GU G exits after N completions)."""
-    from mindspeed_rl.workers.generation_unit import FaultPlan
-
-    actors: dict[tuple[int, int], int] = {}
-    gus: dict[int, int] = {}
-    for item in filter(None, env.get(FAULTS_ENV, "").split(",")):
-        kind, *numbers = item.split(":")
-        if not all(n.isdigit() for n in numbers) or (kind, len(numbers)) not in (("actor", 3), ("gu", 2)):
-            raise ValueError(f"{FAULTS_ENV}: cannot parse {item!r}; use actor:G:A:N or gu:G:N")
-        values = [int(n) for n in numbers]
-        if kind == "actor":
-            actors[(values[0], values[1])] = values[2]
-        else:
-            gus[values[0]] = values[1]
-    return FaultPlan(actor_dies=actors, gu_dies=gus)

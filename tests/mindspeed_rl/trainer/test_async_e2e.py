@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from mindspeed_rl.trainer.async_setup import FAULTS_ENV
+from cli.fault_hooks import FAULTS_ENV
 from mindspeed_rl.utils.metrics import read_metrics
 from mindspeed_rl.utils.run_summary import REQUIRED_KEYS
 

@@ -10,6 +10,7 @@ import pytest
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.trainer import async_setup, components
+from mindspeed_rl.workers.generation_unit import FaultPlan
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SMALL = (
@@ -74,14 +75,6 @@ def test_resources_that_do_not_fit_fail_with_the_arithmetic() -> None:
         async_setup.check_resources(_config("async_config.actor_tensor_parallel_size=2"), {"CPU": 2.0})
 
 
-def test_fault_plan_parses_the_test_hook() -> None:
-    plan = async_setup.fault_plan({async_setup.FAULTS_ENV: "actor:0:1:2,gu:1:3"})
-    assert plan.actor_dies == {(0, 1): 2} and plan.gu_dies == {1: 3}
-    assert async_setup.fault_plan({}).actor_dies == {}
-    with pytest.raises(ValueError, match="actor:G:A:N"):
-        async_setup.fault_plan({async_setup.FAULTS_ENV: "actor:0:x"})
-
-
 def test_schedule_is_built_and_saved(tmp_path: Path) -> None:
     config = _config(
         "megatron_training.train_iters=2", "asp_config.b=2", "asp_config.kappa=0", "asp_config.k=2",
@@ -96,7 +89,7 @@ def test_schedule_is_built_and_saved(tmp_path: Path) -> None:
 
 def test_gu_specs_one_per_unit_with_its_own_cache() -> None:
     config = _config("async_config.num_generation_units=3", "async_config.actor_resources.num_cpus=0.3")
-    plan = async_setup.fault_plan({async_setup.FAULTS_ENV: "gu:2:1"})
+    plan = FaultPlan(gu_dies={2: 1})
     specs = async_setup.gu_specs(config, "/m", {}, Path("/snap"), plan)
     assert [s.gu_id for s in specs] == [0, 1, 2]
     assert len({s.cache_dir for s in specs}) == 3 and all(s.cache_dir.startswith("/snap/") for s in specs)

@@ -1,0 +1,206 @@
+"""``AsyncCluster``: the Ray actors of one async run behind plain calls, so the trainer reads as a schedule.
+
+::
+
+    AsyncCluster.start(...)  ─► ControlUnit (schedule, Training Queue)  ─┐
+                             ─► TrainingUnit (reward, log-probs, update)  │ engines up, then
+                             ─► GenerationUnit 0..G-1 (+ their actors) ───┘ cu.start, gu.run
+    wait_for_batch(step)     ─► CU long-poll; wakes every GU_CHECK_SECONDS to reap ended GUs
+    train(batch)             ─► TU.train_step
+    export_snapshot(v)       ─► TU copies the weights; its writer thread publishes to the CU
+    step_done(step)          ─► CU: lag accounting, per-step pipeline digest
+    close(run_dir)           ─► stop GUs, summary.json + events.jsonl + final_model, kill actors
+
+Every Ray detail of the async pipeline lives here; ``grpo_trainer_async`` only calls these.
+A trace replay or a fault test hands in ``PipelineInputs`` built in ``cli/``; production builds
+them from the config (``async_setup.asp_inputs``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mindspeed_rl.trainer import async_setup as setup
+from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
+from mindspeed_rl.utils.run_summary import write_summary
+
+if TYPE_CHECKING:
+    from mindspeed_rl.config_cls import GRPOConfig
+    from mindspeed_rl.runtime.records import GlobalBatch
+
+logger = logging.getLogger(__name__)
+# The driver blocks in the CU until its batch is ready, waking this often to check that the GUs
+# are alive (a dead GU's work is re-queued only once the driver has declared it failed).
+GU_CHECK_SECONDS = 0.5
+
+
+class AsyncCluster:
+    """The CU, the TU and the GUs of one run; ``start`` blocks until every engine is up."""
+
+    def __init__(self, cu: Any, tu: Any, gus: dict[int, Any]) -> None:
+        self.cu, self.tu, self.gus = cu, tu, gus
+        self._runs: dict[Any, int] = {}
+        self._started = 0.0
+
+    @classmethod
+    def start(
+        cls, config: GRPOConfig, policy_path: str, inputs: PipelineInputs, run_dir: Path
+    ) -> AsyncCluster:
+        import ray
+
+        from mindspeed_rl.utils.ray_setup import ray_actor_options
+        from mindspeed_rl.workers.control_unit import ControlUnit
+        from mindspeed_rl.workers.generation_unit import GenerationUnit
+        from mindspeed_rl.workers.training_unit import TrainingUnit
+
+        a = config.async_config
+        prompts = ray.put({r.prompt_id: r for r in inputs.prompts})
+        control = ray_actor_options(a.control_resources)
+        cu: Any = (
+            ray.remote(ControlUnit)
+            .options(**control, max_concurrency=32)
+            .remote(setup.runtime_config(config), inputs.schedule)
+        )
+        tu: Any = (
+            ray.remote(TrainingUnit)
+            .options(**ray_actor_options(a.trainer_resources))
+            .remote(
+                config,
+                policy_path,
+                prompts,
+                num_cpus=a.trainer_resources.num_cpus,
+                simulated_step_seconds=inputs.simulated_step_seconds,
+            )
+        )
+        snapshots = setup.snapshot_root(config, run_dir)
+        specs = setup.gu_specs(
+            config, policy_path, prompts, snapshots, inputs.faults, forced_lengths=inputs.forced_lengths
+        )
+        gu_remote: Any = ray.remote(GenerationUnit).options(**control, max_concurrency=4)
+        cluster = cls(cu, tu, {s.gu_id: gu_remote.remote(s, cu) for s in specs})
+        # Engine start-up is not part of any iteration's time (as in the hybrid loop).
+        ray.get(
+            [
+                tu.enable_snapshots.remote(str(snapshots / "trainer"), a.snapshot_keep),
+                *[g.start_actors.remote() for g in cluster.gus.values()],
+            ]
+        )
+        ray.get(cu.start.remote())
+        cluster._runs = {gu.run.remote(): gu_id for gu_id, gu in cluster.gus.items()}
+        cluster._started = time.perf_counter()
+        return cluster
+
+    # ---- one iteration ---------------------------------------------------------------------------
+    def wait_for_batch(self, step: int) -> GlobalBatch:
+        import ray
+
+        while True:
+            batch = ray.get(self.cu.wait_global_batch.remote(step, GU_CHECK_SECONDS))
+            if batch is not None:
+                return batch
+            self._reap_gus()
+
+    def train(self, batch: GlobalBatch) -> dict[str, float]:
+        import ray
+
+        stats: dict[str, float] = ray.get(self.tu.train_step.remote(batch.prompts))
+        return stats
+
+    def export_snapshot(self, version: int) -> float:
+        """Start exporting the weights as ``version``; returns the seconds the trainer was blocked."""
+        import ray
+
+        seconds: float = ray.get(self.tu.export_snapshot.remote(version, notify=self.cu))
+        return seconds
+
+    def step_done(self, step: int) -> dict[str, float]:
+        """Tell the CU the step is trained; returns its pipeline digest since the last step."""
+        import ray
+
+        ray.get(self.cu.on_train_step_done.remote(step))
+        digest: dict[str, float] = ray.get(self.cu.step_metrics.remote())
+        return digest
+
+    def save(self, path: Path) -> None:
+        import ray
+
+        ray.get(self.tu.save_hf.remote(str(path)))
+
+    # ---- teardown --------------------------------------------------------------------------------
+    def close(self, run_dir: Path) -> None:
+        """Stop generation, write summary.json, events.jsonl and the final model, kill the actors."""
+        import ray
+
+        pipeline_seconds = time.perf_counter() - self._started
+        control_cpu = self._control_plane_cpu(pipeline_seconds)
+        self._stop_gus()
+        summary: dict[str, Any] = {**ray.get(self.cu.summary.remote()), **control_cpu}
+        # Per completed minibatch: the control plane's cost per unit of work, whatever the run length.
+        summary["control_cpu_ms_per_minibatch"] = (
+            1000.0 * (control_cpu["cu_cpu_seconds"] + control_cpu["gu_control_cpu_seconds"])
+            / max(1, summary["minibatches_completed"])
+        )  # fmt: skip
+        _write_events(run_dir, ray.get(self.cu.event_records.remote()))
+        ray.get(self.tu.finish_snapshots.remote())
+        self.save(run_dir / "final_model")
+        write_summary(
+            run_dir, pipeline="async", queue_limit_samples=summary.pop("queue_limit_samples"), **summary
+        )
+        self.kill()
+
+    def kill(self) -> None:
+        import ray
+
+        for handle in (self.cu, self.tu, *self.gus.values()):
+            ray.kill(handle)
+
+    def _reap_gus(self) -> None:
+        """Declare GUs whose control loop ended (crash or no actors left) failed, so the CU re-issues
+        their work; raise when no GU is left to generate."""
+        import ray
+
+        done, _ = ray.wait(list(self._runs), num_returns=len(self._runs), timeout=0)
+        for ref in done:
+            gu_id = self._runs.pop(ref)
+            try:
+                logger.warning("GU %d stopped early: %s", gu_id, ray.get(ref))
+            except ray.exceptions.RayActorError:
+                logger.error("GU %d died", gu_id)
+            except ray.exceptions.RayTaskError:
+                logger.exception("GU %d failed", gu_id)
+            ray.get(self.cu.on_gu_failed.remote(gu_id))
+        if not self._runs:
+            raise RuntimeError(
+                "every Generation Unit stopped before the run finished; see the GU errors above"
+            )
+
+    def _control_plane_cpu(self, seconds: float) -> dict[str, float]:
+        """CPU the CU and the live GU control loops used: cores the engines and the trainer did not get."""
+        import ray
+
+        cu_s = ray.get(self.cu.cpu_seconds.remote())
+        live = [self.gus[g] for g in self._runs.values()]
+        gu_s = sum(ray.get([gu.cpu_seconds.remote() for gu in live]))
+        return {
+            "pipeline_seconds": seconds,
+            "cu_cpu_seconds": cu_s,
+            "gu_control_cpu_seconds": gu_s,
+            "control_plane_cores": (cu_s + gu_s) / seconds,
+        }
+
+    def _stop_gus(self) -> None:
+        import ray
+
+        for gu in self.gus.values():
+            gu.stop.remote()
+        ray.wait(list(self._runs), num_returns=len(self._runs), timeout=60)
+        ray.get([self.gus[g].shutdown.remote() for g in self._runs.values()])
+
+
+def _write_events(run_dir: Path, records: list[dict[str, Any]]) -> None:
+    with (run_dir / "events.jsonl").open("w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in records)
