@@ -38,7 +38,14 @@ EXTRAS = {
     # documents (not from PyPI); this extra only carries what PyPI can provide.
     "npu": RUNTIME,
     "megatron": ["megatron-core==0.12.1"],
-    "dev": ["ruff==0.17.6", "mypy==2.4.1", "pytest==9.2.0", "pytest-timeout==2.4.0"],
+    "dev": [
+        "ruff==0.17.6",
+        "mypy==2.4.1",
+        "pytest==9.2.0",
+        "pytest-timeout==2.4.0",
+        # rl_config.use_wandb; the test of its offline mode is skipped without it
+        "wandb==0.31.0",
+    ],
 }
 
 setup(

@@ -7,7 +7,8 @@ from asp_scheduler.calibration import IsotonicCalibrator
 from asp_scheduler.metrics import ScheduleMetrics, schedule_metrics
 from asp_scheduler.minibatch import MinibatchPartition, partition_sorted
 from asp_scheduler.ordering import OrderingResult, anneal_order
-from asp_scheduler.schedule import Schedule, ScheduleParams, build_schedule
+from asp_scheduler.params import ScheduleParams
+from asp_scheduler.schedule import Schedule, build_schedule
 
 __all__ = [
     "IsotonicCalibrator",

@@ -71,3 +71,15 @@ class IsotonicCalibrator:
 
     def transform(self, predicted: np.ndarray) -> np.ndarray:
         return np.interp(np.asarray(predicted, dtype=np.float64), self.knots_x, self.knots_y)
+
+
+def profiled_indices(num_items: int, fraction: float, seed: int) -> np.ndarray:
+    """The random ``fraction`` of items treated as profiled (at least 2, as the fit needs them).
+
+    One draw shared by the ablation and the run's oracle predictor, so both calibrate on the
+    same subset for the same seed.
+    """
+    if num_items < 2:
+        raise ValueError(f"calibration needs at least 2 items to profile, got {num_items}; add items")
+    count = min(max(2, round(fraction * num_items)), num_items)
+    return np.random.default_rng([seed, 2]).choice(num_items, size=count, replace=False)

@@ -6,8 +6,12 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from asp_scheduler.params import ScheduleParams
 
 
 def _add_schedule_params(p: argparse.ArgumentParser) -> None:
@@ -17,6 +21,15 @@ def _add_schedule_params(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sa-iterations", type=int, default=2_000_000)
     p.add_argument("--sa-constant", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+
+
+def _params(args: argparse.Namespace, **extra: Any) -> ScheduleParams:
+    from asp_scheduler.params import ScheduleParams
+
+    return ScheduleParams(
+        b=args.b, kappa=args.kappa, k=args.k, sa_iterations=args.sa_iterations,
+        sa_constant=args.sa_constant, seed=args.seed, **extra,
+    )  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     abl.add_argument("--field", default="response_tokens")
     abl.add_argument("--tau", type=float, action="append", required=True)
     abl.add_argument("--seeds", type=int, default=3)
-    abl.add_argument("--calibrate", action="store_true")
+    abl.add_argument("--calibrate", action="store_true", help="also run C4_calibrated")
+    abl.add_argument(
+        "--calibration-fraction", type=float, default=0.2, help="share of items profiled for calibration"
+    )
     abl.add_argument("--json", required=True)
     abl.add_argument("--markdown")
     _add_schedule_params(abl)
@@ -55,7 +71,7 @@ def _write_json(path: str, doc: object) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from asp_scheduler.calibration import IsotonicCalibrator
+    from asp_scheduler.calibration import IsotonicCalibrator, profiled_indices
     from asp_scheduler.metrics import schedule_metrics
     from asp_scheduler.minibatch import fixed_size_endpoints
     from asp_scheduler.predictors import NoisyOraclePredictor, evaluate_predictor
@@ -66,19 +82,20 @@ def _demo(args: argparse.Namespace) -> None:
     oracle = NoisyOraclePredictor(target_tau=args.tau, seed=args.seed).fit(data.prompts, data.lengths)
     pred = oracle.predict(data.prompts)
     quality = evaluate_predictor(pred, data.lengths)
+    params = _params(args)
     schedule = build_schedule(
-        pred, args.b, args.kappa, args.k, args.sa_iterations, args.sa_constant, args.seed,
+        pred,
+        params,
         item_ids=[p.prompt_id for p in data.prompts],
         predictor={"name": oracle.name, "target_tau": args.tau, "seed": args.seed},
         predictor_quality=quality,
-    )  # fmt: skip
+    )
     schedule.save(args.out)
-    profiled = np.random.default_rng([args.seed, 2]).choice(pred.size, size=pred.size // 5, replace=False)
+    profiled = profiled_indices(pred.size, params.calibration_fraction, params.seed)
     calibrator = IsotonicCalibrator.fit(pred[profiled], data.lengths[profiled])
     calibrated = build_schedule(
-        pred, args.b, args.kappa, args.k, args.sa_iterations, args.sa_constant, args.seed,
-        calibrated_lengths=calibrator.transform(pred),
-    )  # fmt: skip
+        pred, _params(args, calibrate_loads=True), calibrated_lengths=calibrator.transform(pred)
+    )
     c0 = np.split(np.arange(data.lengths.size), fixed_size_endpoints(data.lengths.size, args.b)[1:-1])
     rows = {"C0 (file order)": schedule_metrics(data.lengths, c0, args.k)}
     rows["ASP"] = schedule_metrics(data.lengths, schedule.minibatches, args.k)
@@ -103,10 +120,11 @@ def _schedule(args: argparse.Namespace) -> None:
     predictor = FilePredictor(args.predictions, id_field=args.id_field, length_field=args.prediction_field)
     pred = predictor.predict(prompts)
     schedule = build_schedule(
-        pred, args.b, args.kappa, args.k, args.sa_iterations, args.sa_constant, args.seed,
-        item_ids=[p.prompt_id for p in prompts], shuffle_groups=args.shuffle_groups,
+        pred,
+        _params(args, shuffle_groups=args.shuffle_groups),
+        item_ids=[p.prompt_id for p in prompts],
         predictor={"name": predictor.name, "path": str(args.predictions)},
-    )  # fmt: skip
+    )
     schedule.save(args.out)
     m = schedule.predicted_metrics
     print(
@@ -116,15 +134,12 @@ def _schedule(args: argparse.Namespace) -> None:
 
 
 def _ablate(args: argparse.Namespace) -> None:
-    from asp_scheduler.ablation import AblationConfig, run_ablation, to_markdown
+    from asp_scheduler.ablation import run_ablation, to_markdown
     from asp_scheduler.jsonl import read_lengths
 
     lengths = read_lengths(args.lengths, args.field)
-    cfg = AblationConfig(
-        b=args.b, kappa=args.kappa, k=args.k, sa_iterations=args.sa_iterations,
-        sa_constant=args.sa_constant, calibrate=args.calibrate,
-    )  # fmt: skip
-    report = run_ablation(lengths, args.tau, args.seeds, cfg)
+    params = _params(args, calibrate_loads=args.calibrate, calibration_fraction=args.calibration_fraction)
+    report = run_ablation(lengths, args.tau, args.seeds, params)
     _write_json(args.json, report)
     table = to_markdown(report)
     if args.markdown:

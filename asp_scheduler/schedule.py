@@ -1,6 +1,6 @@
 """The offline pipeline (sort -> DP minibatches -> SA batch groups) and its saved artifact.
 
-``build_schedule`` sorts items by predicted length, splits
+``build_schedule(predicted_lengths, ScheduleParams(...))`` sorts items by predicted length, splits
 them with Algorithm 1, then orders the minibatches with Algorithm 2 on their loads. Loads are
 the sums of ``calibrated_lengths`` when given (see :mod:`asp_scheduler.calibration`), else of
 the raw predictions. Optionally whole batch groups are shuffled afterwards (a short last group
@@ -17,27 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from asp_scheduler.metrics import ScheduleMetrics, segment_metrics
-from asp_scheduler.minibatch import DpObjective, fixed_size_endpoints, partition_sorted, validate_sizes
-from asp_scheduler.ordering import anneal_order, validate_group_size
+from asp_scheduler.metrics import ScheduleMetrics, schedule_metrics, segment_metrics
+from asp_scheduler.minibatch import fixed_size_endpoints, partition_sorted
+from asp_scheduler.ordering import anneal_order
+from asp_scheduler.params import PAPER_DEFAULTS, ScheduleParams
 from asp_scheduler.predictors.base import PredictorQuality
 
 FORMAT_NAME = "asp_schedule"
 FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScheduleParams:
-    b: int = 32
-    kappa: int = 2
-    k: int = 6
-    sa_iterations: int = 2_000_000
-    sa_constant: float = 1.0
-    seed: int = 0
-    dp_objective: str = "utilization"
-    normalize: bool = False
-    shuffle_groups: bool = False
-    allow_small: bool = False
 
 
 @dataclass(slots=True, kw_only=True)
@@ -94,63 +81,127 @@ def _shuffle_groups(order: np.ndarray, k: int, seed: int) -> np.ndarray:
     return np.concatenate([full, order[num_full * k :]])
 
 
+def batch_group_ids(num_minibatches: int, k: int) -> np.ndarray:
+    """The one batch-group rule: ``k`` consecutive minibatches of the dispatch order form a group."""
+    return np.arange(num_minibatches, dtype=np.int64) // k
+
+
+def _check_items(pred: np.ndarray, item_ids: Sequence[str] | None) -> list[str] | None:
+    if item_ids is not None and len(item_ids) != pred.size:
+        raise ValueError(f"item_ids has {len(item_ids)} entries but there are {pred.size} items")
+    return None if item_ids is None else [str(x) for x in item_ids]
+
+
+def _check_calibration(
+    params: ScheduleParams, calibrated_lengths: np.ndarray | None, pred: np.ndarray
+) -> np.ndarray | None:
+    # The saved params must say how the loads were balanced, so the flag and the array must agree.
+    if params.calibrate_loads != (calibrated_lengths is not None):
+        raise ValueError(
+            f"params.calibrate_loads={params.calibrate_loads} but calibrated_lengths "
+            f"{'was not' if calibrated_lengths is None else 'was'} given; pass calibrated_lengths together "
+            "with ScheduleParams(calibrate_loads=True), or neither"
+        )
+    if calibrated_lengths is None:
+        return None
+    cal = _check_lengths(calibrated_lengths, "calibrated_lengths")
+    if cal.shape != pred.shape:
+        raise ValueError(f"calibrated_lengths has {cal.size} entries but there are {pred.size} items")
+    return cal
+
+
 def build_schedule(
     predicted_lengths: np.ndarray,
-    b: int = 32,
-    kappa: int = 2,
-    k: int = 6,
-    sa_iterations: int = 2_000_000,
-    sa_constant: float = 1.0,
-    seed: int = 0,
+    params: ScheduleParams = PAPER_DEFAULTS,
     *,
     calibrated_lengths: np.ndarray | None = None,
     item_ids: Sequence[str] | None = None,
-    dp_objective: DpObjective = "utilization",
-    normalize: bool = False,
-    shuffle_groups: bool = False,
-    allow_small: bool = False,
     predictor: Mapping[str, Any] | None = None,
     predictor_quality: PredictorQuality | None = None,
 ) -> Schedule:
-    """Run the ASP pipeline on one predicted length per item; see the module docstring."""
-    validate_group_size(k)
+    """Run the ASP pipeline on one predicted length per item; see the module docstring.
+
+    ``calibrated_lengths`` (one per item) are the loads SA balances; give them exactly when
+    ``params.calibrate_loads`` is set.
+    """
+    if not isinstance(params, ScheduleParams):
+        raise ValueError(
+            f"params must be a ScheduleParams, got {type(params).__name__}; e.g. "
+            "build_schedule(lengths, ScheduleParams(b=32, k=6))"
+        )
     pred = _check_lengths(predicted_lengths, "predicted_lengths")
-    cal = None if calibrated_lengths is None else _check_lengths(calibrated_lengths, "calibrated_lengths")
-    if cal is not None and cal.shape != pred.shape:
-        raise ValueError(f"calibrated_lengths has {cal.size} entries but there are {pred.size} items")
-    if item_ids is not None and len(item_ids) != pred.size:
-        raise ValueError(f"item_ids has {len(item_ids)} entries but there are {pred.size} items")
-    params = ScheduleParams(
-        b=int(b), kappa=int(kappa), k=int(k), sa_iterations=int(sa_iterations), sa_constant=float(sa_constant),
-        seed=int(seed), dp_objective=dp_objective, normalize=normalize, shuffle_groups=shuffle_groups,
-        allow_small=allow_small,
-    )  # fmt: skip
+    cal = _check_calibration(params, calibrated_lengths, pred)
+    ids = _check_items(pred, item_ids)
     # Equal predictions are interchangeable for DP and SA, so a non-stable sort is fine (and 1.7x
     # faster at 10^7); it is still deterministic for a given numpy.
     order = np.argsort(pred)
-    partition = partition_sorted(pred[order], b, kappa, objective=dp_objective, allow_small=allow_small)
+    partition = partition_sorted(
+        pred[order], params.b, params.kappa, objective=params.dp_objective, allow_small=params.allow_small
+    )
     ends = partition.endpoints
-    balance_on = pred if cal is None else cal
-    balance_sorted = balance_on[order]
+    balance_sorted = (pred if cal is None else cal)[order]
     loads = np.add.reduceat(balance_sorted, ends[:-1])
     ordering = anneal_order(
-        loads, k, num_iterations=sa_iterations, c=sa_constant, seed=seed, normalize=normalize
+        loads,
+        params.k,
+        num_iterations=params.sa_iterations,
+        c=params.sa_constant,
+        seed=params.seed,
+        normalize=params.normalize,
     )
     dispatch = ordering.permutation
-    if shuffle_groups:
-        dispatch = _shuffle_groups(dispatch, k, seed)
+    if params.shuffle_groups:
+        dispatch = _shuffle_groups(dispatch, params.k, params.seed)
     sorted_batches = np.split(order, ends[1:-1])
     minibatches = [sorted_batches[m] for m in dispatch]
     return Schedule(
         minibatches=minibatches,
-        batch_group_ids=np.arange(len(minibatches), dtype=np.int64) // k,
+        batch_group_ids=batch_group_ids(len(minibatches), params.k),
         predicted_lengths=pred,
         calibrated_lengths=cal,
-        item_ids=None if item_ids is None else [str(x) for x in item_ids],
+        item_ids=ids,
         params=params,
         num_short_minibatches=partition.num_short_minibatches,
         sa_variance_reduction=ordering.variance_reduction,
-        predicted_metrics=segment_metrics(balance_sorted, ends, dispatch, k),
+        predicted_metrics=segment_metrics(balance_sorted, ends, dispatch, params.k),
+        predictor=dict(predictor or {}),
+        predictor_quality=predictor_quality,
+    )
+
+
+def ordered_schedule(
+    predicted_lengths: np.ndarray,
+    minibatches: Sequence[np.ndarray],
+    params: ScheduleParams,
+    *,
+    item_ids: Sequence[str] | None = None,
+    predictor: Mapping[str, Any] | None = None,
+    predictor_quality: PredictorQuality | None = None,
+) -> Schedule:
+    """A ``Schedule`` for minibatches whose dispatch order was chosen elsewhere (ablation C1-C3).
+
+    No DP and no SA run; groups follow :func:`batch_group_ids`. Short minibatches are those
+    under ``params.b`` items.
+    """
+    pred = _check_lengths(predicted_lengths, "predicted_lengths")
+    ids = _check_items(pred, item_ids)
+    batches = [np.asarray(m, dtype=np.int64) for m in minibatches]
+    covered = np.sort(np.concatenate(batches)) if batches else np.empty(0, dtype=np.int64)
+    if not np.array_equal(covered, np.arange(pred.size)):
+        raise ValueError(
+            f"the minibatches must list every one of the {pred.size} items exactly once; they list "
+            f"{covered.size} slots"
+        )
+    return Schedule(
+        minibatches=batches,
+        batch_group_ids=batch_group_ids(len(batches), params.k),
+        predicted_lengths=pred,
+        calibrated_lengths=None,
+        item_ids=ids,
+        params=params,
+        num_short_minibatches=sum(len(m) < params.b for m in batches),
+        sa_variance_reduction=0.0,
+        predicted_metrics=schedule_metrics(pred, batches, params.k),
         predictor=dict(predictor or {}),
         predictor_quality=predictor_quality,
     )
@@ -170,24 +221,15 @@ def fixed_order_schedule(
     When ``b`` does not divide the item count the last minibatch is shorter (nothing dropped);
     it is counted in ``num_short_minibatches``.
     """
-    validate_sizes(b, 0)
-    validate_group_size(k)
+    params = ScheduleParams(b=b, kappa=0, k=k, sa_iterations=0, allow_small=True)
     pred = _check_lengths(predicted_lengths, "predicted_lengths")
-    if item_ids is not None and len(item_ids) != pred.size:
-        raise ValueError(f"item_ids has {len(item_ids)} entries but there are {pred.size} items")
     ends = fixed_size_endpoints(pred.size, b)
-    num_minibatches = ends.size - 1
-    return Schedule(
-        minibatches=np.split(np.arange(pred.size, dtype=np.int64), ends[1:-1]),
-        batch_group_ids=np.arange(num_minibatches, dtype=np.int64) // k,
-        predicted_lengths=pred,
-        calibrated_lengths=None,
-        item_ids=None if item_ids is None else [str(x) for x in item_ids],
-        params=ScheduleParams(b=int(b), kappa=0, k=int(k), sa_iterations=0, allow_small=True),
-        num_short_minibatches=int(pred.size % b != 0),
-        sa_variance_reduction=0.0,
-        predicted_metrics=segment_metrics(pred, ends, np.arange(num_minibatches), k),
-        predictor=dict(predictor or {}),
+    return ordered_schedule(
+        pred,
+        np.split(np.arange(pred.size, dtype=np.int64), ends[1:-1]),
+        params,
+        item_ids=item_ids,
+        predictor=predictor,
         predictor_quality=predictor_quality,
     )
 
@@ -238,7 +280,7 @@ def _from_json(doc: dict[str, Any], *, source: str) -> Schedule:
         predicted_lengths=np.asarray(doc["predicted_lengths"], dtype=np.float64),
         calibrated_lengths=None if cal is None else np.asarray(cal, dtype=np.float64),
         item_ids=doc["item_ids"],
-        params=ScheduleParams(**doc["params"]),
+        params=ScheduleParams.from_mapping(doc["params"], where=f"{source} params"),
         num_short_minibatches=int(doc["num_short_minibatches"]),
         sa_variance_reduction=float(doc["sa_variance_reduction"]),
         predicted_metrics=ScheduleMetrics(**doc["predicted_metrics"]),

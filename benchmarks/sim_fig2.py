@@ -39,9 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     preset = SimPreset.from_yaml(args.preset)
     workload = preset.load_workload()
-    schedule = build_condition_schedules(workload, preset.schedule, [args.condition]).schedules[
-        args.condition
-    ]
+    built = build_condition_schedules(workload, preset.schedule, [args.condition], tau=preset.tau)
+    schedule = built.schedules[args.condition]
     points = project_scaling(preset, workload, schedule, args.gus)
     print(
         f"{preset.name}: T_train {preset.profile.train.per_step_seconds}s, {preset.cluster.actors_per_gu} actors/GU"
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     for pt in points:
         d_off = "n/a" if pt.d_off_measured_mean is None else f"{pt.d_off_measured_mean:.2f}"
         print(
-            f"| {pt.num_gus} | {pt.num_actors} | {pt.mean_iteration_seconds:.1f} | "
+            f"| {pt.num_generation_units} | {pt.num_actors} | {pt.mean_iteration_seconds:.1f} | "
             f"{pt.predicted_iteration_seconds:.1f} | {pt.bottleneck} | {pt.queue_max_samples} | {d_off} |"
         )
 

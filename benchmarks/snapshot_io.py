@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mindspeed_rl.workers.resharding.convert import GUConverter
+from mindspeed_rl.workers.resharding.convert import GuConverter
 from mindspeed_rl.workers.resharding.export import SnapshotWriter
 from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout, hf_dense_rules
 from mindspeed_rl.workers.resharding.manifest import SnapshotInfo
@@ -98,7 +98,7 @@ def bench_convert(root: Path, model: dict[str, torch.Tensor], repeats: int) -> d
     assert info_tp1 is not None
 
     def run(source_dir: Path, i: int) -> float:
-        converter = GUConverter(root / f"cache-{source_dir.parent.name}-{i}", InferenceLayout())
+        converter = GuConverter(root / f"cache-{source_dir.parent.name}-{i}", InferenceLayout())
         return converter.convert(SnapshotInfo(version=0, path=source_dir)).total_seconds
 
     return {

@@ -3,8 +3,12 @@
     python cli/check_config.py --config-name grpo_tiny_cpu [--config-dir DIR] [key=value ...]
 
 Prints the resolved, typed config as JSON (stdout) and exits 0; on a bad config prints what is
-wrong and how to fix it (stderr, no traceback) and exits 2. Keys that have no effect on the torch
-backend are listed on stderr (``--list-inert`` prints only that list, on stdout).
+wrong and how to fix it (stderr, no traceback) and exits 2. It builds the same run plan as
+``train_grpo.py`` (``trainer.run_plan.build_run_plan``), so every configuration error the run
+would raise (unsupported keys, layouts, queue/lag rules) is raised here, before any model or data
+work. ``--available CPU=2,NPU=16`` also checks that the plan's actors fit such a cluster (the run
+checks the real one). Keys that have no effect here are listed on stderr (``--list-inert`` prints
+only that list, on stdout).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mindspeed_rl.config_cls import ConfigError, load_config_from_files
+from mindspeed_rl.config_cls import load_config_from_files
+from mindspeed_rl.trainer.run_plan import build_run_plan
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -25,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config-dir", type=Path, default=REPO_CONFIGS, help="folder of run YAMLs")
     parser.add_argument("--config-name", required=True, help="run YAML name, without .yaml")
     parser.add_argument("--list-inert", action="store_true", help="print only the keys with no effect here")
+    parser.add_argument(
+        "--available",
+        type=parse_available,
+        default=None,
+        help="cluster resources to check the plan's actors against, e.g. CPU=2 or CPU=64,NPU=16",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rl_config.pipeline=async")
     return parser
 
@@ -33,19 +44,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = load_config_from_files(args.config_dir, args.config_name, args.overrides)
-    except ConfigError as err:
+        plan = build_run_plan(config)
+        if args.available is not None:
+            plan.check_fits(args.available)
+    except ValueError as err:  # ConfigError is a ValueError; the plan raises plain ValueErrors
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.list_inert:
-        for key in config.inert_keys:
+        for key in plan.inert_keys:
             print(key)
         return 0
     print(json.dumps(config.to_dict(), indent=2))
-    if config.inert_keys:
-        print(f"note: {len(config.inert_keys)} given key(s) have no effect here:", file=sys.stderr)
-        for key in config.inert_keys:
+    if plan.inert_keys:
+        print(f"note: {len(plan.inert_keys)} given key(s) have no effect here:", file=sys.stderr)
+        for key in plan.inert_keys:
             print(f"  {key}", file=sys.stderr)
     return 0
+
+
+def parse_available(text: str) -> dict[str, float]:
+    """``CPU=2,NPU=16`` -> {"CPU": 2.0, "NPU": 16.0} (Ray's resource names)."""
+    out: dict[str, float] = {}
+    for item in filter(None, text.split(",")):
+        name, sep, amount = item.partition("=")
+        try:
+            out[name.strip()] = float(amount)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(f"cannot parse {item!r}; write KIND=AMOUNT, e.g. CPU=2,NPU=16")
+    return out
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mindspeed_rl.sim.conditions import CONDITIONS, ScheduleSettings
+from asp_scheduler.params import ScheduleParams
+from mindspeed_rl.sim.conditions import CONDITIONS
 from mindspeed_rl.sim.replay import ReplayPlan, ReplayPlans, build_replay_plans, read_events, write_plan
 from mindspeed_rl.sim.table4b import Table4bRow, format_table, table4b_row
 from mindspeed_rl.sim.workload import Workload, load_trace
@@ -198,14 +199,15 @@ def replay_inputs(args: argparse.Namespace) -> ReplayInputs:
     root = Path(args.run_dir).resolve()
     config = load_config_from_files(REPO_CONFIGS, args.config_name, config_overrides(args, workload, root))
     sampling = config.generate_config.sampling_config
-    settings = ScheduleSettings(
-        b=args.b, kappa=args.kappa, k=args.k, tau=args.tau, sa_iterations=args.sa_iterations, seed=args.seed
+    params = ScheduleParams(
+        b=args.b, kappa=args.kappa, k=args.k, sa_iterations=args.sa_iterations, seed=args.seed
     )
     limit = min(sampling.max_tokens, config.generate_config.max_model_len - PROMPT_TOKENS)
     plans = build_replay_plans(
         workload,
-        settings,
+        params,
         conditions_of(args),
+        tau=args.tau,
         step_seconds=args.step_seconds,
         length_limit=limit,
         prompt_tokens=PROMPT_TOKENS,

@@ -50,7 +50,7 @@ def simulate_report(report: dict[str, Any], calibration: Calibration) -> dict[st
     args = argparse.Namespace(**report["settings"])
     inputs = replay_trace.replay_inputs(args)
     a = inputs.config.async_config
-    cluster = ClusterShape(num_gus=a.num_generation_units, actors_per_gu=a.actors_per_unit)
+    cluster = ClusterShape(num_generation_units=a.num_generation_units, actors_per_gu=a.actors_per_unit)
     rows = {}
     for name, plan in inputs.plans.plans.items():
         schedule: list[ScheduledMinibatch] = list(plan.schedule)

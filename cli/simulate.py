@@ -1,7 +1,7 @@
 """Simulate the async pipeline for the scheduling conditions C0–C4 and print Table 4b-style rows.
 
     python cli/simulate.py --preset configs/sim/qwen3_30b_a3b.yaml [--json out.json]
-    python cli/simulate.py --trace lengths.jsonl --scale 0.05 --tau 0.6 --num-gus 2 --actors-per-gu 2
+    python cli/simulate.py --trace lengths.jsonl --scale 0.05 --tau 0.6 --num-generation-units 2 --actors-per-gu 2
 
 Every condition uses the same prompts, predictions (a τ-controlled noisy oracle), cluster and
 timing profile; only the dispatch order differs. The real ``ControlLoop`` (dispatch, Training
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, default=None, help="prompts per trainer step")
     p.add_argument("--train-seconds", type=float, default=None, help="fixed trainer step time (s)")
     p.add_argument("--noise-cv", type=float, default=None, help="jitter on decode and train times")
-    p.add_argument("--num-gus", type=int, default=None)
+    p.add_argument("--num-generation-units", type=int, default=None)
     p.add_argument("--actors-per-gu", type=int, default=None)
     p.add_argument("--seed", type=int, default=None, help="seed of predictions, SA and jitter")
     p.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=CONDITIONS)
@@ -71,9 +71,7 @@ def preset_from_args(args: argparse.Namespace) -> SimPreset:
         )
         preset = preset.with_trace(trace)
     sched = {k: getattr(args, k) for k in ("tau", "b", "kappa", "k", "sa_iterations", "seed")}
-    preset = replace(
-        preset, schedule=replace(preset.schedule, **{k: v for k, v in sched.items() if v is not None})
-    )
+    preset = preset.with_schedule(**{k: v for k, v in sched.items() if v is not None})
     if args.seed is not None:
         preset = replace(preset, seed=args.seed)
     profile = preset.profile
@@ -89,12 +87,12 @@ def preset_from_args(args: argparse.Namespace) -> SimPreset:
         preset = replace(
             preset, runtime={**preset.runtime, "num_prompts_per_global_batch": args.global_batch}
         )
-    return with_cluster(preset, num_gus=args.num_gus, actors_per_gu=args.actors_per_gu)
+    return with_cluster(preset, num_generation_units=args.num_generation_units, actors_per_gu=args.actors_per_gu)
 
 
 def render(report: ConditionsReport, preset: SimPreset) -> str:
     lines = [
-        f"preset {report.preset}: {preset.cluster.num_gus} GU x {preset.cluster.actors_per_gu} actors, "
+        f"preset {report.preset}: {preset.cluster.num_generation_units} GU x {preset.cluster.actors_per_gu} actors, "
         f"b={preset.schedule.b} kappa={preset.schedule.kappa} k={preset.schedule.k}",
         f"workload {report.workload}; noisy-oracle tau {report.measured_tau:.3f}",
     ]

@@ -14,6 +14,7 @@ from asp_scheduler.predictors.base import (
     PromptItem,
     evaluate_predictor,
 )
+from asp_scheduler.predictors.factory import Predictions, PredictorSpec, predict_lengths
 from asp_scheduler.predictors.from_file import FilePredictor
 from asp_scheduler.predictors.holdout import group_by_prompt, holdout_quality, split_by_prompt
 from asp_scheduler.predictors.noisy_oracle import NoisyOraclePredictor, noisy_oracle_predictions
@@ -28,12 +29,15 @@ __all__ = [
     "LengthPredictor",
     "NoisyOraclePredictor",
     "PredictorQuality",
+    "PredictorSpec",
+    "Predictions",
     "PromptItem",
     "TextFeaturePredictor",
     "evaluate_predictor",
     "group_by_prompt",
     "holdout_quality",
     "noisy_oracle_predictions",
+    "predict_lengths",
     "split_by_prompt",
 ]
 

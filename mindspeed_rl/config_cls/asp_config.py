@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from mindspeed_rl.config_cls.fields import opt, section
 
+if TYPE_CHECKING:
+    from asp_scheduler.params import ScheduleParams
+    from asp_scheduler.predictors.factory import PredictorSpec
+
 PredictorType = Literal["oracle_noisy", "file", "text_features", "lm", "none"]
+DpObjective = Literal["utilization", "padded_slots"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +35,24 @@ class PredictorConfig:
     calibrate_nu: bool = opt(True, "oracle_noisy: search nu to hit target_tau (else use noise_sigma).")
     noise_sigma: float = opt(0.5, "oracle_noisy: nu used directly when calibrate_nu is false.")
 
+    def predictor_spec(self, *, seed: int, profiled_fraction: float) -> PredictorSpec:
+        """The scheduler-side spec; ``none`` has none (the run keeps dataset order instead)."""
+        # Imported here: config_cls must stay importable without numba/scipy.
+        from asp_scheduler.predictors.factory import PredictorSpec
+
+        if self.type == "none":
+            raise ValueError("predictor.type none predicts nothing; choose a predictor to get a spec")
+        return PredictorSpec(
+            type=self.type,
+            path=self.path,
+            model_path=self.model_path,
+            target_tau=self.target_tau,
+            calibrate_nu=self.calibrate_nu,
+            noise_sigma=self.noise_sigma,
+            seed=seed,
+            profiled_fraction=profiled_fraction,
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ASPConfig:
@@ -49,8 +72,41 @@ class ASPConfig:
     calibrate_loads: bool = opt(
         False,
         "Balance batch groups on isotonic-calibrated loads E[measured | predicted], fitted on profiled "
-        "(prediction, length) pairs; oracle_noisy fits it on a random 20% of the true lengths.",
+        "(prediction, length) pairs; oracle_noisy fits it on a random calibration_fraction of the true lengths.",
     )
+    calibration_fraction: float = opt(
+        0.2,
+        "Share of prompts profiled for calibration (oracle_noisy) or held out to score text_features.",
+    )
+    dp_objective: DpObjective = opt(
+        "utilization", "Algorithm 1 objective: utilization (the paper's sum of R) or padded_slots."
+    )
+    normalize: bool = opt(False, "Divide loads by their mean before SA (makes sa_constant relative).")
+    allow_small: bool = opt(False, "Accept fewer than b prompts as one short minibatch.")
     schedule_path: str | None = opt(
         None, "Precomputed schedule file; when set, prediction and SA are skipped."
     )
+
+    def schedule_params(self) -> ScheduleParams:
+        """These settings as the scheduler's one parameter record (validated there)."""
+        # Imported here: config_cls must stay importable without numba/scipy.
+        from asp_scheduler.params import ScheduleParams
+
+        return ScheduleParams(
+            b=self.b,
+            kappa=self.kappa,
+            k=self.k,
+            sa_iterations=self.sa_iterations,
+            sa_constant=self.sa_constant,
+            seed=self.seed,
+            shuffle_groups=self.shuffle_groups,
+            calibrate_loads=self.calibrate_loads,
+            calibration_fraction=self.calibration_fraction,
+            dp_objective=self.dp_objective,
+            normalize=self.normalize,
+            allow_small=self.allow_small,
+        )
+
+    def predictor_spec(self) -> PredictorSpec:
+        """``predictor`` with this section's seed and profiled share."""
+        return self.predictor.predictor_spec(seed=self.seed, profiled_fraction=self.calibration_fraction)

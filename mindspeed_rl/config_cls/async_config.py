@@ -33,7 +33,11 @@ class AsyncConfig:
         None, "Snapshot folder (shared by TU and GUs); null = <run_dir>/snapshots."
     )
     snapshot_keep: int = opt(3, "Snapshots kept; older ones are deleted (>= 2 so a loading one survives).")
-    max_policy_lag: int = opt(4, "Hard cap on (trainer version - sample's policy version) at consumption.")
+    max_policy_lag: int | None = opt(
+        4,
+        "Hard cap on (trainer version - sample's policy version) at consumption; null switches the "
+        "bound off (backpressure alone limits staleness, as in the paper).",
+    )
     weight_transport: Literal["shared_fs", "object_store"] = opt(
         "shared_fs", "shared_fs = snapshot files; object_store = Ray object store (no shared disk)."
     )

@@ -50,11 +50,18 @@ class TrainingKeys:
     data_path: str | None = opt(
         None, "JSONL/Parquet file or folder, or builtin:<task> (e.g. builtin:demo) for generated tasks."
     )
+    valid_data_path: str | None = opt(
+        None,
+        "JSONL/Parquet prompts for periodic evaluation (eval_interval), read like data_path; "
+        "when set, split's valid weight must be 0.",
+    )
     map_keys: Mapping[str, str] | None = opt(
         None, "Raw JSONL/Parquet: column per role, e.g. {prompt: problem, labels: answer}."
     )
     prompt_type: str | None = opt(None, "Chat template name (qwen_r1, qwen3, empty, ...).")
-    split: str = opt("100,0,0", "train,valid,test percentages; only the train part is used.")
+    split: str = opt(
+        "100,0,0", "train,valid,test weights; train trains, valid is the eval set, test stays unused."
+    )
     no_shuffle: bool = opt(False, "Keep dataset order (no shuffling).")
     full_shuffle_instruction_dataset: bool = opt(False, "Shuffle across epochs of the dataset too.")
     is_instruction_dataset: bool = opt(True, "Upstream dataset kind flag; prompts are instructions.")

@@ -159,27 +159,19 @@ def _async(config: GRPOConfig, p: Problems) -> None:
         return
     a = config.async_config
     for key in ("num_generation_units", "actors_per_unit", "actor_tensor_parallel_size",
-                "actor_expert_parallel_size", "snapshot_interval", "max_policy_lag"):  # fmt: skip
+                "actor_expert_parallel_size"):  # fmt: skip
         if getattr(a, key) < 1:
             p.add(f"async_config.{key}", f"must be >= 1, got {getattr(a, key)}")
-    if not 1 <= a.gu_queue_low <= a.gu_queue_high:
-        p.add("async_config.gu_queue_low", "need 1 <= gu_queue_low <= gu_queue_high (minibatches)")
     if a.snapshot_keep < 2:
         p.add("async_config.snapshot_keep", "must be >= 2 so a snapshot being loaded is never deleted")
-    samples = config.global_batch_samples
-    if a.queue_max_samples < samples:
-        p.add(
-            "async_config.queue_max_samples",
-            f"{a.queue_max_samples} samples is below one global batch ({samples} samples = "
-            f"{config.global_batch_prompts} prompts x {config.rl_config.n_samples_per_prompt}); generation "
-            f"would pause before training can start. Raise it to >= {samples}",
-        )
-    if not 0 <= a.queue_resume_samples < a.queue_max_samples:
-        p.add(
-            "async_config.queue_resume_samples",
-            f"need 0 <= queue_resume_samples < queue_max_samples (samples), got {a.queue_resume_samples} "
-            f"and {a.queue_max_samples}",
-        )
+    # Queue, backpressure and lag rules live in ONE place, the Control Unit's RuntimeConfig: build
+    # it here so a config passes load exactly when the run's Control Unit accepts it.
+    from mindspeed_rl.trainer.run_plan import runtime_config
+
+    try:
+        runtime_config(config)
+    except ValueError as err:
+        p.add("async_config", str(err))
 
 
 def _resources(config: GRPOConfig, p: Problems) -> None:

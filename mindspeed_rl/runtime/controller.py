@@ -43,10 +43,12 @@ from mindspeed_rl.runtime.errors import ProtocolError
 from mindspeed_rl.runtime.ingestor import Ingestor, IngestOutcome
 from mindspeed_rl.runtime.lag import LagTracker
 from mindspeed_rl.runtime.lag_budget import LagBudget
+from mindspeed_rl.runtime.observation import ActorObservation, LoopObservation
 from mindspeed_rl.runtime.records import (
     Assignment,
     CompletedMinibatch,
     GlobalBatch,
+    GuSignals,
     ScheduledMinibatch,
     SnapshotInfo,
     StartDecision,
@@ -127,6 +129,11 @@ class ControlLoop:
         self.sender.register_gu(gu_id, num_actors)
 
     @_serialized
+    def has_gu(self, gu_id: int) -> bool:
+        """Whether ``gu_id`` still receives work (False once failed or out of actors)."""
+        return self.sender.gu(gu_id) is not None
+
+    @_serialized
     def on_gu_capacity(self, gu_id: int, *, num_actors: int) -> list[Assignment]:
         """A GU (re)joined or its actor count changed; returns new work for all GUs."""
         self.sender.register_gu(gu_id, num_actors)
@@ -155,6 +162,16 @@ class ControlLoop:
     def pause_signal(self) -> bool:
         """True while backpressure forbids starting minibatches (GUs poll this cheaply)."""
         return self.backpressure.paused
+
+    @_serialized
+    def gu_signals(self) -> GuSignals:
+        """What a waiting GU needs to notice a change in (cheap: adapters compare it per call)."""
+        return GuSignals(
+            latest_version=self.latest_version,
+            paused=self.backpressure.paused,
+            finished=self.prompts_consumed == self.database.num_prompts,
+            train_steps=self.budget.next_step,
+        )
 
     @_serialized
     def request_start(
@@ -375,7 +392,58 @@ class ControlLoop:
 
     @_serialized
     def summary(self) -> RuntimeSummary:
-        return build_summary(self)
+        return build_summary(self.observe())
+
+    @_serialized
+    def observe(self, *, arrivals_since: int = 0, lag_steps_since: int = 0) -> LoopObservation:
+        """Every number outsiders report, as one record; the two logs from the given offsets."""
+        db, now, outcomes = self.database, self.clock.now(), self.ingestor.outcomes
+        return LoopObservation(
+            time=now,
+            prompts_scheduled=db.num_prompts,
+            prompts_consumed=self.prompts_consumed,
+            minibatches_scheduled=db.num_minibatches,
+            minibatches_completed=db.num_completed,
+            minibatches_reissued=db.num_reissued,
+            duplicate_minibatches_dropped=outcomes[IngestOutcome.DUPLICATE],
+            superseded_completions_dropped=outcomes[IngestOutcome.SUPERSEDED],
+            minibatches_per_gu=dict(self.sender.num_assigned),
+            train_steps=self.budget.next_step,
+            max_policy_lag_limit=self.config.max_policy_lag,
+            max_policy_lag_measured=self.lag.max_d_off,
+            mean_policy_lag_measured=self.lag.mean_d_off,
+            mean_policy_lag_eq4_estimate=self.lag.mean_estimate,
+            num_lag_steps=len(self.lag.steps),
+            lag_steps=tuple(self.lag.steps[lag_steps_since:]),
+            trainer_lag_holds=self.trainer_lag_holds,
+            starts_refused=dict(self.starts_refused),
+            queue_depth_samples=self.queue.depth_samples,
+            max_queue_depth_samples=self.queue.max_depth_samples,
+            queue_limit_samples=self.config.queue_max_samples,
+            queue_resume_samples=self.config.queue_resume_samples,
+            num_arrivals=len(self.queue.arrivals),
+            arrivals=tuple(self.queue.arrivals[arrivals_since:]),
+            paused=self.backpressure.paused,
+            num_backpressure_pauses=self.backpressure.num_pauses,
+            seconds_paused=self.backpressure.seconds_paused,
+            latest_version=self.latest_version,
+            reloads_not_newest=self.weights.reloads_not_newest,
+            timings=self.timings.current(),
+            mean_train_seconds=self.timings.train.mean,
+            actors=tuple(
+                ActorObservation(
+                    gu_id=gu_id,
+                    actor_id=actor_id,
+                    num_minibatches=a.num_minibatches,
+                    num_reloads=a.num_reloads,
+                    generating_seconds=a.generating_seconds,
+                    loading_seconds=a.loading_seconds,
+                    duty_cycle=a.duty_cycle,
+                    busy_fraction=a.busy_fraction(now),
+                )
+                for (gu_id, actor_id), a in sorted(self.activity.actors.items())
+            ),
+        )
 
     @_serialized
     def check_invariants(self) -> None:

@@ -164,3 +164,17 @@ class StartRefusal(enum.Enum):
 class StartDecision:
     granted: bool
     refusal: StartRefusal | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuSignals:
+    """The part of the CU's state every GU acts on; a change may let a waiting GU start work."""
+
+    latest_version: int
+    """Newest published snapshot (0: the initial weights)."""
+    paused: bool
+    """Backpressure forbids starts."""
+    finished: bool
+    """Every scheduled prompt has been consumed."""
+    train_steps: int
+    """Global batches taken by the trainer: each one frees lag budget (``POLICY_LAG`` waits on it)."""

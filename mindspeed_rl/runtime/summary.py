@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mindspeed_rl.runtime.ingestor import IngestOutcome
-
-if TYPE_CHECKING:
-    from mindspeed_rl.runtime.controller import ControlLoop
+from mindspeed_rl.runtime.observation import LoopObservation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +47,9 @@ class RuntimeSummary:
     trainer_lag_holds: int
     """Times a global batch was ready but held back to keep a due prompt's deadline."""
     reloads_not_newest: int
-    """Reloads that did not pick the newest published snapshot (should stay 0)."""
+    """Reloads that did not pick the newest snapshot published when they were chosen (should
+    stay 0 on a real GU; the simulator does not report the choice time and counts every reload
+    overtaken by a newer snapshot)."""
     minibatches_per_gu: dict[int, int]
     actors: tuple[ActorSummary, ...]
     mean_duty_cycle: float | None
@@ -63,45 +62,43 @@ class RuntimeSummary:
         return data
 
 
-def build_summary(loop: ControlLoop) -> RuntimeSummary:
-    db, now = loop.database, loop.clock.now()
+def build_summary(seen: LoopObservation) -> RuntimeSummary:
     actors = tuple(
         ActorSummary(
-            gu_id=gu_id,
-            actor_id=actor_id,
+            gu_id=a.gu_id,
+            actor_id=a.actor_id,
             num_minibatches=a.num_minibatches,
             num_reloads=a.num_reloads,
             generating_seconds=a.generating_seconds,
             loading_seconds=a.loading_seconds,
             duty_cycle=a.duty_cycle,
-            busy_fraction=a.busy_fraction(now),
+            busy_fraction=a.busy_fraction,
         )
-        for (gu_id, actor_id), a in sorted(loop.activity.actors.items())
+        for a in seen.actors
     )
     cycles = [a.duty_cycle for a in actors if a.duty_cycle is not None]
-    outcomes = loop.ingestor.outcomes
     return RuntimeSummary(
-        prompts_scheduled=db.num_prompts,
-        prompts_consumed=loop.prompts_consumed,
-        minibatches_scheduled=db.num_minibatches,
-        minibatches_completed=db.num_completed,
-        duplicate_minibatches_dropped=outcomes[IngestOutcome.DUPLICATE],
-        superseded_completions_dropped=outcomes[IngestOutcome.SUPERSEDED],
-        minibatches_reissued=db.num_reissued,
-        train_steps=loop.budget.next_step,
-        max_policy_lag_measured=loop.lag.max_d_off,
-        max_policy_lag_limit=loop.config.max_policy_lag,
-        mean_policy_lag_measured=loop.lag.mean_d_off,
-        mean_policy_lag_eq4_estimate=loop.lag.mean_estimate,
-        max_queue_depth_samples=loop.queue.max_depth_samples,
-        queue_limit_samples=loop.config.queue_max_samples,
-        queue_resume_samples=loop.config.queue_resume_samples,
-        num_backpressure_pauses=loop.backpressure.num_pauses,
-        seconds_paused=loop.backpressure.seconds_paused,
-        starts_refused=dict(loop.starts_refused),
-        trainer_lag_holds=loop.trainer_lag_holds,
-        reloads_not_newest=loop.weights.reloads_not_newest,
-        minibatches_per_gu=dict(loop.sender.num_assigned),
+        prompts_scheduled=seen.prompts_scheduled,
+        prompts_consumed=seen.prompts_consumed,
+        minibatches_scheduled=seen.minibatches_scheduled,
+        minibatches_completed=seen.minibatches_completed,
+        duplicate_minibatches_dropped=seen.duplicate_minibatches_dropped,
+        superseded_completions_dropped=seen.superseded_completions_dropped,
+        minibatches_reissued=seen.minibatches_reissued,
+        train_steps=seen.train_steps,
+        max_policy_lag_measured=seen.max_policy_lag_measured,
+        max_policy_lag_limit=seen.max_policy_lag_limit,
+        mean_policy_lag_measured=seen.mean_policy_lag_measured,
+        mean_policy_lag_eq4_estimate=seen.mean_policy_lag_eq4_estimate,
+        max_queue_depth_samples=seen.max_queue_depth_samples,
+        queue_limit_samples=seen.queue_limit_samples,
+        queue_resume_samples=seen.queue_resume_samples,
+        num_backpressure_pauses=seen.num_backpressure_pauses,
+        seconds_paused=seen.seconds_paused,
+        starts_refused=dict(seen.starts_refused),
+        trainer_lag_holds=seen.trainer_lag_holds,
+        reloads_not_newest=seen.reloads_not_newest,
+        minibatches_per_gu=dict(seen.minibatches_per_gu),
         actors=actors,
         mean_duty_cycle=sum(cycles) / len(cycles) if cycles else None,
     )

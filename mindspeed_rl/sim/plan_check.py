@@ -75,7 +75,7 @@ def verify_plan(
     )
     result = Simulator(
         runtime=runtime,
-        cluster=ClusterShape(num_gus=plan.num_actors, actors_per_gu=1),
+        cluster=ClusterShape(num_generation_units=plan.num_actors, actors_per_gu=1),
         profile=profile,
         workload=workload,
         schedule=schedule,

@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime import RuntimeConfig
-from mindspeed_rl.sim.conditions import ScheduleSettings
+from mindspeed_rl.sim.conditions import DEFAULT_TAU, schedule_section
 from mindspeed_rl.sim.simulator import ClusterShape
 from mindspeed_rl.sim.timing import TimingProfile
 from mindspeed_rl.sim.workload import SyntheticWorkload, Workload, load_trace
+
+if TYPE_CHECKING:
+    from asp_scheduler.params import ScheduleParams
 
 _TOP_LEVEL = {
     "name",
@@ -56,7 +59,7 @@ class SimPreset:
     name: str
     profile: TimingProfile
     cluster: ClusterShape
-    schedule: ScheduleSettings
+    schedule: ScheduleParams
     runtime: Mapping[str, Any]
     """``RuntimeConfig`` fields except ``num_samples_per_prompt`` (taken from the workload)."""
     synthetic: SyntheticWorkload | None = None
@@ -64,6 +67,8 @@ class SimPreset:
     reference: ReferenceTimings = ReferenceTimings()
     seed: int = 0
     description: str = ""
+    tau: float = DEFAULT_TAU
+    """Kendall τ of the noisy-oracle predictions every condition shares (``schedule.tau`` in YAML)."""
 
     def __post_init__(self) -> None:
         if (self.synthetic is None) == (self.trace is None):
@@ -94,6 +99,12 @@ class SimPreset:
     def with_trace(self, trace: TraceSpec) -> SimPreset:
         return replace(self, trace=trace, synthetic=None)
 
+    def with_schedule(self, **overrides: Any) -> SimPreset:
+        """Override ``schedule:`` keys (``ScheduleParams`` fields and ``tau``) as in the YAML."""
+        current = {f.name: getattr(self.schedule, f.name) for f in fields(self.schedule)}
+        params, tau = schedule_section({**current, "tau": self.tau, **overrides})
+        return replace(self, schedule=params, tau=tau)
+
     @classmethod
     def from_yaml(cls, path: str | Path) -> SimPreset:
         import yaml
@@ -114,12 +125,14 @@ class SimPreset:
                 raise ValueError(f"preset {name!r} lacks the '{section}' section.")
         workload = dict(data["workload"])
         _reject_unknown("workload", workload, {"synthetic", "trace"})
+        schedule, tau = schedule_section(data["schedule"])
         return cls(
             name=str(data.get("name", name)),
             description=str(data.get("description", "")),
             profile=TimingProfile.from_mapping(data["profile"]),
             cluster=_section(ClusterShape, "cluster", data["cluster"]),
-            schedule=_section(ScheduleSettings, "schedule", data["schedule"]),
+            schedule=schedule,
+            tau=tau,
             runtime=dict(data["runtime"]),
             synthetic=None
             if "synthetic" not in workload

@@ -17,15 +17,18 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.runtime.records import ScheduledMinibatch
-from mindspeed_rl.sim.conditions import ScheduleSettings, build_condition_schedules
+from mindspeed_rl.sim.conditions import build_condition_schedules
 from mindspeed_rl.sim.workload import Workload
+
+if TYPE_CHECKING:
+    from asp_scheduler.params import ScheduleParams
 
 EVENT_TYPES: dict[str, type] = {
     t.__name__: t
@@ -94,9 +97,10 @@ def synthetic_prompts(
 
 def build_replay_plans(
     workload: Workload,
-    settings: ScheduleSettings,
+    params: ScheduleParams,
     conditions: Sequence[str],
     *,
+    tau: float,
     step_seconds: float,
     length_limit: int,
     prompt_tokens: int,
@@ -106,7 +110,7 @@ def build_replay_plans(
     if step_seconds < 0:
         raise ValueError(f"step_seconds={step_seconds}; the simulated trainer step needs a duration >= 0.")
     lengths, num_clipped = forced_lengths(workload, length_limit)
-    built = build_condition_schedules(workload, settings, conditions)
+    built = build_condition_schedules(workload, params, conditions, tau=tau)
     prompts = synthetic_prompts(workload.prompt_ids, num_tokens=prompt_tokens, vocab_size=vocab_size)
     plans = {
         name: ReplayPlan(

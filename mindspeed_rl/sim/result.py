@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from mindspeed_rl.runtime import EventLog, RuntimeSummary
+from mindspeed_rl.runtime.observation import LoopObservation
+from mindspeed_rl.runtime.summary import build_summary
 from mindspeed_rl.runtime.timings import eq4_d_off_estimate
 from mindspeed_rl.sim.table4b import (
     QueueSeries,
@@ -16,9 +19,6 @@ from mindspeed_rl.sim.table4b import (
     queue_depth_series,
     table4b_row,
 )
-
-if TYPE_CHECKING:
-    from mindspeed_rl.sim.simulator import Simulator
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,31 +68,34 @@ class SimResult:
         return out
 
 
-def build_result(sim: Simulator, *, condition: str = "sim") -> SimResult:
-    loop, events = sim.loop, list(sim.events)
-    summary = loop.summary()
-    arrivals = loop.queue.arrivals
+def build_result(
+    seen: LoopObservation, events: EventLog, gen_seconds: Sequence[float], *, condition: str = "sim"
+) -> SimResult:
+    """The result of a finished run from the loop's read-out, its event log and the modeled
+    generation times (``gen_seconds``: one per completed minibatch)."""
+    summary = build_summary(seen)
+    arrivals = seen.arrivals
     q_mean = float(np.mean([a.depth_global_batches_before for a in arrivals])) if arrivals else 0.0
-    timings = loop.timings.current()
     busy = [a.busy_fraction for a in summary.actors if a.busy_fraction is not None]
-    gens = np.array(sim.gen_seconds, dtype=np.float64)
+    gens = np.array(gen_seconds, dtype=np.float64)
     lag = LagReport(
         d_off_measured_mean=summary.mean_policy_lag_measured,
         d_off_measured_max=summary.max_policy_lag_measured,
         q_arrival_mean_global_batches=q_mean,
-        d_off_eq4=None if timings is None else eq4_d_off_estimate(q_mean, timings),
+        d_off_eq4=None if seen.timings is None else eq4_d_off_estimate(q_mean, seen.timings),
         d_off_eq4_runtime_mean=summary.mean_policy_lag_eq4_estimate,
     )
+    log = list(events)
     return SimResult(
-        table4b=table4b_row(events, condition=condition, start_time=0.0),
-        iteration_seconds=iteration_times(events, start_time=0.0),
-        queue=queue_depth_series(events, start_time=0.0),
+        table4b=table4b_row(log, condition=condition, start_time=0.0),
+        iteration_seconds=iteration_times(log, start_time=0.0),
+        queue=queue_depth_series(log, start_time=0.0),
         lag=lag,
         duty_cycle=summary.mean_duty_cycle,
         busy_fraction=float(np.mean(busy)) if busy else None,
         mean_gen_seconds=float(gens.mean()) if gens.size else 0.0,
         std_gen_seconds=float(gens.std()) if gens.size else 0.0,
-        mean_train_seconds=loop.timings.train.mean or 0.0,
+        mean_train_seconds=seen.mean_train_seconds or 0.0,
         summary=summary,
-        events=sim.events,
+        events=events,
     )

@@ -85,7 +85,7 @@ def simulate_conditions(
     check_invariants: bool = False,
 ) -> ConditionsReport:
     """Build C0–C4 (same predictions for all) and simulate each on the preset's cluster."""
-    built = build_condition_schedules(workload, preset.schedule, conditions)
+    built = build_condition_schedules(workload, preset.schedule, conditions, tau=preset.tau)
     results = {
         name: simulate_schedule(preset, workload, schedule, label=name, check_invariants=check_invariants)
         for name, schedule in built.schedules.items()
@@ -100,10 +100,10 @@ def simulate_conditions(
 
 
 def with_cluster(
-    preset: SimPreset, *, num_gus: int | None = None, actors_per_gu: int | None = None
+    preset: SimPreset, *, num_generation_units: int | None = None, actors_per_gu: int | None = None
 ) -> SimPreset:
     cluster = ClusterShape(
-        num_gus=preset.cluster.num_gus if num_gus is None else num_gus,
+        num_generation_units=preset.cluster.num_generation_units if num_generation_units is None else num_generation_units,
         actors_per_gu=preset.cluster.actors_per_gu if actors_per_gu is None else actors_per_gu,
     )
     return replace(preset, cluster=cluster)

@@ -21,7 +21,7 @@ from mindspeed_rl.sim.workload import Workload
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScalingPoint:
-    num_gus: int
+    num_generation_units: int
     num_actors: int
     mean_iteration_seconds: float
     """Simulated, warm-up iterations excluded."""
@@ -47,9 +47,9 @@ def project_scaling(
     skip_first: int = 1,
 ) -> list[ScalingPoint]:
     points = []
-    for num_gus in gu_counts:
-        shaped = with_cluster(preset, num_gus=num_gus)
-        result = simulate_schedule(shaped, workload, schedule, label=f"{num_gus} GU")
+    for num_generation_units in gu_counts:
+        shaped = with_cluster(preset, num_generation_units=num_generation_units)
+        result = simulate_schedule(shaped, workload, schedule, label=f"{num_generation_units} GU")
         iters = result.iteration_seconds[skip_first:]
         if iters.size == 0:
             raise ValueError(f"skip_first={skip_first} leaves no iterations; use a longer workload.")
@@ -60,7 +60,7 @@ def project_scaling(
         )
         points.append(
             ScalingPoint(
-                num_gus=num_gus,
+                num_generation_units=num_generation_units,
                 num_actors=actors,
                 mean_iteration_seconds=float(iters.mean()),
                 predicted_iteration_seconds=plan.iteration_seconds,

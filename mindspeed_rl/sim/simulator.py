@@ -20,9 +20,8 @@ GU's newest *converted* snapshot just before taking a minibatch; CU↔GU message
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,8 +36,9 @@ from mindspeed_rl.runtime import (
     Sample,
     ScheduledMinibatch,
     SnapshotInfo,
-    StartRefusal,
+    StartDecision,
 )
+from mindspeed_rl.runtime.gu_policy import GuPolicy, Reload, Start, StartGate, Wait
 from mindspeed_rl.sim.event_queue import EventKind, EventQueue, SimEvent
 from mindspeed_rl.sim.result import SimResult, build_result
 from mindspeed_rl.sim.timing import TimingProfile
@@ -51,36 +51,19 @@ class SimulationStalled(RuntimeError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterShape:
-    num_gus: int
+    num_generation_units: int
     actors_per_gu: int
 
     def __post_init__(self) -> None:
-        if self.num_gus < 1 or self.actors_per_gu < 1:
+        if self.num_generation_units < 1 or self.actors_per_gu < 1:
             raise ValueError(
-                f"need num_gus >= 1 and actors_per_gu >= 1, got {self.num_gus} and {self.actors_per_gu}."
+                "need num_generation_units >= 1 and actors_per_gu >= 1, got "
+                f"{self.num_generation_units} and {self.actors_per_gu}."
             )
 
     @property
     def num_actors(self) -> int:
-        return self.num_gus * self.actors_per_gu
-
-
-@dataclass(slots=True)
-class _Actor:
-    version: int = 0
-    busy: bool = False
-    just_loaded: bool = False
-    """Reloaded since its last minibatch: start with these weights even if a newer snapshot
-    was converted meanwhile (one reload per minibatch at most, as deferred reload intends)."""
-
-
-@dataclass(slots=True)
-class _GenerationUnit:
-    actors: list[_Actor]
-    queue: deque[Assignment] = field(default_factory=deque)
-    converted: int = 0
-    converting: bool = False
-    to_convert: int | None = None
+        return self.num_generation_units * self.actors_per_gu
 
 
 class Simulator:
@@ -113,8 +96,8 @@ class Simulator:
                 f"schedule names {len(missing)} prompts not in the workload (first {missing[0]!r})."
             )
         self._units = [
-            _GenerationUnit(actors=[_Actor() for _ in range(cluster.actors_per_gu)])
-            for _ in range(cluster.num_gus)
+            GuPolicy(gu_id=g, actor_ids=range(cluster.actors_per_gu))
+            for g in range(cluster.num_generation_units)
         ]
         self._queue = EventQueue()
         self._rng = np.random.default_rng([seed, 11])
@@ -129,11 +112,11 @@ class Simulator:
     # ---- main loop -------------------------------------------------------------------------
     def run(self) -> SimResult:
         for g, unit in enumerate(self._units):
-            self.loop.register_gu(g, num_actors=len(unit.actors))
+            self.loop.register_gu(g, num_actors=len(unit.slots))
         self._react()
         for _ in range(self._max_batches):
             if self.loop.is_finished() and not self._trainer_busy:
-                return build_result(self, condition=self.label)
+                return build_result(self.loop.observe(), self.events, self.gen_seconds, condition=self.label)
             batch = self._queue.pop_simultaneous()
             if not batch:
                 raise SimulationStalled(self._stall_message())
@@ -146,10 +129,10 @@ class Simulator:
         raise SimulationStalled(f"no end after {self._max_batches} event batches; raise max_event_batches.")
 
     def _stall_message(self) -> str:
-        s = self.loop.summary()
+        s = self.loop.observe()
         return (
             f"simulation stalled at t={self.clock.now():.1f}s with {s.prompts_consumed}/{s.prompts_scheduled} "
-            f"prompts consumed, queue {self.loop.queue.depth_samples} samples, paused={self.loop.pause_signal()}, "
+            f"prompts consumed, queue {s.queue_depth_samples} samples, paused={s.paused}, "
             f"refusals {s.starts_refused}; relax max_policy_lag or raise queue_max_samples."
         )
 
@@ -176,48 +159,35 @@ class Simulator:
 
     # ---- generation --------------------------------------------------------------------------
     def _feed_unit(self, g: int) -> bool:
-        unit, progress = self._units[g], False
-        for a, actor in enumerate(unit.actors):
-            if actor.busy or not unit.queue:
-                continue
-            if self.loop.pause_signal():
-                return progress
-            if actor.version < unit.converted and not actor.just_loaded:  # deferred reload
-                self._start_reload(g, a)
-                progress = True
-                continue
-            head = unit.queue[0]
-            decision = self.loop.request_start(
-                head.minibatch.minibatch_id,
-                attempt=head.attempt,
-                gu_id=g,
-                actor_id=a,
-                policy_version=actor.version,
-            )
-            if decision.granted:
-                unit.queue.popleft()
-                actor.just_loaded = False
-                self._start_generation(head, g, a)
-                progress = True
-            elif decision.refusal is StartRefusal.REVOKED:
-                unit.queue.popleft()
-                progress = True
-            elif decision.refusal is StartRefusal.STALE_WEIGHTS and actor.version < unit.converted:
-                # A snapshot converted during the last reload is needed to meet the lag bound.
-                self._start_reload(g, a)
-                progress = True
-            else:  # backpressure, lag budget, or weights too old until the next conversion
-                return progress
+        progress = False
+        for action in self._units[g].next_actions(
+            paused=self.loop.pause_signal(), request_start=self._gate(g)
+        ):
+            if isinstance(action, Reload):
+                self._push(
+                    self.profile.weight_flow.load_seconds,
+                    EventKind.LOAD_DONE,
+                    (g, action.actor_id, action.version),
+                )
+            elif isinstance(action, Start):
+                self._start_generation(action.assignment, g, action.actor_id, action.policy_version)
+            progress = progress or not isinstance(action, Wait)
         return progress
 
-    def _start_reload(self, g: int, a: int) -> None:
-        unit = self._units[g]
-        unit.actors[a].busy = True
-        self._push(self.profile.weight_flow.load_seconds, EventKind.LOAD_DONE, (g, a, unit.converted))
+    def _gate(self, g: int) -> StartGate:
+        def request_start(assignment: Assignment, *, actor_id: int, policy_version: int) -> StartDecision:
+            return self.loop.request_start(
+                assignment.minibatch.minibatch_id,
+                attempt=assignment.attempt,
+                gu_id=g,
+                actor_id=actor_id,
+                policy_version=policy_version,
+            )
 
-    def _start_generation(self, assignment: Assignment, g: int, a: int) -> None:
-        actor, now, mb = self._units[g].actors[a], self.clock.now(), assignment.minibatch
-        actor.busy = True
+        return request_start
+
+    def _start_generation(self, assignment: Assignment, g: int, a: int, version: int) -> None:
+        now, mb = self.clock.now(), assignment.minibatch
         rows = [self._rows[p] for p in mb.prompt_ids]
         seconds = self.profile.decode.minibatch_seconds(self.workload.lengths[rows]) * self._jitter()
         n = self.runtime.num_samples_per_prompt
@@ -229,7 +199,7 @@ class Simulator:
                 response_token_ids=(),
                 rollout_log_probs=(),
                 reward=None,
-                policy_version=actor.version,
+                policy_version=version,
                 gu_id=g,
                 actor_id=a,
                 sent_at=assignment.issued_at,
@@ -243,7 +213,7 @@ class Simulator:
             samples=samples,
             gu_id=g,
             actor_id=a,
-            policy_version=actor.version,
+            policy_version=version,
             started_at=now,
             finished_at=now + seconds,
         )
@@ -252,7 +222,7 @@ class Simulator:
     def _on_gen_done(self, event: SimEvent) -> None:
         completed = event.payload
         assert isinstance(completed, CompletedMinibatch)
-        self._units[completed.gu_id].actors[completed.actor_id].busy = False
+        self._units[completed.gu_id].on_generation_done(completed.actor_id)
         outcome = self.loop.on_minibatch_completed(completed)
         assert outcome is IngestOutcome.ACCEPTED, f"fault-free run dropped minibatch {completed.minibatch_id}"
         self.gen_seconds.append(completed.generation_seconds)
@@ -285,26 +255,23 @@ class Simulator:
         )
         self.loop.on_snapshot_published(snapshot, save_seconds=self.profile.weight_flow.save_seconds)
         for g, unit in enumerate(self._units):
-            if unit.converting:
-                unit.to_convert = version
-            else:
-                self._start_convert(g, version)
+            unit.on_snapshot_published(snapshot)
+            self._start_conversion(g)
 
-    def _start_convert(self, g: int, version: int) -> None:
-        self._units[g].converting = True
-        self._push(self.profile.weight_flow.convert_seconds, EventKind.CONVERT_DONE, (g, version))
+    def _start_conversion(self, g: int) -> None:
+        snapshot = self._units[g].next_conversion()
+        if snapshot is not None:
+            self._push(
+                self.profile.weight_flow.convert_seconds, EventKind.CONVERT_DONE, (g, snapshot.version)
+            )
 
     def _on_convert_done(self, g: int, version: int) -> None:
-        unit = self._units[g]
         self.loop.on_snapshot_converted(g, version, self.profile.weight_flow.convert_seconds)
-        unit.converted, unit.converting = max(unit.converted, version), False
-        if unit.to_convert is not None and unit.to_convert > unit.converted:
-            self._start_convert(g, unit.to_convert)
-        unit.to_convert = None
+        self._units[g].on_converted(version, path=f"sim://gu{g}/{version}")
+        self._start_conversion(g)
 
     def _on_load_done(self, g: int, a: int, version: int) -> None:
-        actor = self._units[g].actors[a]
-        actor.version, actor.busy, actor.just_loaded = version, False, True
+        self._units[g].on_reloaded(a, version, ok=True)
         self.loop.on_weights_loaded(g, a, version, self.profile.weight_flow.load_seconds)
 
     # ---- helpers -------------------------------------------------------------------------------

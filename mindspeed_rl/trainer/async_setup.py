@@ -84,17 +84,10 @@ def build_schedule(
 
 
 def runtime_config(config: GRPOConfig) -> RuntimeConfig:
-    a = config.async_config
-    return RuntimeConfig(
-        num_prompts_per_global_batch=config.global_batch_prompts,
-        num_samples_per_prompt=config.rl_config.n_samples_per_prompt,
-        queue_max_samples=a.queue_max_samples,
-        queue_resume_samples=a.queue_resume_samples,
-        gu_queue_low=a.gu_queue_low,
-        gu_queue_high=a.gu_queue_high,
-        max_policy_lag=a.max_policy_lag,
-        snapshot_interval=a.snapshot_interval,
-    )
+    """The Control Unit's settings, from the run plan's one mapping (``run_plan.runtime_config``)."""
+    from mindspeed_rl.trainer.run_plan import runtime_config as plan_runtime_config
+
+    return plan_runtime_config(config)
 
 
 def snapshot_root(config: GRPOConfig, run_dir: Path) -> Path:
@@ -103,29 +96,10 @@ def snapshot_root(config: GRPOConfig, run_dir: Path) -> Path:
 
 
 def check_resources(config: GRPOConfig, available: Mapping[str, float]) -> None:
-    from mindspeed_rl.utils.ray_setup import check_requests_fit
+    """The plan's layout checks (``build_run_plan``) and its resource fit against ``available``."""
+    from mindspeed_rl.trainer.run_plan import build_run_plan
 
-    a = config.async_config
-    if a.weight_transport != "shared_fs":
-        raise ValueError(
-            f"async_config.weight_transport={a.weight_transport!r} is not implemented yet; use shared_fs"
-        )
-    if (a.actor_tensor_parallel_size, a.actor_expert_parallel_size) != (1, 1):
-        # The GU converts to one full replica per actor; sharded engines need the Megatron/NPU backend.
-        raise ValueError(
-            f"async_config.actor_tensor_parallel_size={a.actor_tensor_parallel_size} / "
-            f"actor_expert_parallel_size={a.actor_expert_parallel_size}: generation actors on this backend "
-            "hold a full replica; set both to 1"
-        )
-    check_requests_fit(
-        [
-            ("control unit", a.control_resources, 1),
-            ("generation unit", a.control_resources, a.num_generation_units),
-            ("generation actor", a.actor_resources, a.num_generation_units * a.actors_per_unit),
-            ("training unit", a.trainer_resources, 1),
-        ],
-        available,
-    )
+    build_run_plan(config).check_fits(available)
 
 
 def gu_specs(
@@ -138,14 +112,16 @@ def gu_specs(
     forced_lengths: Mapping[str, tuple[int, ...]] | None = None,
 ) -> list[GuSpec]:
     """One spec per Generation Unit; ``prompts`` is the prompt mapping or a Ray reference to it."""
+    from mindspeed_rl.trainer.run_plan import rollout_spec
     from mindspeed_rl.utils.ray_setup import ray_actor_options
     from mindspeed_rl.workers.generation_unit import GuSpec
 
     a = config.async_config
+    rollout = rollout_spec(config)
     return [
         GuSpec(
             gu_id=g,
-            config=config,
+            rollout=rollout,
             policy_path=policy_path,
             prompts=prompts,
             num_actors=a.actors_per_unit,

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
-    from mindspeed_rl.datasets import PromptSet
-    from mindspeed_rl.models.rollout.base import SamplingConfig
-    from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+    from mindspeed_rl.datasets import PromptRecord, PromptSet
+    from mindspeed_rl.datasets.split import PromptSplits
+    from mindspeed_rl.trainer.run_plan_parts import WarmupSpec
 
 logger = logging.getLogger(__name__)
 
@@ -34,45 +34,47 @@ def model_path(config: GRPOConfig) -> Path:
 def prepare_policy_model(config: GRPOConfig) -> Path:
     """Return the policy folder, creating (and warming up) a fresh model there if asked to.
 
-    The warm-up runs only when the folder is created by this call: re-running a config never
+    ``load`` with ``finetune: true`` (``RunPlan.model.initial_weights``) replaces the folder: an
+    HF checkpoint such as one this framework saved (weights and tokenizer files together). The
+    warm-up runs only when the folder is created by this call: re-running a config never
     re-trains an existing model behind the user's back.
     """
-    path = model_path(config)
+    from mindspeed_rl.trainer.run_plan import model_spec
+    from mindspeed_rl.trainer.run_plan_parts import warmup_spec
+
+    spec = model_spec(config)
+    if spec.initial_weights is not None:
+        initial = Path(spec.initial_weights)
+        if not (initial / "config.json").is_file():
+            raise ValueError(
+                f"actor_config.load={initial} (finetune: true) is not an HF model folder (no config.json); "
+                "point it at a saved checkpoint, e.g. <run dir>/final_model"
+            )
+        return initial
+    path = Path(spec.path)
     if path.exists():
         return path
-    if not config.rl_config.build_model_if_missing:
+    if not spec.build_if_missing:
         raise ValueError(
             f"model folder {path} does not exist; download/convert an HF checkpoint there, or set "
             "rl_config.build_model_if_missing: true to create a tiny random-init model"
         )
     from mindspeed_rl.models.tiny import create_tiny_model
 
-    logger.info("creating a random-init %s model at %s", config.model_name, path)
-    create_tiny_model(path, _arch_mapping(config.model), seed=config.megatron_training.training.seed)
-    if config.warmup_config.enabled:
-        _run_warmup(config, path)
+    logger.info("creating a random-init %s model at %s", spec.name, path)
+    create_tiny_model(path, dict(spec.build_arch), seed=spec.build_seed)
+    warmup = warmup_spec(config)
+    if warmup is not None:
+        _run_warmup(warmup, path)
     return path
 
 
-def _arch_mapping(arch: Any) -> dict[str, Any]:
-    from dataclasses import asdict
+def _run_warmup(warm: WarmupSpec, path: Path) -> None:
+    import torch
 
-    return {k: v for k, v in asdict(arch).items() if v is not None}
-
-
-def _run_warmup(config: GRPOConfig, path: Path) -> None:
     from mindspeed_rl.datasets.demo_task import demo_sft_pairs
     from mindspeed_rl.models.training.sft_warmup import sft_warmup
 
-    data_path = config.megatron_training.training.data_path
-    if data_path != "builtin:demo":
-        raise ValueError(
-            f"warmup_config.enabled needs reference answers; only builtin:demo provides them, got "
-            f"data_path={data_path!r}. Disable warmup_config or use builtin:demo"
-        )
-    import torch
-
-    warm = config.warmup_config
     # The tiny model's matmuls are far too small to amortise a second OpenMP thread, and spinning
     # threads collapse throughput when the cores are shared (measured: >10x slower with 2).
     torch.set_num_threads(1)
@@ -96,8 +98,48 @@ def load_tokenizer(path: str | Path) -> Any:
 
 
 def load_prompt_set(config: GRPOConfig, tokenizer: Any) -> PromptSet:
-    """Prompts for the run, with drops counted and logged by the loader."""
+    """The TRAIN prompts of the run (``split``'s held-out parts removed), drops counted and logged."""
+    from mindspeed_rl.datasets import PromptSet
+    from mindspeed_rl.datasets.split import split_prompts
+
+    training = config.megatron_training.training
+    loaded = _load_data_path(config, tokenizer)
+    train = split_prompts(loaded.records, training.split, training.seed).train
+    return PromptSet(records=list(train), drops=loaded.drops)
+
+
+def load_prompt_splits(config: GRPOConfig, tokenizer: Any) -> PromptSplits:
+    """Train / valid / test prompts: ``split`` applied to ``data_path``, or, when
+    ``valid_data_path`` is set, that file as the valid part (``split``'s valid weight must be 0:
+    two eval sets at once would be ambiguous). Training must only ever see ``.train``."""
+    import dataclasses
+
+    from mindspeed_rl.datasets.split import parse_split, split_prompts
+
+    training = config.megatron_training.training
+    weights = parse_split(training.split)
+    valid_path = training.valid_data_path
+    if valid_path and weights.valid > 0:
+        raise ValueError(
+            f"megatron_training.valid_data_path={valid_path!r} and split={training.split!r} both "
+            "define an eval set; set split's valid weight to 0 (e.g. '100,0,0') or remove valid_data_path"
+        )
+    splits = split_prompts(_load_data_path(config, tokenizer).records, training.split, training.seed)
+    if not valid_path:
+        return splits
+    valid = _load_valid_path(config, tokenizer, valid_path)
+    shared = {r.prompt_id for r in splits.train} & {r.prompt_id for r in valid}
+    if shared:
+        raise ValueError(
+            f"valid_data_path shares {len(shared)} prompt ids with data_path (e.g. {sorted(shared)[:3]}); "
+            "evaluation prompts must be held out from training: use a disjoint file or split"
+        )
+    return dataclasses.replace(splits, valid=valid)
+
+
+def _load_data_path(config: GRPOConfig, tokenizer: Any) -> PromptSet:
     from mindspeed_rl.datasets import load_prompts
+    from mindspeed_rl.datasets.split import parse_split, prompts_to_generate
 
     training = config.megatron_training.training
     if not training.data_path:
@@ -105,62 +147,39 @@ def load_prompt_set(config: GRPOConfig, tokenizer: Any) -> PromptSet:
             "megatron_training.data_path is not set; point it at JSONL/Parquet prompts or builtin:demo"
         )
     builtin = training.data_path.startswith("builtin:")
+    # Built-in tasks are generated: enough distinct prompts that the train part of the split
+    # covers every iteration of the run.
+    num_train = config.global_batch_prompts * max(1, training.train_iters)
     return load_prompts(
         data_path=training.data_path,
         tokenizer=tokenizer,
         prompt_type=training.prompt_type or "empty",
         map_keys=None if builtin else training.map_keys,
         max_prompt_length=config.rl_config.max_prompt_length,
-        # Built-in tasks are generated: enough distinct prompts for every iteration of the run.
-        num_samples=config.global_batch_prompts * max(1, training.train_iters) if builtin else None,
+        num_samples=prompts_to_generate(num_train, parse_split(training.split)) if builtin else None,
         seed=training.seed,
     )
 
 
-def sampling_config(config: GRPOConfig) -> SamplingConfig:
-    from dataclasses import asdict
+def _load_valid_path(config: GRPOConfig, tokenizer: Any, valid_path: str) -> tuple[PromptRecord, ...]:
+    from mindspeed_rl.datasets import load_prompts
 
-    from mindspeed_rl.models.rollout.base import sampling_config_from_mapping
-
-    return sampling_config_from_mapping(asdict(config.generate_config.sampling_config))
-
-
-def torch_engine_config(config: GRPOConfig) -> TorchEngineConfig:
-    """Map upstream keys (and their batch-size units) onto the torch training engine."""
-    from mindspeed_rl.models.loss.grpo import GRPOLossConfig
-    from mindspeed_rl.models.training.engine_config import TorchEngineConfig
-
-    actor = config.actor_config
-    rl = config.rl_config
-    return TorchEngineConfig(
-        lr=actor.optimizer.lr,
-        weight_decay=actor.optimizer.weight_decay,
-        adam_beta1=actor.optimizer.adam_beta1,
-        adam_beta2=actor.optimizer.adam_beta2,
-        clip_grad=actor.optimizer.clip_grad,
-        micro_batch_size=actor.training.micro_batch_size,
-        forward_micro_batch_size=rl.actor_forward_micro_batch_size,
-        mini_batch_size=config.mini_batch_prompts,
-        n_samples_per_prompt=rl.n_samples_per_prompt,
-        epochs=rl.epochs,
-        shuffle_mini_batch=rl.shuffle_mini_batch,
-        loss=GRPOLossConfig(
-            clip_ratio=rl.clip_ratio,
-            kl_penalty=rl.kl_penalty,
-            init_kl_coef=rl.init_kl_coef,
-            entropy_coeff=rl.entropy_coeff,
-        ),
-        seed=config.megatron_training.training.seed,
+    training = config.megatron_training.training
+    if valid_path.startswith("builtin:"):
+        raise ValueError(
+            f"megatron_training.valid_data_path={valid_path!r}: built-in tasks are generated from the "
+            "run seed, so they would repeat the training prompts; hold prompts out with split instead, "
+            "e.g. split: '90,10,0'"
+        )
+    loaded = load_prompts(
+        data_path=valid_path,
+        tokenizer=tokenizer,
+        prompt_type=training.prompt_type or "empty",
+        map_keys=training.map_keys,
+        max_prompt_length=config.rl_config.max_prompt_length,
+        seed=training.seed,
     )
-
-
-def generate_config_mapping(config: GRPOConfig) -> dict[str, Any]:
-    """``generate_config`` as the rollout factory expects it (engine keys only)."""
-    from dataclasses import asdict
-
-    raw = asdict(config.generate_config)
-    raw.pop("sampling_config")
-    return raw
+    return tuple(loaded.records)
 
 
 def global_batches(config: GRPOConfig, prompt_ids: list[str]) -> list[tuple[str, ...]]:

@@ -16,52 +16,58 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mindspeed_rl.datasets.split import write_split_ids
 from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, Sample, ScheduledMinibatch
 from mindspeed_rl.trainer import components
 from mindspeed_rl.utils.metrics import MetricsWriter, format_progress
 from mindspeed_rl.utils.run_summary import write_summary
+from mindspeed_rl.workers.evaluator import EvalSettings, select_eval_prompts, write_eval_prompts
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
 
 logger = logging.getLogger(__name__)
-CONSOLE_KEYS = ("reward_mean", "response_length_mean", "tokens_per_s", "iteration_time_s")
+CONSOLE_KEYS = ("reward_mean", "response_length_mean", "tokens_per_s", "iteration_time_s", "eval/accuracy")
 
 
 def train(config: GRPOConfig, run_dir: Path) -> None:
     import ray
 
+    from mindspeed_rl.trainer.run_plan import build_run_plan
     from mindspeed_rl.utils.ray_setup import ray_actor_options
     from mindspeed_rl.workers.generation_actor import GenerationActor
     from mindspeed_rl.workers.training_unit import TrainingUnit
 
+    plan = build_run_plan(config)
+    plan.check_fits(ray.available_resources())
     policy_path = str(components.prepare_policy_model(config))
-    prompt_set = components.load_prompt_set(config, components.load_tokenizer(policy_path))
-    prompts = {r.prompt_id: r for r in prompt_set.records}
-    batches = components.global_batches(config, [r.prompt_id for r in prompt_set.records])
-
-    resources = config.rl_config.actor_resource
-    options = ray_actor_options(resources)
-    trainer: Any = ray.remote(TrainingUnit).options(**options).remote(config, policy_path, prompts)
-    actor: Any = (
-        ray.remote(GenerationActor)
-        .options(**options)
-        .remote(
-            config,
-            policy_path,
-            prompts,
-            num_cpus=resources.num_cpus,
-            seed=config.megatron_training.training.seed,
-        )
+    splits = components.load_prompt_splits(config, components.load_tokenizer(policy_path))
+    write_split_ids(run_dir / "split_ids.json", splits)
+    logging_config, eval_config = plan.logging, plan.evaluation
+    eval_prompts = select_eval_prompts(splits.valid, eval_config)
+    eval_settings = EvalSettings.for_run(
+        plan.rollout.sampling, eval_config, plan.rollout.engine_keys, plan.rollout.seed
     )
+    prompts = {r.prompt_id: r for r in splits.train}
+    batches = components.global_batches(config, list(prompts))
+
+    options = ray_actor_options(config.rl_config.actor_resource)
+    trainer: Any = ray.remote(TrainingUnit).options(**options).remote(plan.trainer, policy_path, prompts)
+    actor: Any = ray.remote(GenerationActor).options(**options).remote(plan.rollout, policy_path, prompts)
     # Engine start-up (model load, vLLM warm-up) is not part of any iteration's time.
     ray.get([trainer.__ray_ready__.remote(), actor.__ray_ready__.remote()])
     num_iters = config.megatron_training.training.train_iters
-    with MetricsWriter(run_dir, use_tensorboard=config.rl_config.use_tensorboard) as sink:
+    with MetricsWriter(run_dir, logging_config) as sink:
         for iteration, prompt_ids in enumerate(batches):
             record = _iteration(iteration, prompt_ids, actor, trainer)
-            logger.info(format_progress(sink.write(iteration, record), num_iters, CONSOLE_KEYS))
-            _maybe_save(config, run_dir, iteration, trainer)
+            if eval_config.due(iteration):
+                write_eval_prompts(run_dir, iteration, [p.prompt_id for p in eval_prompts])
+                record.update(ray.get(trainer.evaluate.remote(eval_prompts, eval_settings)))
+            written = sink.write(iteration, record)
+            if sink.should_log(iteration) or eval_config.due(iteration):
+                logger.info(format_progress(written, num_iters, CONSOLE_KEYS))
+            if plan.checkpoint.is_save_iteration(iteration):
+                ray.get(trainer.save_hf.remote(str(plan.checkpoint.folder(run_dir, iteration))))
     ray.get(trainer.save_hf.remote(str(run_dir / "final_model")))
     write_summary(
         run_dir,
@@ -113,11 +119,3 @@ def group_by_prompt(completed: CompletedMinibatch) -> tuple[PromptGroup, ...]:
         PromptGroup(prompt_id=pid, minibatch_id=completed.minibatch_id, samples=tuple(samples))
         for pid, samples in by_prompt.items()
     )
-
-
-def _maybe_save(config: GRPOConfig, run_dir: Path, iteration: int, trainer: Any) -> None:
-    import ray
-
-    interval = config.megatron_training.training.save_interval
-    if interval and (iteration + 1) % interval == 0:
-        ray.get(trainer.save_hf.remote(str(run_dir / "checkpoints" / f"iter_{iteration + 1:07d}")))

@@ -28,9 +28,9 @@ from mindspeed_rl.workers.training_unit import torch_threads_for
 if TYPE_CHECKING:
     import torch
 
-    from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rollout.base import Completion
+    from mindspeed_rl.trainer.run_plan import RolloutSpec
     from mindspeed_rl.workers.resharding.reload import ReloadPolicy, ReloadResult
 
 
@@ -40,34 +40,32 @@ logger = logging.getLogger(__name__)
 class GenerationActor:
     def __init__(
         self,
-        config: GRPOConfig,
+        spec: RolloutSpec,
         policy_path: str,
         prompts: Mapping[str, PromptRecord],
         *,
         gu_id: int = 0,
         actor_id: int = 0,
-        num_cpus: float = 1.0,
-        seed: int = 0,
+        seed: int | None = None,
         die_on_minibatch: int | None = None,
         forced_lengths: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
-        from mindspeed_rl.models.rollout.factory import build_rollout_engine
-        from mindspeed_rl.trainer.components import generate_config_mapping, sampling_config
+        """``seed`` overrides ``spec.seed`` (the GU gives each of its actors its own)."""
+        import dataclasses
 
-        n = config.rl_config.n_samples_per_prompt
+        from mindspeed_rl.models.rollout.factory import build_rollout_engine
+
+        n = spec.n_samples_per_prompt
         # Trace replay: every sample's response length is fixed in advance (EOS ignored), so the
         # engine does the decode work a real trace implies, whatever the tiny model would say.
         self._forced = _check_forced(forced_lengths, n) if forced_lengths is not None else None
-        engine_keys = generate_config_mapping(config)
-        engine_keys.setdefault("num_threads", torch_threads_for(num_cpus))
+        engine_keys = {**spec.engine_keys, "num_threads": torch_threads_for(spec.num_cpus)}
         self._engine = build_rollout_engine(
-            config.rl_config.rollout_backend, policy_path, engine_keys, seed=seed
+            spec.backend, policy_path, engine_keys, seed=spec.seed if seed is None else seed
         )
-        self._sampling = sampling_config(config)
-        self._n = config.rl_config.n_samples_per_prompt
+        self._sampling = spec.sampling
+        self._n = n
         if self._forced is not None:
-            import dataclasses
-
             self._sampling = dataclasses.replace(self._sampling, ignore_eos=True)
         self._prompts = dict(prompts)
         self.gu_id = gu_id

@@ -2,24 +2,25 @@
 
 ::
 
-    run():  loop until finished / stopped / no actors left
-      poll(CU) ─► input queue += assignments;  newest snapshot;  pause signal
-      newest snapshot not converted yet? ─► GUConverter.convert ONCE for the whole GU
-      for each idle actor:
-          behind the converted snapshot? ─► actor.reload(newest)              (deferred reload)
-          else, not paused, queue non-empty ─► CU.request_start(head, version the actor holds)
-              granted ─► actor.generate_minibatch(head)
-              BACKPRESSURE / POLICY_LAG / STALE_WEIGHTS ─► keep head, retry next round
-              REVOKED ─► drop head (it was re-issued elsewhere)
-      ray.wait(actor futures, timeout) ─► completions to CU; reload timings to CU;
-                                          a dead actor ─► CU.on_actor_failed
-         (short timeout while an actor is idle; longer while all are busy: nothing but a
-          completion can give them work, so polling the CU then only costs CPU)
+    run():  until finished / stopped / no actors left
+      ray.wait(num_returns=1) on ─┬─ CU.poll(g, seen, wait_s)  long-poll: returns on news for this GU
+                                  ├─ actor futures             generate_minibatch / reload
+                                  └─ self.convert_snapshot(v)  on another thread of this actor
+      poll answered ──► policy: assignments, newest published snapshot; next long-poll issued
+      actor done    ──► completion to CU  |  reload timing to CU  |  dead actor ─► CU.on_actor_failed
+      converted     ──► policy: newest converted (idle actors reload to it) ; CU.on_snapshot_converted
+      then: policy.next_conversion() ─► start converting (newest published only)
+            policy.next_actions(paused, CU.request_start) ─► Reload / Start on idle actors
 
-Reloads only run on idle actors, so they happen between minibatches and always target the newest
-snapshot this GU has converted. A dead actor is not replaced: the CU re-issues its minibatch and
-the GU carries on with the actors it has left (a GU left without actors is failed by the CU).
+Every decision (reload / start / wait / drop, which snapshot to convert) is ``GuPolicy``'s,
+the same object the simulator and the tests drive; this class only moves calls and bytes.
+Conversion runs beside the loop, so actors keep generating on the previous version and
+completions keep flowing while the next snapshot converts. The loop sleeps in one ``ray.wait``
+until something happens: no periodic polling (the long-poll's ``wait_s`` is only a safety net).
+
 The GU itself keeps no authoritative state; if it dies, the CU re-queues everything it held.
+A dead actor is not replaced: the CU re-issues its minibatch and the GU carries on with the
+actors it has left (a GU left without actors is failed by the CU).
 """
 
 from __future__ import annotations
@@ -28,17 +29,17 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.runtime.records import Assignment, SnapshotInfo, StartRefusal
+from mindspeed_rl.runtime.gu_policy import Drop, GuPolicy, Reload, Start
+from mindspeed_rl.runtime.records import Assignment, StartDecision
 
 if TYPE_CHECKING:
-    from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.trainer.run_plan import RolloutSpec
     from mindspeed_rl.workers.control_unit import GuPoll
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ class GuSpec:
     """Everything a GU needs to start its actors."""
 
     gu_id: int
-    config: GRPOConfig
+    rollout: RolloutSpec
+    """The generation actors' engine and sampling settings (``RunPlan.rollout``)."""
     policy_path: str
     prompts: Mapping[str, PromptRecord]
     num_actors: int
@@ -67,28 +69,22 @@ class GuSpec:
     actor_num_cpus: float
     cache_dir: str
     seed: int
-    poll_seconds: float = 0.02
-    """Loop period while some actor is idle (waiting for work, the pause to lift, or the lag gate)."""
-    busy_wait_seconds: float = 0.25
-    """Longest wait for a completion while every actor is busy. Each loop round is one CU round
-    trip (a few ms of CPU); at 50 Hz that is about a tenth of a core the engines could use. The
-    cost of waiting longer: a snapshot published meanwhile is converted up to this much later,
-    still long before a minibatch ends and the actor reloads."""
+    poll_wait_seconds: float = 1.0
+    """Longest a long-poll waits without news. Only a safety net: the CU answers as soon as
+    anything this GU acts on changes, so a shorter wait would only add idle round trips."""
     faults: FaultPlan = field(default_factory=FaultPlan)
     forced_lengths: Mapping[str, tuple[int, ...]] | None = None
     """Trace replay only: each prompt's per-sample response lengths (see GenerationActor)."""
 
 
-@dataclass(slots=True)
-class _Slot:
-    actor_id: int
-    handle: Any
-    version: int = 0
-    future: Any = None
-    kind: Literal["generate", "reload"] | None = None
-    assignment: Assignment | None = None
-    rejected_version: int | None = None
-    reload_chosen_at: float = 0.0
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversionDone:
+    """What ``GenerationUnit.convert_snapshot`` hands back to the control loop."""
+
+    version: int
+    path: str | None
+    """The converted copy; ``None`` if the snapshot was rejected (actors keep their weights)."""
+    seconds: float
 
 
 class GenerationUnit:
@@ -96,14 +92,17 @@ class GenerationUnit:
         self.spec = spec
         self.gu_id = spec.gu_id
         self._cu = control
-        self._queue: deque[Assignment] = deque()
-        self._slots: dict[int, _Slot] = {}
+        self._policy = GuPolicy(gu_id=spec.gu_id, actor_ids=())
+        self._handles: dict[int, Any] = {}
+        self._pending: dict[Any, tuple[str, int]] = {}  # ref -> ("generate" | "reload", actor id)
+        self._reload_chosen_at: dict[int, float] = {}
+        # version -> answer time of the poll it was chosen on: it was the newest published then.
+        self._conversion_chosen_at: dict[int, float] = {}
         self._stop = threading.Event()
         self._converter: Any = None
-        self._converted: SnapshotInfo | None = None
-        self._convert_rejected: set[int] = set()
+        self._paused = False
+        self._answered_at = 0.0
         self.num_forwarded = 0
-        self._polled_at = 0.0
         self._cpu_at_start = time.process_time()
 
     def start_actors(self) -> int:
@@ -111,29 +110,29 @@ class GenerationUnit:
         import ray
 
         from mindspeed_rl.workers.generation_actor import GenerationActor
-        from mindspeed_rl.workers.resharding.convert import GUConverter
+        from mindspeed_rl.workers.resharding.convert import GuConverter
         from mindspeed_rl.workers.resharding.layout import InferenceLayout
 
         s = self.spec
         remote = ray.remote(GenerationActor).options(**s.actor_options, max_restarts=0)
         for a in range(s.num_actors):
             handle = remote.remote(
-                s.config,
+                s.rollout,
                 s.policy_path,
                 s.prompts,
                 gu_id=self.gu_id,
                 actor_id=a,
-                num_cpus=s.actor_num_cpus,
                 seed=s.seed + 1000 * self.gu_id + a,
                 die_on_minibatch=s.faults.actor_dies.get((self.gu_id, a)),
                 forced_lengths=s.forced_lengths,
             )
-            self._slots[a] = _Slot(actor_id=a, handle=handle)
-        ray.get([slot.handle.__ray_ready__.remote() for slot in self._slots.values()])
+            self._handles[a] = handle
+        ray.get([handle.__ray_ready__.remote() for handle in self._handles.values()])
+        self._policy = GuPolicy(gu_id=self.gu_id, actor_ids=self._handles)
         # The torch backend's inference layout is one full replica per actor (TP = EP = 1).
-        self._converter = GUConverter(Path(s.cache_dir), InferenceLayout(), num_threads=1)
-        ray.get(self._cu.register_gu.remote(self.gu_id, len(self._slots)))
-        return len(self._slots)
+        self._converter = GuConverter(Path(s.cache_dir), InferenceLayout(), num_threads=1)
+        ray.get(self._cu.register_gu.remote(self.gu_id, len(self._handles)))
+        return len(self._handles)
 
     def stop(self) -> None:
         self._stop.set()
@@ -142,155 +141,162 @@ class GenerationUnit:
         """The control loop; returns counts when the run is finished, stopped or out of actors."""
         import ray
 
-        while not self._stop.is_set() and self._slots:
-            # Taken before the poll: every snapshot published by now is in the answer.
-            self._polled_at = time.time()
-            poll: GuPoll = ray.get(self._cu.poll.remote(self.gu_id))
-            if not poll.gu_known or poll.finished:
-                break
-            self._queue.extend(poll.assignments)
-            self._convert(poll.latest_snapshot)
-            self._start_work(paused=poll.paused)
-            all_busy = all(slot.future is not None for slot in self._slots.values())
-            self._collect(timeout=self.spec.busy_wait_seconds if all_busy else self.spec.poll_seconds)
-        return {"forwarded": self.num_forwarded, "actors_alive": len(self._slots)}
+        me = ray.get_runtime_context().current_actor
+        poll_ref = self._cu.poll.remote(self.gu_id)
+        converting: Any = None
+        # Beyond the long-poll's own wait: only reached if the CU stops answering.
+        timeout = self.spec.poll_wait_seconds + 30.0
+        while not self._stop.is_set() and self._policy.slots:
+            waiting = [poll_ref, *self._pending] + ([converting] if converting is not None else [])
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
+            ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0) if ready else (ready, None)
+            for ref in ready:
+                if ref == poll_ref:
+                    poll: GuPoll = ray.get(ref)
+                    if not poll.gu_known or poll.finished:
+                        return self._counts()
+                    self._apply(poll)
+                    poll_ref = self._cu.poll.remote(self.gu_id, poll.news, self.spec.poll_wait_seconds)
+                elif ref == converting:
+                    converting = None
+                    self._on_converted(ray.get(ref))
+                else:
+                    self._finish(ref)
+            if converting is None and (target := self._policy.next_conversion()) is not None:
+                converting = me.convert_snapshot.remote(target.version, target.path)
+                self._conversion_chosen_at[target.version] = self._answered_at
+            self._act()
+        return self._counts()
+
+    def _counts(self) -> dict[str, int]:
+        return {"forwarded": self.num_forwarded, "actors_alive": len(self._policy.slots)}
 
     def cpu_seconds(self) -> float:
-        """CPU time of this control process (all its threads, Ray's included) since it started."""
+        """CPU time of this control process (all its threads, Ray's included) since it started.
+
+        Conversion runs on a thread of this process, so its CPU is included: subtract
+        ``snapshot/convert_s`` time if only the control loop's share is wanted."""
         return time.process_time() - self._cpu_at_start
 
     def shutdown(self) -> None:
         import ray
 
-        for slot in self._slots.values():
-            ray.kill(slot.handle)
-        self._slots.clear()
+        for handle in self._handles.values():
+            ray.kill(handle)
+        self._handles.clear()
+        self._policy.slots.clear()
 
     # ---- weight flow -----------------------------------------------------------------------------
-    def _convert(self, latest: SnapshotInfo | None) -> None:
-        import ray
-
+    def convert_snapshot(self, version: int, path: str) -> ConversionDone:
+        """Convert one published snapshot (called on another thread of this actor by ``run``)."""
         from mindspeed_rl.workers.resharding.manifest import SnapshotError
         from mindspeed_rl.workers.resharding.manifest import SnapshotInfo as StoredSnapshot
 
-        if latest is None or latest.version in self._convert_rejected:
-            return
-        if self._converted is not None and latest.version <= self._converted.version:
-            return
+        started = time.perf_counter()
         try:
-            result = self._converter.convert(StoredSnapshot(version=latest.version, path=Path(latest.path)))
-        except SnapshotError as err:  # GUConverter has logged it; actors keep their weights
+            result = self._converter.convert(StoredSnapshot(version=version, path=Path(path)))
+        except SnapshotError as err:  # GuConverter has logged it; actors keep their weights
             logger.error(
-                "GU %d: snapshot v%d rejected (%s); actors keep their weights",
-                self.gu_id,
-                latest.version,
-                err,
+                "GU %d: snapshot v%d rejected (%s); actors keep their weights", self.gu_id, version, err
             )
-            self._convert_rejected.add(latest.version)
-            return
-        self._converted = SnapshotInfo(
-            version=result.version, path=str(result.converted.path), created_at=time.time()
-        )
-        ray.get(self._cu.on_snapshot_converted.remote(self.gu_id, result.version, result.total_seconds))
+            return ConversionDone(version=version, path=None, seconds=time.perf_counter() - started)
+        return ConversionDone(version=version, path=str(result.converted.path), seconds=result.total_seconds)
+
+    def _on_converted(self, done: ConversionDone) -> None:
+        import ray
+
+        self._policy.on_converted(done.version, path=done.path)
+        if done.path is not None:
+            ray.get(self._cu.on_snapshot_converted.remote(self.gu_id, done.version, done.seconds))
+
+    def _apply(self, poll: GuPoll) -> None:
+        self._policy.add_assignments(poll.assignments)
+        if poll.latest_snapshot is not None:
+            self._policy.on_snapshot_published(poll.latest_snapshot)
+        self._paused, self._answered_at = poll.paused, poll.answered_at
 
     # ---- starting work -----------------------------------------------------------------------------
-    def _start_work(self, *, paused: bool) -> None:
-        can_start = not paused
-        for slot in list(self._slots.values()):
-            if slot.future is not None:
-                continue
-            target = self._converted
-            if (
-                target is not None
-                and target.version > slot.version
-                and target.version != slot.rejected_version
-            ):
-                slot.kind, slot.future = "reload", slot.handle.reload.remote(target.path, target.version)
-                slot.reload_chosen_at = self._polled_at
-            elif can_start:
-                can_start = self._start_next(slot)
+    def _act(self) -> None:
+        for action in self._policy.next_actions(paused=self._paused, request_start=self._request_start):
+            if isinstance(action, Reload):
+                handle = self._handles[action.actor_id]
+                self._pending[handle.reload.remote(action.path, action.version)] = ("reload", action.actor_id)
+                # Judged against what was published when its conversion was chosen: a snapshot
+                # published while the previous one converted is picked up by the next reload.
+                self._reload_chosen_at[action.actor_id] = self._conversion_chosen_at[action.version]
+            elif isinstance(action, Start):
+                a = action.assignment
+                ref = self._handles[action.actor_id].generate_minibatch.remote(
+                    a.minibatch, attempt=a.attempt, sent_at=a.issued_at
+                )
+                self._pending[ref] = ("generate", action.actor_id)
+            elif isinstance(action, Drop):
+                logger.info(
+                    "GU %d: minibatch %d revoked", self.gu_id, action.assignment.minibatch.minibatch_id
+                )
 
-    def _start_next(self, slot: _Slot) -> bool:
-        """Start the head of the input queue on ``slot``; False when starting must wait."""
+    def _request_start(self, assignment: Assignment, *, actor_id: int, policy_version: int) -> StartDecision:
         import ray
 
-        while self._queue:
-            head = self._queue[0]
-            decision = ray.get(
-                self._cu.request_start.remote(
-                    head.minibatch.minibatch_id,
-                    attempt=head.attempt,
-                    gu_id=self.gu_id,
-                    actor_id=slot.actor_id,
-                    policy_version=slot.version,
-                )
+        decision: StartDecision = ray.get(
+            self._cu.request_start.remote(
+                assignment.minibatch.minibatch_id,
+                attempt=assignment.attempt,
+                gu_id=self.gu_id,
+                actor_id=actor_id,
+                policy_version=policy_version,
             )
-            if decision.granted:
-                self._queue.popleft()
-                slot.kind, slot.assignment = "generate", head
-                slot.future = slot.handle.generate_minibatch.remote(
-                    head.minibatch, attempt=head.attempt, sent_at=head.issued_at
-                )
-                return True
-            if decision.refusal is StartRefusal.REVOKED:
-                self._queue.popleft()
-                logger.info("GU %d: minibatch %d revoked", self.gu_id, head.minibatch.minibatch_id)
-                continue
-            return False  # backpressure or lag: the same answer holds for every idle actor now
-        return True
+        )
+        return decision
 
     # ---- completions -------------------------------------------------------------------------------
-    def _collect(self, *, timeout: float) -> None:
+    def _finish(self, ref: Any) -> None:
         import ray
 
-        busy = {slot.future: slot for slot in self._slots.values() if slot.future is not None}
-        if not busy:
-            time.sleep(timeout)
-            return
-        ready, _ = ray.wait(list(busy), num_returns=1, timeout=timeout)
-        if ready:
-            ready, _ = ray.wait(list(busy), num_returns=len(busy), timeout=0)
-        for ref in ready:
-            self._finish(busy[ref], ref)
-
-    def _finish(self, slot: _Slot, ref: Any) -> None:
-        import ray
-
-        kind, assignment = slot.kind, slot.assignment
-        slot.future, slot.kind, slot.assignment = None, None, None
+        kind, actor_id = self._pending.pop(ref)
         try:
             result = ray.get(ref)
         except ray.exceptions.RayActorError:
-            what = f"minibatch {assignment.minibatch.minibatch_id}" if assignment else kind
-            logger.error("GU %d: actor %d died during %s", self.gu_id, slot.actor_id, what)
-            del self._slots[slot.actor_id]
-            ray.get(self._cu.on_actor_failed.remote(self.gu_id, slot.actor_id))
+            lost = self._policy.on_actor_died(actor_id)
+            what = f"minibatch {lost.minibatch.minibatch_id}" if lost else kind
+            logger.error("GU %d: actor %d died during %s", self.gu_id, actor_id, what)
+            self._handles.pop(actor_id, None)
+            ray.get(self._cu.on_actor_failed.remote(self.gu_id, actor_id))
             return
         if kind == "reload":
-            self._on_reloaded(slot, result)
+            self._on_reloaded(actor_id, result)
             return
+        self._policy.on_generation_done(actor_id)
         ray.get(self._cu.on_minibatch_completed.remote(result))
         self.num_forwarded += 1
         if self.spec.faults.gu_dies.get(self.gu_id) == self.num_forwarded:
             logger.error("fault injection: GU %d exits", self.gu_id)
             os._exit(1)
 
-    def _on_reloaded(self, slot: _Slot, result: Any) -> None:
+    def _on_reloaded(self, actor_id: int, result: Any) -> None:
         import ray
 
+        target = self._policy.slots[actor_id].reloading_to
+        assert target is not None, "a reload finished on an actor that was not reloading"
         if result.status == "loaded":
-            slot.version = result.version
+            self._policy.on_reloaded(actor_id, target, ok=True)
             ray.get(
                 self._cu.on_weights_loaded.remote(
-                    self.gu_id, slot.actor_id, result.version, result.load_seconds, slot.reload_chosen_at
+                    self.gu_id,
+                    actor_id,
+                    result.version,
+                    result.load_seconds,
+                    self._reload_chosen_at[actor_id],
                 )
             )
-        elif result.status == "rejected":
-            slot.rejected_version = result.target_version
+            return
+        # "up_to_date": the engine already holds it; anything else: never offer it to this actor again.
+        self._policy.on_reloaded(actor_id, target, ok=result.status == "up_to_date")
+        if result.status == "rejected":
             logger.error(
                 "GU %d actor %d rejected snapshot v%s: %s",
                 self.gu_id,
-                slot.actor_id,
+                actor_id,
                 result.target_version,
                 result.reason,
             )

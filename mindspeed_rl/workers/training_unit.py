@@ -25,9 +25,11 @@ from mindspeed_rl.runtime.records import PromptGroup, Sample
 if TYPE_CHECKING:
     import torch
 
-    from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.models.rewards import RewardResult
     from mindspeed_rl.models.training.batch import TrainBatch
+    from mindspeed_rl.trainer.run_plan import TrainerSpec
+    from mindspeed_rl.workers.evaluator import EvalSettings
     from mindspeed_rl.workers.resharding.export import ExportResult, SnapshotWriter
 
 logger = logging.getLogger(__name__)
@@ -45,11 +47,10 @@ def torch_threads_for(num_cpus: float) -> int:
 class TrainingUnit:
     def __init__(
         self,
-        config: GRPOConfig,
+        spec: TrainerSpec,
         policy_path: str,
         prompts: Mapping[str, PromptRecord],
         *,
-        num_cpus: float | None = None,
         simulated_step_seconds: float | None = None,
     ) -> None:
         import torch
@@ -57,40 +58,34 @@ class TrainingUnit:
         from mindspeed_rl.models.rewards import build_reward_fn
         from mindspeed_rl.models.training.reference import ReferenceModel
         from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
-        from mindspeed_rl.trainer.components import load_tokenizer, torch_engine_config
+        from mindspeed_rl.trainer.components import load_tokenizer
 
-        cpus = config.rl_config.actor_resource.num_cpus if num_cpus is None else num_cpus
-        torch.set_num_threads(torch_threads_for(cpus))
-        self._config = config
+        torch.set_num_threads(torch_threads_for(spec.num_cpus))
+        self._spec = spec
         self._prompts = dict(prompts)
         self._tokenizer = load_tokenizer(policy_path)
-        rl = config.rl_config
-        self._reward_fn = build_reward_fn(rl.verifier_function, rl.verifier_weight)
-        engine_config = torch_engine_config(config)
-        self._engine = TorchTrainingEngine(policy_path, engine_config)
+        self._reward_fn = build_reward_fn(spec.reward)
+        self._engine = TorchTrainingEngine(policy_path, spec.engine)
         # The reference is only needed for a KL term; skipping it halves the forward cost otherwise.
         self._reference = (
             ReferenceModel(
                 policy_path,
-                micro_batch_size=rl.ref_forward_micro_batch_size,
-                pad_token_id=engine_config.pad_token_id,
+                micro_batch_size=spec.reference_micro_batch_size,
+                pad_token_id=spec.engine.pad_token_id,
             )
-            if rl.init_kl_coef > 0
+            if spec.reference_micro_batch_size is not None
             else None
         )
-        self._temperature = config.generate_config.sampling_config.temperature
-        # Which log-probs the clipped ratio is taken against ("old"):
-        # - async: the ROLLOUT log-probs of the policy that generated each sample. Samples arrive
-        #   up to max_policy_lag versions stale; the ratio pi_theta / pi_behaviour then corrects for
-        #   that staleness and clip_ratio bounds it (PPO's off-policy form). Recomputing "old" with
-        #   the current weights would silently treat stale samples as on-policy.
+        self._temperature = spec.temperature
+        # Which log-probs the clipped ratio is taken against ("old", TrainerSpec.old_log_probs):
+        # - async ("rollout"): the ROLLOUT log-probs of the policy that generated each sample.
+        #   Samples arrive up to max_policy_lag versions stale; the ratio pi_theta / pi_behaviour
+        #   then corrects for that staleness and the clip bounds it (PPO's off-policy form).
+        #   Recomputing "old" with the current weights would silently treat stale samples as on-policy.
         # - hybrid: upstream's choice: recompute with the trainer's weights when several optimizer
-        #   steps share a batch; skip when one step consumes it (the ratio is then exactly 1).
-        #   Rollout and trainer log-probs agree to ~1e-6 in fp32 here, so both choices coincide.
-        steps = config.global_batch_prompts // config.mini_batch_prompts * rl.epochs
-        self._old_log_probs = (
-            "rollout" if rl.pipeline == "async" else ("recompute" if steps > 1 else "current")
-        )
+        #   steps share a batch ("recompute"); skip when one step consumes it ("current": the ratio
+        #   is then exactly 1). Rollout and trainer log-probs agree to ~1e-6 in fp32 here.
+        self._old_log_probs = spec.old_log_probs
         if simulated_step_seconds is not None and not simulated_step_seconds >= 0:
             raise ValueError(f"simulated_step_seconds={simulated_step_seconds}; use a duration >= 0 or None")
         # Trace replay (paper App. F.6.3): a fixed-duration step instead of reward + update, so the
@@ -101,44 +96,82 @@ class TrainingUnit:
         self._errors_lock = threading.Lock()
 
     def train_step(self, groups: Sequence[PromptGroup]) -> dict[str, float]:
-        """One GRPO iteration on whole prompt groups; returns metrics and stage times."""
-        n = self._config.rl_config.n_samples_per_prompt
-        samples = _ordered_samples(groups, n)
+        """One GRPO iteration on whole prompt groups; returns metrics and stage times.
+
+        Order: reward -> reference log-probs -> (KL-shaped reward) -> advantages -> old log-probs
+        -> update. The reference pass comes before advantages because ``use_kl_in_reward``
+        subtracts the KL from the reward the advantages are computed from.
+        """
+        samples = _ordered_samples(groups, self._spec.n_samples_per_prompt)
         if self._simulated_step_seconds is not None:
             return _simulated_step(samples, self._simulated_step_seconds)
         times: dict[str, float] = {}
         tic = time.perf_counter()
-        rewards, per_verifier = self._rewards(samples)
+        scored = self._rewards(samples)
+        rewards, per_verifier = scored.rewards, scored.per_verifier
         times["time/reward_s"] = time.perf_counter() - tic
-        batch = self._batch(samples, rewards)
+        batch = self._batch(samples)
         if self._reference is not None:
             tic = time.perf_counter()
             batch = batch.with_log_probs(ref=self._reference.compute_log_probs(batch, self._temperature))
             times["time/ref_log_probs_s"] = time.perf_counter() - tic
-        if self._old_log_probs == "rollout":
-            batch = batch.with_log_probs(
-                old=[np.asarray(s.rollout_log_probs, dtype=np.float32) for s in samples]
-            )
-        elif self._old_log_probs == "recompute":
-            tic = time.perf_counter()
-            batch = batch.with_log_probs(old=self._engine.compute_log_probs(batch, self._temperature))
-            times["time/old_log_probs_s"] = time.perf_counter() - tic
+        shaped, kl_stats = self._kl_shaped(rewards, samples, batch)
+        batch = batch.with_advantages(self._advantages(shaped))
+        batch = self._with_old_log_probs(batch, samples, times)
         tic = time.perf_counter()
         update = self._engine.update(batch, self._temperature)
         times["time/update_s"] = time.perf_counter() - tic
+        if "kl_per_token" in kl_stats:
+            self._engine.observe_kl(kl_stats.pop("kl_per_token"), len(samples))
         lengths = np.array([len(s.response_token_ids) for s in samples], dtype=np.float64)
         return {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
             **{f"reward/{name}": float(values.mean()) for name, values in per_verifier.items()},
+            "reward/num_timed_out": float(scored.num_timed_out),
             "response_length_mean": float(lengths.mean()),
             "response_length_max": float(lengths.max()),
             "num_samples": float(len(samples)),
             "num_response_tokens": float(lengths.sum()),
             "truncated_fraction": float(np.mean([s.finish_reason == "length" for s in samples])),
             **{f"actor/{k}": v for k, v in update.items()},
+            **kl_stats,
+            "lr": update["lr"],
             **times,
         }
+
+    def _kl_shaped(
+        self, rewards: np.ndarray, samples: Sequence[Sample], batch: TrainBatch
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """``use_kl_in_reward``: reward - coef x (sum over the response of the per-token KL).
+
+        The sum (not the mean) is the standard shaping: the per-token penalty -coef x kl_t summed
+        over the response with the score at its end, which a sequence-level advantage estimator
+        such as group_norm sees as one scalar. KL is between the behaviour policy (the rollout's
+        log-probs) and the reference, with the configured ``kl_penalty`` estimator.
+        """
+        loss = self._spec.engine.loss
+        if not (loss.use_kl_in_reward and batch.ref_log_probs is not None):
+            return rewards, {}
+        from mindspeed_rl.models.loss.kl import sequence_kl
+
+        behaviour = [np.asarray(s.rollout_log_probs, dtype=np.float32) for s in samples]
+        kl = sequence_kl(behaviour, list(batch.ref_log_probs), loss.kl_penalty)
+        coef = self._engine.kl_coef
+        # The controller steers the per-token KL (as with the KL in the loss); it moves after the
+        # update, so the logged coefficient is the one this iteration's reward used.
+        token_kl = float(kl.sum()) / max(1, sum(b.size for b in behaviour))
+        stats = {"actor/kl_coef": coef, "reward/kl_penalty_mean": float((coef * kl).mean()), "kl_per_token": token_kl}
+        return rewards - coef * kl, stats
+
+    def _with_old_log_probs(self, batch: TrainBatch, samples: Sequence[Sample], times: dict[str, float]) -> TrainBatch:
+        if self._old_log_probs == "rollout":
+            return batch.with_log_probs(old=[np.asarray(s.rollout_log_probs, dtype=np.float32) for s in samples])
+        if self._old_log_probs == "recompute":
+            tic = time.perf_counter()
+            batch = batch.with_log_probs(old=self._engine.compute_log_probs(batch, self._temperature))
+            times["time/old_log_probs_s"] = time.perf_counter() - tic
+        return batch
 
     def inference_weights(self) -> dict[str, torch.Tensor]:
         """HF-named CPU tensors for an in-place rollout-engine reload (hybrid weight push)."""
@@ -203,27 +236,37 @@ class TrainingUnit:
             if self._export_errors:
                 raise RuntimeError("a snapshot export failed") from self._export_errors[0]
 
-    def _rewards(self, samples: Sequence[Sample]) -> tuple[np.ndarray, Mapping[str, np.ndarray]]:
+    def _rewards(self, samples: Sequence[Sample]) -> RewardResult:
         responses = [
             self._tokenizer.decode(list(s.response_token_ids), skip_special_tokens=True) for s in samples
         ]
         labels = [self._prompts[s.prompt_id].label for s in samples]
-        result = self._reward_fn(responses, labels)
-        return result.rewards, result.per_verifier
+        return self._reward_fn(responses, labels)
 
-    def _batch(self, samples: Sequence[Sample], rewards: np.ndarray) -> TrainBatch:
-        import torch
+    def evaluate(self, prompts: Sequence[PromptRecord], settings: EvalSettings) -> dict[str, float]:
+        """``eval/*`` metrics of the CURRENT weights on held-out ``prompts`` (not trained on);
+        see ``workers/evaluator.py``. The model is put back in training mode afterwards."""
+        from mindspeed_rl.workers.evaluator import evaluate_policy
 
-        from mindspeed_rl.models.loss.advantages import group_norm_advantages
+        return evaluate_policy(self._engine.model, self._tokenizer, prompts, self._reward_fn, settings)
+
+    def _batch(self, samples: Sequence[Sample]) -> TrainBatch:
+        """The samples as a batch; advantages are zero until ``_advantages`` fills them in."""
         from mindspeed_rl.models.training.batch import TrainBatch
 
-        n = self._config.rl_config.n_samples_per_prompt
-        advantages = group_norm_advantages(torch.as_tensor(rewards, dtype=torch.float32), n).numpy()
         return TrainBatch.from_lists(
             prompt_ids=[self._prompts[s.prompt_id].token_ids for s in samples],
             response_ids=[s.response_token_ids for s in samples],
-            advantages=advantages,
+            advantages=np.zeros(len(samples), dtype=np.float32),
         )
+
+    def _advantages(self, rewards: np.ndarray) -> np.ndarray:
+        import torch
+
+        from mindspeed_rl.models.loss.advantages import group_norm_advantages
+
+        n = self._spec.n_samples_per_prompt
+        return group_norm_advantages(torch.as_tensor(rewards, dtype=torch.float32), n).numpy()
 
 
 def _simulated_step(samples: Sequence[Sample], seconds: float) -> dict[str, float]:

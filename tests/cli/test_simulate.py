@@ -16,7 +16,7 @@ profile:
   train: {per_step_seconds: 30.0}
   weight_flow: {save_seconds: 1.0, convert_seconds: 2.0, load_seconds: 3.0}
 reference: {t_gen_seconds: 40.0}
-cluster: {num_gus: 2, actors_per_gu: 2}
+cluster: {num_generation_units: 2, actors_per_gu: 2}
 workload:
   synthetic: {num_prompts: 96, num_samples_per_prompt: 2, median_tokens: 300, max_tokens: 1000}
 schedule: {b: 4, kappa: 1, k: 3, tau: 0.7, sa_iterations: 5000}

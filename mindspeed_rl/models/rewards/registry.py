@@ -3,39 +3,54 @@
 A verifier is any ``(response, label) -> float``. Names resolve eagerly when the reward function
 is built, so a typo fails at start-up with the nearest known name instead of upstream's silent
 skip. The ``demo`` verifier lives with the demo task and is imported only when requested.
+
+Bounded and unbounded verifiers: the format, maze and demo checks are linear-time string scans
+that cannot hang, and the demo one runs ~500 times an iteration in microseconds; they run in the
+calling process (sending them to a worker would cost more than running them). Math verifiers
+(sympy) and every verifier registered at run time are unbounded: they run in the worker pool
+(``pool.py``), which enforces ``verifier_timeout`` even with ``verifier_parallel == 1``.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from mindspeed_rl.models.rewards import format_verifiers, math_verifiers, maze
+from mindspeed_rl.models.rewards.config import RewardConfig
+from mindspeed_rl.models.rewards.pool import PoolScores, VerifierPool
 
 
 class Verifier(Protocol):
     def __call__(self, response: str, label: str, /) -> float: ...
 
 
-_EAGER: dict[str, Verifier] = {
-    "acc": math_verifiers.acc,
-    "base_acc": math_verifiers.base_acc,
-    "math_17k_acc": math_verifiers.math_17k_acc,
-    "math_verify_reward": math_verifiers.math_verify_reward,
-    "format": format_verifiers.format_reward,
-    "strict_format": format_verifiers.strict_format_reward,
-    "maze_integrity": maze.maze_integrity,
-    "maze_correct": maze.maze_correct,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Entry:
+    verifier: Verifier
+    bounded: bool
+    """True when the verifier provably finishes quickly (runs in-process, no timeout)."""
+
+
+_EAGER: dict[str, _Entry] = {
+    "acc": _Entry(verifier=math_verifiers.acc, bounded=False),
+    "base_acc": _Entry(verifier=math_verifiers.base_acc, bounded=False),
+    "math_17k_acc": _Entry(verifier=math_verifiers.math_17k_acc, bounded=False),
+    "math_verify_reward": _Entry(verifier=math_verifiers.math_verify_reward, bounded=False),
+    "format": _Entry(verifier=format_verifiers.format_reward, bounded=True),
+    "strict_format": _Entry(verifier=format_verifiers.strict_format_reward, bounded=True),
+    "maze_integrity": _Entry(verifier=maze.maze_integrity, bounded=True),
+    "maze_correct": _Entry(verifier=maze.maze_correct, bounded=True),
 }
-# name -> (module, attribute): imported on first use so a missing optional module only matters
-# to the configs that ask for it.
-_LAZY: dict[str, tuple[str, str]] = {
-    "demo": ("mindspeed_rl.datasets.demo_task", "demo_reward"),
+# name -> (module, attribute, bounded): imported on first use so a missing optional module only
+# matters to the configs that ask for it.
+_LAZY: dict[str, tuple[str, str, bool]] = {
+    "demo": ("mindspeed_rl.datasets.demo_task", "demo_reward", True),
 }
 
 
@@ -43,14 +58,26 @@ def known_verifiers() -> tuple[str, ...]:
     return tuple(sorted([*_EAGER, *_LAZY]))
 
 
-def get_verifier(name: str) -> Verifier:
-    """The verifier registered under ``name``; ValueError naming the nearest known name if none."""
+def register_verifier(name: str, verifier: Verifier, *, bounded: bool = False) -> None:
+    """Add a verifier under ``name``. Leave ``bounded`` False unless it cannot hang: unbounded
+    verifiers run in worker processes so ``verifier_timeout`` can stop them."""
+    if name in _EAGER or name in _LAZY:
+        raise ValueError(f"verifier {name!r} is already registered; pick another name")
+    _EAGER[name] = _Entry(verifier=verifier, bounded=bounded)
+
+
+def unregister_verifier(name: str) -> None:
+    if name not in _EAGER:
+        raise ValueError(f"verifier {name!r} was not registered with register_verifier")
+    del _EAGER[name]
+
+
+def _entry(name: str) -> _Entry:
     if name in _EAGER:
         return _EAGER[name]
     if name in _LAZY:
-        module_name, attr = _LAZY[name]
-        verifier: Verifier = getattr(importlib.import_module(module_name), attr)
-        return verifier
+        module_name, attr, bounded = _LAZY[name]
+        return _Entry(verifier=getattr(importlib.import_module(module_name), attr), bounded=bounded)
     known = known_verifiers()
     nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.0)
     hint = f" Did you mean {nearest[0]!r}?" if nearest else ""
@@ -59,21 +86,47 @@ def get_verifier(name: str) -> Verifier:
     )
 
 
-@dataclass(frozen=True, slots=True)
+def get_verifier(name: str) -> Verifier:
+    """The verifier registered under ``name``; ValueError naming the nearest known name if none."""
+    return _entry(name).verifier
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RewardResult:
     """Per-sample rewards: ``rewards`` is the weighted sum, ``per_verifier`` the raw scores."""
 
     rewards: np.ndarray
     per_verifier: Mapping[str, np.ndarray]
+    num_timed_out: int = 0
+    """Responses whose verification exceeded ``verifier_timeout``; they score 0 on every verifier."""
 
 
-@dataclass(frozen=True, slots=True)
 class RewardFunction:
-    """Weighted sum of verifiers, applied sample by sample."""
+    """Weighted sum of verifiers, applied sample by sample (see the module docstring for where).
 
-    names: tuple[str, ...]
-    weights: tuple[float, ...]
-    verifiers: tuple[Callable[[str, str], float], ...]
+    Owns the worker processes of its unbounded verifiers: ``close()`` (or ``with``) stops them;
+    garbage collection and interpreter exit do too.
+    """
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        weights: tuple[float, ...],
+        entries: tuple[_Entry, ...],
+        *,
+        parallel: int,
+        timeout: float,
+    ) -> None:
+        self.names = names
+        self.weights = weights
+        self._in_process = tuple(i for i, e in enumerate(entries) if e.bounded)
+        self._pooled = tuple(i for i, e in enumerate(entries) if not e.bounded)
+        self._entries = entries
+        self._pool = (
+            VerifierPool([entries[i].verifier for i in self._pooled], num_workers=parallel, timeout=timeout)
+            if self._pooled
+            else None
+        )
 
     def __call__(self, responses: Sequence[str], labels: Sequence[str]) -> RewardResult:
         if len(responses) != len(labels):
@@ -81,28 +134,51 @@ class RewardFunction:
                 f"got {len(responses)} responses but {len(labels)} labels; pass one label per "
                 "response (repeat each prompt's label n_samples_per_prompt times)"
             )
-        per_verifier: dict[str, np.ndarray] = {}
-        total = np.zeros(len(responses), dtype=np.float64)
-        for name, weight, verifier in zip(self.names, self.weights, self.verifiers):
-            scores = np.fromiter(
+        scores = np.zeros((len(self.names), len(responses)), dtype=np.float64)
+        for i in self._in_process:
+            verifier = self._entries[i].verifier
+            scores[i] = np.fromiter(
                 (float(verifier(r, lab)) for r, lab in zip(responses, labels)),
                 dtype=np.float64,
                 count=len(responses),
             )
-            per_verifier[name] = scores
-            total += weight * scores
-        return RewardResult(rewards=total, per_verifier=per_verifier)
+        num_timed_out = 0
+        if self._pool is not None:
+            pooled: PoolScores = self._pool.score(list(zip(responses, labels)))
+            scores[list(self._pooled)] = pooled.scores.T
+            # A response that could not be verified earns nothing, format bonuses included.
+            scores[:, pooled.timed_out] = 0.0
+            num_timed_out = int(pooled.timed_out.sum())
+        total = np.asarray(self.weights, dtype=np.float64) @ scores
+        per_verifier = {name: scores[i] for i, name in enumerate(self.names)}
+        return RewardResult(rewards=total, per_verifier=per_verifier, num_timed_out=num_timed_out)
+
+    @property
+    def max_reward(self) -> float:
+        """The reward of a response every verifier gives full marks (1.0) to."""
+        return float(sum(w for w in self.weights if w > 0))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> RewardFunction:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def build_reward_fn(verifier_function: Sequence[str], verifier_weight: Sequence[float]) -> RewardFunction:
+def build_reward_fn(reward_config: RewardConfig) -> RewardFunction:
     """Resolve upstream's ``verifier_function`` / ``verifier_weight`` lists into a RewardFunction."""
-    if isinstance(verifier_function, str):
+    names_in: Sequence[str] = reward_config.verifier_function
+    if isinstance(names_in, str):
         raise ValueError(
-            f"verifier_function must be a list of names, got the string {verifier_function!r}; "
-            f"write verifier_function: [{verifier_function!r}]"
+            f"verifier_function must be a list of names, got the string {names_in!r}; "
+            f"write verifier_function: [{names_in!r}]"
         )
-    names = tuple(verifier_function)
-    weights = tuple(float(w) for w in verifier_weight)
+    names = tuple(names_in)
+    weights = tuple(float(w) for w in reward_config.verifier_weight)
     if not names:
         raise ValueError("verifier_function is empty; name at least one verifier, e.g. ['acc']")
     if len(names) != len(weights):
@@ -116,5 +192,19 @@ def build_reward_fn(verifier_function: Sequence[str], verifier_weight: Sequence[
         )
     if not all(np.isfinite(weights)):
         raise ValueError(f"verifier_weight must be finite numbers, got {list(weights)}")
-    verifiers = tuple(get_verifier(name) for name in names)
-    return RewardFunction(names=names, weights=weights, verifiers=verifiers)
+    if reward_config.verifier_parallel < 1:
+        raise ValueError(
+            f"rl_config.verifier_parallel={reward_config.verifier_parallel}; use 1 (one worker) or more"
+        )
+    if not reward_config.verifier_timeout > 0:
+        raise ValueError(
+            f"rl_config.verifier_timeout={reward_config.verifier_timeout}; use a positive number of seconds"
+        )
+    entries = tuple(_entry(name) for name in names)
+    return RewardFunction(
+        names,
+        weights,
+        entries,
+        parallel=reward_config.verifier_parallel,
+        timeout=reward_config.verifier_timeout,
+    )

@@ -55,16 +55,42 @@ class HFEngine:
 
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1")
-        self._device = torch.device(device)
-        if num_threads is not None and self._device.type == "cpu":
+        if num_threads is not None and torch.device(device).type == "cpu":
             torch.set_num_threads(num_threads)
         # Eager attention: with left padding, fully masked pad rows stay finite (sdpa can emit NaN
         # there, which would then leak into later layers through the KV cache).
-        self._model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), attn_implementation="eager"
         )
-        torch.nn.Module.to(self._model, self._device)
-        self._model.eval()
+        torch.nn.Module.to(model, torch.device(device))
+        model.eval()
+        self._attach(model, seed=seed, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: PreTrainedModel,
+        *,
+        seed: int = 0,
+        max_num_seqs: int = 64,
+        max_model_len: int | None = None,
+    ) -> HFEngine:
+        """An engine over a model already in memory (e.g. the trainer's live policy), no copy.
+
+        The caller owns the model's state: put it in eval mode and eager attention for the call
+        (see ``__init__`` for why eager), and restore both afterwards.
+        """
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1")
+        engine = cls.__new__(cls)
+        engine._attach(model, seed=seed, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+        return engine
+
+    def _attach(
+        self, model: PreTrainedModel, *, seed: int, max_num_seqs: int, max_model_len: int | None
+    ) -> None:
+        self._model = model
+        self._device = next(model.parameters()).device
         config = self._model.config
         self._max_model_len = int(max_model_len or config.max_position_embeddings)
         self._stop_ids = _stop_token_ids(self._model)

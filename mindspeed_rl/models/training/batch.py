@@ -100,6 +100,17 @@ class TrainBatch:
             ref_log_probs=pick(self.ref_log_probs),
         )
 
+    def with_advantages(self, advantages: FloatSeq) -> TrainBatch:
+        """A copy with new advantages (they come after reference log-probs when the KL shapes
+        the reward)."""
+        return TrainBatch(
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            advantages=np.asarray(advantages, dtype=np.float32).reshape(-1),
+            old_log_probs=self.old_log_probs,
+            ref_log_probs=self.ref_log_probs,
+        )
+
     def with_log_probs(
         self, *, old: Sequence[np.ndarray] | None = None, ref: Sequence[np.ndarray] | None = None
     ) -> TrainBatch:

@@ -6,8 +6,12 @@ One ``update`` call consumes one global batch::
         order = permutation(samples) if shuffle_mini_batch else identity
         for mini in chunks(order, mini_batch_size * n):          # one optimizer step each
             for micro in chunks(sorted_by_length(mini), micro_batch_size):   # grad accumulation
-                loss(micro) / tokens(mini) -> backward
-            clip_grad_norm(clip_grad); AdamW.step()
+                loss(micro) / tokens(mini)  [or / sequences(mini)] -> backward
+            lr = schedule.lr_at(step); clip_grad_norm(clip_grad); AdamW.step()
+    kl_controller.update(mean kl, samples)          # adaptive KL: coefficient for the next update
+
+The engine carries the state that outlives one update: the optimizer step count (which drives the
+learning-rate schedule) and the KL coefficient (adaptive controller).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import torch
 
 from mindspeed_rl.models.loss.grpo import grpo_loss
+from mindspeed_rl.models.loss.kl_control import build_kl_controller
 from mindspeed_rl.models.training.batch import TrainBatch, pad_batch
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.log_probs import (
@@ -48,10 +53,12 @@ class TorchTrainingEngine:
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
-            lr=config.lr,
+            lr=config.schedule.lr_at(1),
             weight_decay=config.weight_decay,
             betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
         )
+        self.kl_controller = build_kl_controller(config.loss)
         self.num_optimizer_steps = 0
         self._num_updates = 0
 
@@ -71,6 +78,7 @@ class TorchTrainingEngine:
         rng = np.random.default_rng((self.config.seed, self._num_updates))
         self._num_updates += 1
         per_step: list[dict[str, float]] = []
+        kl_coef = self.kl_controller.value
         size = self.config.samples_per_mini_batch
         for _ in range(self.config.epochs):
             order = (
@@ -79,12 +87,26 @@ class TorchTrainingEngine:
                 else np.arange(batch.num_samples)
             )
             for start in range(0, batch.num_samples, size):
-                per_step.append(self._optimizer_step(batch.select(order[start : start + size]), temperature))
+                per_step.append(
+                    self._optimizer_step(batch.select(order[start : start + size]), temperature, kl_coef)
+                )
         assert len(per_step) == num_steps
         metrics = {k: float(np.mean([m[k] for m in per_step])) for k in STEP_METRICS}
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["num_optimizer_steps"] = float(num_steps)
+        metrics["kl_coef"] = kl_coef
+        if self.config.loss.kl_in_loss:
+            self.kl_controller.update(metrics["kl"], batch.num_samples)
         return metrics
+
+    @property
+    def kl_coef(self) -> float:
+        """The KL coefficient the next update (or KL-shaped reward) uses."""
+        return self.kl_controller.value
+
+    def observe_kl(self, kl: float, num_samples: int) -> None:
+        """Feed the controller the KL measured outside the loss (``use_kl_in_reward``)."""
+        self.kl_controller.update(kl, num_samples)
 
     def _check_update_batch(self, batch: TrainBatch) -> int:
         size = self.config.samples_per_mini_batch
@@ -99,14 +121,14 @@ class TorchTrainingEngine:
                 f"update runs {num_steps} optimizer steps, so it needs the behaviour policy's old_log_probs "
                 "(from compute_log_probs or the rollout); they may be omitted only for one mini-batch x one epoch"
             )
-        if batch.ref_log_probs is None and self.config.loss.init_kl_coef > 0:
+        if batch.ref_log_probs is None and self.config.loss.kl_in_loss:
             raise ValueError(
                 "init_kl_coef > 0 needs ref_log_probs in the batch (ReferenceModel.compute_log_probs); "
                 "or set rl_config.init_kl_coef: 0"
             )
         return num_steps
 
-    def _optimizer_step(self, mini: TrainBatch, temperature: float) -> dict[str, float]:
+    def _optimizer_step(self, mini: TrainBatch, temperature: float, kl_coef: float) -> dict[str, float]:
         cfg = self.config
         num_tokens = mini.num_response_tokens
         self.optimizer.zero_grad(set_to_none=True)
@@ -125,14 +147,19 @@ class TorchTrainingEngine:
                 mask=padded.response_mask,
                 config=cfg.loss,
                 num_tokens=num_tokens,
+                num_sequences=mini.num_samples,
                 ref_log_probs=padded.ref_log_probs,
                 entropy=entropy,
+                kl_coef=kl_coef,
             )
             terms.loss.backward()
             for name in ("loss", "pg_loss", "kl", "entropy", "clip_frac"):
                 sums[name] += float(getattr(terms, name).item())
         max_norm = cfg.clip_grad if cfg.clip_grad > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, error_if_nonfinite=True)
+        lr = cfg.schedule.lr_at(self.num_optimizer_steps + 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         self.num_optimizer_steps += 1
         sums["grad_norm"] = float(grad_norm.item())

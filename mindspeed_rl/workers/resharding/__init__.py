@@ -8,6 +8,6 @@ Modules (import them directly; this package file stays import-light):
 - ``shardio``  write one safetensors shard; read one back verified (parallel loader)
 - ``export``   SnapshotWriter: asynchronous per-rank export and publish (training side)
 - ``merge``    unfuse / rename / merge TP+EP / split for inference ranks
-- ``convert``  GUConverter: once-per-GU conversion into a converted cache
+- ``convert``  GuConverter: once-per-GU conversion into a converted cache
 - ``reload``   ReloadPolicy: deferred, validated reload of a generation actor
 """

@@ -57,7 +57,7 @@ class ConvertedWeights:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConvertResult:
-    """Outcome of `GUConverter.convert`; seconds feed the T_convert metric."""
+    """Outcome of `GuConverter.convert`; seconds feed the T_convert metric."""
 
     version: int
     converted: SnapshotInfo
@@ -119,7 +119,7 @@ def convert_snapshot(
     )
 
 
-class GUConverter:
+class GuConverter:
     """Keeps a GU's converted cache: one inference-layout snapshot per training snapshot, newest K kept."""
 
     def __init__(

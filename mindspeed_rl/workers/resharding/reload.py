@@ -124,7 +124,7 @@ class ReloadPolicy:
             if len(manifest.shards) != 1 or manifest.training_layout().world_size != 1:
                 raise SnapshotError(
                     f"snapshot v{manifest.version} has a sharded training layout; convert it for this GU "
-                    "with GUConverter and reload from the GU cache"
+                    "with GuConverter and reload from the GU cache"
                 )
             shard = manifest.shards[0]
         else:

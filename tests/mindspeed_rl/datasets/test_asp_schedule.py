@@ -163,9 +163,9 @@ def test_saved_schedule_round_trips_and_must_match_the_prompt_set(tmp_path):
         ),
         (_config(), {"lengths": 1, "drop": "p0003"}, r"no measured length for 1 of 30 prompts \('p0003'\)"),
         (_config("text_features"), {}, "text_features is trained on profiled pairs"),
-        (_config("file"), {}, "needs asp_config.predictor.path"),
+        (_config("file"), {}, "file needs predictor.path"),
         (_config("file"), {"lengths": 1}, "only oracle_noisy uses measured lengths"),
-        (_config("lm"), {}, "needs asp_config.predictor.model_path"),
+        (_config("lm"), {}, "lm needs predictor.model_path"),
         (_config("none", calibrate_loads=True), {}, "calibrate_loads needs predicted lengths"),
         (_config("none", b=31), {}, "only 30 prompts but asp_config.b=31"),
     ],
@@ -207,3 +207,46 @@ def test_lm_predictor_is_loaded_from_its_folder(tmp_path):
     _check_covers_once(run, records, b=8, kappa=2)
     assert run.predictor_quality is not None and run.predictor_quality.num_pairs == 20
     assert run.schedule.calibrated_lengths is not None
+
+
+def test_schedule_params_carry_every_scheduling_field_of_asp_config():
+    from dataclasses import fields
+
+    from asp_scheduler import ScheduleParams
+
+    names = [f.name for f in fields(ScheduleParams)]
+    assert set(names) <= {f.name for f in fields(ASPConfig)}
+    # A value unlike the default for every field, so a field left behind shows up.
+    changed = {
+        "b": 5, "kappa": 3, "k": 4, "sa_iterations": 123, "sa_constant": 0.25, "seed": 11,
+        "shuffle_groups": not ASPConfig().shuffle_groups, "calibrate_loads": True,
+        "calibration_fraction": 0.35, "dp_objective": "padded_slots", "normalize": True, "allow_small": True,
+    }  # fmt: skip
+    assert set(changed) == set(names)
+    params = replace(ASPConfig(), **changed).schedule_params()  # type: ignore[arg-type]
+    assert {n: getattr(params, n) for n in names} == changed
+    defaults = ASPConfig().schedule_params()
+    # The run's defaults are the scheduler's, except that a run shuffles whole groups.
+    assert replace(defaults, shuffle_groups=False) == ScheduleParams()
+
+
+def test_config_schedule_equals_the_explicit_build_schedule_call():
+    from asp_scheduler import ScheduleParams, build_schedule
+    from asp_scheduler.calibration import IsotonicCalibrator, profiled_indices
+    from asp_scheduler.predictors import noisy_oracle_predictions
+
+    records, lengths = _records(120)
+    cfg = _config(seed=5, shuffle_groups=True, calibrate_loads=True, calibration_fraction=0.25)
+    run = build_run_schedule(cfg, records, true_lengths=lengths)
+    truth = np.array([lengths[r.prompt_id] for r in records])
+    pred = noisy_oracle_predictions(truth, 0.64, 5).predictions
+    picked = profiled_indices(truth.size, 0.25, 5)
+    explicit = build_schedule(
+        pred,
+        ScheduleParams(b=8, kappa=2, k=3, sa_iterations=20_000, seed=5, shuffle_groups=True, calibrate_loads=True,
+                       calibration_fraction=0.25),
+        calibrated_lengths=IsotonicCalibrator.fit(pred[picked], truth[picked]).transform(pred),
+    )  # fmt: skip
+    assert run.schedule.params == explicit.params
+    assert [m.tolist() for m in run.schedule.minibatches] == [m.tolist() for m in explicit.minibatches]
+    assert np.array_equal(run.schedule.calibrated_lengths, explicit.calibrated_lengths)

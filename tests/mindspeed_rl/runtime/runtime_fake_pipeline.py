@@ -1,8 +1,8 @@
 """A tiny deterministic event-driven pipeline around ``ControlLoop``, for invariant tests.
 
-Fake GUs hold input queues and idle actors; fake actors reload to the newest snapshot between
-minibatches and "generate" for a random time; a fake trainer pops global batches and publishes a
-snapshot after every step. Faults kill an actor or a whole GU at a given time; a killed unit may
+Fake GUs run the production ``GuPolicy`` (input queue, conversion choice, reload / start / wait /
+drop); fake actors "convert", "reload" and "generate" for modeled times; a fake trainer pops
+global batches and publishes a snapshot after every step. Faults kill an actor or a whole GU at a given time; a killed unit may
 still deliver its running minibatch late (a zombie), which the runtime must drop.
 
 The harness keeps its OWN account of the queue depth and of the hysteresis rule, so the checks
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import deque
 from dataclasses import dataclass, field
 
 from runtime_fakes import complete
@@ -28,8 +27,9 @@ from mindspeed_rl.runtime import (
     RuntimeConfig,
     ScheduledMinibatch,
     SnapshotInfo,
-    StartRefusal,
+    StartDecision,
 )
+from mindspeed_rl.runtime.gu_policy import GuPolicy, Reload, Start, StartGate, Wait
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,11 +45,12 @@ class Fault:
 
 @dataclass(kw_only=True)
 class Setup:
-    num_gus: int = 2
+    num_generation_units: int = 2
     actors_per_gu: int = 2
     gen_seconds: tuple[float, float] = (1.0, 6.0)
     train_seconds: float = 1.5
     load_seconds: float = 0.2
+    convert_seconds: float = 0.3
     gu_checks_pause: bool = True
     """False makes every GU ignore the pause signal and ask anyway (the CU must refuse)."""
     faults: list[Fault] = field(default_factory=list)
@@ -61,13 +62,6 @@ class _GenDone:
     key: tuple[int, int]
     completed: CompletedMinibatch
     zombie: bool
-
-
-@dataclass
-class _Actor:
-    version: int = 0
-    busy: bool = False
-    alive: bool = True
 
 
 @dataclass(kw_only=True)
@@ -89,8 +83,10 @@ class FakePipeline:
         self.clock = FakeClock()
         self.loop = ControlLoop(config=config, schedule=schedule, clock=self.clock)
         self.rng = random.Random(setup.seed)
-        self.gu_queues: dict[int, deque[Assignment]] = {g: deque() for g in range(setup.num_gus)}
-        self.actors = {(g, a): _Actor() for g in range(setup.num_gus) for a in range(setup.actors_per_gu)}
+        self.gus = {
+            g: GuPolicy(gu_id=g, actor_ids=range(setup.actors_per_gu))
+            for g in range(setup.num_generation_units)
+        }
         self.trainer_busy = False
         self.obs = Observed()
         self._heap: list[tuple[float, int, str, object]] = []
@@ -107,7 +103,7 @@ class FakePipeline:
         self._seq += 1
 
     def run(self, max_events: int = 200_000) -> Observed:
-        for g in self.gu_queues:
+        for g in self.gus:
             self.loop.register_gu(g, num_actors=self.setup.actors_per_gu)
         self._poke()
         for _ in range(max_events):
@@ -125,7 +121,7 @@ class FakePipeline:
         assert isinstance(payload, _GenDone)
         completed = payload.completed
         if not payload.zombie:
-            self.actors[payload.key].busy = False
+            self.gus[payload.key[0]].on_generation_done(payload.key[1])
         outcome = self.loop.on_minibatch_completed(completed)
         self.obs.outcomes.append((completed.minibatch_id, outcome))
         if outcome is IngestOutcome.ACCEPTED:
@@ -141,26 +137,49 @@ class FakePipeline:
         snapshot = SnapshotInfo(version=step + 1, path=f"/snap/{step + 1}", created_at=self.clock.now())
         self.loop.on_train_step_done(step, snapshot, save_seconds=0.05)
         self.trainer_busy = False
+        for g, gu in self.gus.items():
+            gu.on_snapshot_published(snapshot)
+            self._start_conversion(g)
 
-    def _on_load_done(self, key: object) -> None:
-        assert isinstance(key, tuple)
-        actor = self.actors[key]
-        if actor.alive:
-            actor.busy = False
-            actor.version = self.loop.latest_version
-            self.loop.on_weights_loaded(key[0], key[1], actor.version, self.setup.load_seconds)
+    def _start_conversion(self, gu_id: int) -> None:
+        snapshot = self.gus[gu_id].next_conversion()
+        if snapshot is not None:
+            self._push(
+                self.clock.now() + self.setup.convert_seconds, "convert_done", (gu_id, snapshot.version)
+            )
+
+    def _on_convert_done(self, payload: object) -> None:
+        assert isinstance(payload, tuple)
+        gu_id, version = payload
+        if gu_id in self.gus:
+            self.gus[gu_id].on_converted(version, path=f"/gu{gu_id}/{version}")
+            self.loop.on_snapshot_converted(gu_id, version, self.setup.convert_seconds)
+            self._start_conversion(gu_id)
+
+    def _on_load_done(self, payload: object) -> None:
+        assert isinstance(payload, tuple)
+        g, a, version = payload
+        gu = self.gus.get(g)
+        if gu is not None and a in gu.slots:
+            gu.on_reloaded(a, version, ok=True)
+            self.loop.on_weights_loaded(g, a, version, self.setup.load_seconds)
 
     def _on_fault(self, fault: object) -> None:
         assert isinstance(fault, Fault)
-        keys = [k for k in self.actors if k[0] == fault.gu_id and (fault.actor_id in (None, k[1]))]
-        for key in keys:
-            self.actors[key].alive = False
+        gu = self.gus.get(fault.gu_id)
+        if gu is None:  # already failed (it lost its last actor)
+            return
+        keys = [(fault.gu_id, a) for a in gu.slots if fault.actor_id in (None, a)]
+        for _, a in keys:
+            gu.on_actor_died(a)
         self._zombify(keys, fault.late_delay)
         if fault.actor_id is None:
-            self.gu_queues[fault.gu_id].clear()
+            del self.gus[fault.gu_id]
             requeued = self.loop.on_gu_failed(fault.gu_id)
         else:
             requeued = self.loop.on_actor_failed(fault.gu_id, fault.actor_id)
+            if not gu.slots:  # its last actor: the CU failed the whole GU
+                del self.gus[fault.gu_id]
         for mb_id in requeued:
             self._running_samples.pop(mb_id, None)
 
@@ -183,48 +202,44 @@ class FakePipeline:
     # ---- the GUs' control processes and the trainer --------------------------------------------
     def _enqueue(self, assignments: list[Assignment]) -> None:
         for a in assignments:
-            self.gu_queues[a.gu_id].append(a)
+            self.gus[a.gu_id].add_assignments([a])
 
     def _poke(self) -> None:
         progress = True
         while progress:
             self._enqueue(self.loop.dispatch())
-            progress = any([self._feed_gu(g) for g in self.gu_queues]) or self._feed_trainer()
+            progress = any([self._feed_gu(g) for g in list(self.gus)]) or self._feed_trainer()
             self._track_hysteresis()
 
     def _feed_gu(self, gu_id: int) -> bool:
-        queue, progress = self.gu_queues[gu_id], False
-        for (g, a), actor in self.actors.items():
-            if g != gu_id or not actor.alive or actor.busy or not queue:
-                continue
-            if self.setup.gu_checks_pause and self.loop.pause_signal():
-                return progress
-            if actor.version < self.loop.latest_version:  # deferred reload, between minibatches
-                actor.busy = True
-                self._push(self.clock.now() + self.setup.load_seconds, "load_done", (g, a))
-                progress = True
-                continue
-            head = queue[0]
-            decision = self.loop.request_start(
-                head.minibatch.minibatch_id,
-                attempt=head.attempt,
-                gu_id=g,
-                actor_id=a,
-                policy_version=actor.version,
-            )
-            if decision.refusal is StartRefusal.REVOKED:
-                queue.popleft()
-                return True
-            if not decision.granted:
-                return progress
-            queue.popleft()
-            self._start(head, (g, a))
-            progress = True
+        paused = self.setup.gu_checks_pause and self.loop.pause_signal()
+        progress = False
+        for action in self.gus[gu_id].next_actions(paused=paused, request_start=self._gate(gu_id)):
+            if isinstance(action, Reload):
+                self._push(
+                    self.clock.now() + self.setup.load_seconds,
+                    "load_done",
+                    (gu_id, action.actor_id, action.version),
+                )
+            elif isinstance(action, Start):
+                self._start(action.assignment, (gu_id, action.actor_id), action.policy_version)
+            progress = progress or not isinstance(action, Wait)
         return progress
 
-    def _start(self, assignment: Assignment, key: tuple[int, int]) -> None:
-        actor, now = self.actors[key], self.clock.now()
-        actor.busy = True
+    def _gate(self, gu_id: int) -> StartGate:
+        def request_start(assignment: Assignment, *, actor_id: int, policy_version: int) -> StartDecision:
+            return self.loop.request_start(
+                assignment.minibatch.minibatch_id,
+                attempt=assignment.attempt,
+                gu_id=gu_id,
+                actor_id=actor_id,
+                policy_version=policy_version,
+            )
+
+        return request_start
+
+    def _start(self, assignment: Assignment, key: tuple[int, int], policy_version: int) -> None:
+        now = self.clock.now()
         mb_id = assignment.minibatch.minibatch_id
         self.obs.starts.append((now, mb_id, self._depth, self._paused))
         self._running_samples[mb_id] = assignment.minibatch.num_prompts * self.config.num_samples_per_prompt
@@ -232,7 +247,7 @@ class FakePipeline:
         completed = complete(
             assignment,
             actor_id=key[1],
-            policy_version=actor.version,
+            policy_version=policy_version,
             num_samples_per_prompt=self.config.num_samples_per_prompt,
             started_at=now,
             finished_at=done,

@@ -157,7 +157,7 @@ def test_late_reply_from_a_failed_attempt_on_the_same_actor_is_not_accepted() ->
     assert summary.minibatches_reissued == 3
     reasons = {e.reason for e in loop.events.of_type(MinibatchRequeued)}
     assert reasons == {"actor_failed", "gu_without_actors"}
-    assert loop.queue.depth_prompts == 2  # the minibatch counted once
+    assert loop.observe().queue_depth_samples == 2 * loop.config.num_samples_per_prompt  # counted once
     loop.check_invariants()
 
 
@@ -178,7 +178,7 @@ def test_reloads_are_checked_against_the_newest_snapshot() -> None:
     summary = loop.summary()
     assert summary.reloads_not_newest == 1
     assert summary.actors[0].num_reloads == 2
-    current = loop.timings.current()
+    current = loop.observe().timings
     assert current is not None and (current.t_convert, current.t_load, current.t_train) == (0.5, 0.25, 1.0)
 
 

@@ -39,7 +39,7 @@ def _check_run(pipe: FakePipeline, schedule: list[ScheduledMinibatch], obs: Obse
     # No minibatch started while (our own model of) the pause was on, nor above Q_max.
     assert all(not paused and depth <= config.queue_max_samples for _, _, depth, paused in obs.starts)
     assert obs.depth_violations == []
-    num_actors = pipe.setup.num_gus * pipe.setup.actors_per_gu
+    num_actors = pipe.setup.num_generation_units * pipe.setup.actors_per_gu
     biggest = max(mb.num_prompts for mb in schedule) * config.num_samples_per_prompt
     assert obs.max_depth <= config.queue_max_samples + num_actors * biggest
     summary = loop.summary()
@@ -47,14 +47,12 @@ def _check_run(pipe: FakePipeline, schedule: list[ScheduledMinibatch], obs: Obse
     assert summary.max_queue_depth_samples == obs.max_depth
     measured = max(b.step - s.policy_version for b in obs.batches for s in b.samples)
     assert summary.max_policy_lag_measured == measured
-    _check_dispatch_order(pipe)
+    _check_dispatch_order(pipe, schedule)
 
 
-def _check_dispatch_order(pipe: FakePipeline) -> None:
+def _check_dispatch_order(pipe: FakePipeline, schedule: list[ScheduledMinibatch]) -> None:
     """First issues follow the schedule; a re-queued minibatch is re-issued before new work."""
-    order = {
-        mb_id: pipe.loop.database.minibatch(mb_id).order_index for mb_id in pipe.loop.database.minibatch_ids()
-    }
+    order = {mb.minibatch_id: mb.order_index for mb in schedule}
     first_issues = [e.minibatch_id for e in pipe.loop.events.of_type(MinibatchIssued) if e.attempt == 0]
     assert [order[i] for i in first_issues] == sorted(order[i] for i in first_issues)
     waiting: set[int] = set()
@@ -87,7 +85,7 @@ def _random_case(seed: int) -> tuple[RuntimeConfig, list[ScheduledMinibatch], Se
         rng.randint(20, 50), prompts_per_minibatch=(1, largest), group_size=rng.randint(2, 5), seed=seed
     )
     setup = Setup(
-        num_gus=rng.randint(1, 3),
+        num_generation_units=rng.randint(1, 3),
         actors_per_gu=rng.randint(1, 3),
         gen_seconds=(0.5, rng.choice([2.0, 8.0])),
         train_seconds=rng.choice([0.5, 2.0, 6.0]),
@@ -108,7 +106,9 @@ def test_slow_trainer_triggers_backpressure_and_hysteresis() -> None:
     config = make_config(queue_max_samples=16, queue_resume_samples=6, max_policy_lag=None)
     schedule = make_schedule(40, seed=3)
     pipe = FakePipeline(
-        config, schedule, Setup(num_gus=2, actors_per_gu=3, gen_seconds=(0.5, 1.0), train_seconds=8)
+        config,
+        schedule,
+        Setup(num_generation_units=2, actors_per_gu=3, gen_seconds=(0.5, 1.0), train_seconds=8),
     )
     obs = pipe.run()
     _check_run(pipe, schedule, obs)
@@ -122,7 +122,9 @@ def test_tight_lag_bound_holds_when_stragglers_finish_last() -> None:
     # Very spread generation times make late arrivals from old versions common.
     config = make_config(max_policy_lag=1, queue_max_samples=40, queue_resume_samples=20)
     schedule = make_schedule(40, prompts_per_minibatch=(1, 3), seed=5)
-    pipe = FakePipeline(config, schedule, Setup(num_gus=3, actors_per_gu=3, gen_seconds=(0.2, 20.0), seed=5))
+    pipe = FakePipeline(
+        config, schedule, Setup(num_generation_units=3, actors_per_gu=3, gen_seconds=(0.2, 20.0), seed=5)
+    )
     obs = pipe.run()
     _check_run(pipe, schedule, obs)
     assert pipe.loop.summary().max_policy_lag_measured == 1
@@ -153,7 +155,11 @@ def test_actor_failure_mid_minibatch_loses_and_duplicates_nothing(late_delay: fl
 def test_gu_failure_reissues_queued_and_running_work(late_delay: float | None) -> None:
     config = make_config(gu_queue_low=2, gu_queue_high=4)
     schedule = make_schedule(36, seed=11)
-    setup = Setup(num_gus=3, gen_seconds=(2.0, 4.0), faults=[Fault(time=1.0, gu_id=1, late_delay=late_delay)])
+    setup = Setup(
+        num_generation_units=3,
+        gen_seconds=(2.0, 4.0),
+        faults=[Fault(time=1.0, gu_id=1, late_delay=late_delay)],
+    )
     pipe = FakePipeline(config, schedule, setup)
     obs = pipe.run()
     _check_run(pipe, schedule, obs)
@@ -168,7 +174,7 @@ def test_random_faults_never_lose_or_duplicate() -> None:
     for seed in range(8):
         config, schedule, setup = _random_case(100 + seed)
         rng = random.Random(seed)
-        setup.num_gus, setup.actors_per_gu = 3, 2
+        setup.num_generation_units, setup.actors_per_gu = 3, 2
         setup.faults = [
             Fault(
                 time=rng.uniform(1, 10),

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from asp_scheduler import ScheduleParams
 from mindspeed_rl.runtime.events import Event, EventLog, GlobalBatchPopped, MinibatchReceived, TrainStepDone
-from mindspeed_rl.sim.conditions import ScheduleSettings
 from mindspeed_rl.sim.replay import build_replay_plans, forced_lengths, read_events, synthetic_prompts
 from mindspeed_rl.sim.table4b import table4b_row
 from mindspeed_rl.sim.workload import Workload
@@ -37,10 +37,11 @@ def test_synthetic_prompts_fit_vocab_and_differ() -> None:
 
 
 def test_plans_share_prompts_and_lengths_but_not_order() -> None:
-    settings = ScheduleSettings(b=2, kappa=0, k=2, tau=0.6, sa_iterations=500, seed=0)
+    settings = ScheduleParams(b=2, kappa=0, k=2, sa_iterations=500, seed=0)
     plans = build_replay_plans(
-        workload(), settings, ["C0", "C1"], step_seconds=0.5, length_limit=100, prompt_tokens=3, vocab_size=50
-    )
+        workload(), settings, ["C0", "C1"], tau=0.6, step_seconds=0.5, length_limit=100, prompt_tokens=3,
+        vocab_size=50,
+    )  # fmt: skip
     c0, c1 = plans.plans["C0"], plans.plans["C1"]
     assert c0.prompts == c1.prompts and c0.forced_lengths == c1.forced_lengths
     assert c0.total_response_tokens == int(workload().lengths.sum())
@@ -48,7 +49,14 @@ def test_plans_share_prompts_and_lengths_but_not_order() -> None:
     assert sorted(order[0]) == sorted(order[1]) == sorted(workload().prompt_ids)
     with pytest.raises(ValueError, match="step_seconds"):
         build_replay_plans(
-            workload(), settings, ["C0"], step_seconds=-1, length_limit=9, prompt_tokens=3, vocab_size=50
+            workload(),
+            settings,
+            ["C0"],
+            tau=0.6,
+            step_seconds=-1,
+            length_limit=9,
+            prompt_tokens=3,
+            vocab_size=50,
         )
 
 

@@ -61,8 +61,8 @@ def test_shipped_preset_loads_and_reproduces_eq4_and_duty_cycle() -> None:
 
 def test_preset_typos_are_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text(PRESET.read_text().replace("num_gus:", "num_gu:"))
-    with pytest.raises(ValueError, match="num_gu"):
+    bad.write_text(PRESET.read_text().replace("num_generation_units:", "num_generation_unit:"))
+    with pytest.raises(ValueError, match="num_generation_unit"):
         SimPreset.from_yaml(bad)
 
 

@@ -33,7 +33,7 @@ def test_paper_breakdown_gives_eleven_actors_on_32_devices() -> None:
     # r = 4 / (763.3 + 73.9) prompts/s per actor; C = 16 / 287.6; C / r = 11.64 -> 11 actors.
     plan = recommend(_paper_inputs(32))
     r, c = 4 / 837.2, 16 / 287.6
-    assert plan.num_actors == 11 and plan.num_gus == 3 and plan.idle_devices == 32 - 8 - 22
+    assert plan.num_actors == 11 and plan.num_generation_units == 3 and plan.idle_devices == 32 - 8 - 22
     assert plan.rollout_to_consumption == pytest.approx(11 * r / c)
     assert plan.iteration_seconds == pytest.approx(16 / (11 * r))  # 304.4 s
     assert plan.bottleneck == "generation" and plan.mild

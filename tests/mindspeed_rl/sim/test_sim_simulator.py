@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from asp_scheduler import ScheduleParams
+from asp_scheduler.schedule import ordered_schedule
+from mindspeed_rl.datasets.asp_schedule import scheduled_minibatches
 from mindspeed_rl.runtime import RuntimeConfig
 from mindspeed_rl.runtime.events import GlobalBatchPopped, WeightsLoaded
-from mindspeed_rl.sim.conditions import ScheduleSettings, build_condition_schedules, to_scheduled
+from mindspeed_rl.sim.conditions import build_condition_schedules
 from mindspeed_rl.sim.simulator import ClusterShape, Simulator
 from mindspeed_rl.sim.timing import DecodeModel, TimingProfile, TrainModel, WeightFlowModel
 from mindspeed_rl.sim.workload import SyntheticWorkload, Workload
@@ -31,7 +34,13 @@ def test_one_actor_fixed_times_gives_hand_computed_iterations() -> None:
     workload = Workload(
         prompt_ids=("a", "b", "c", "d"), lengths=np.array([[10], [20], [30], [40]]), source="t"
     )
-    schedule = to_scheduled([np.array([i]) for i in range(4)], workload, np.ones(4), k=1)
+    one_each = ordered_schedule(
+        np.ones(4),
+        [np.array([i]) for i in range(4)],
+        ScheduleParams(b=1, kappa=0, k=1),
+        item_ids=workload.prompt_ids,
+    )
+    schedule = scheduled_minibatches(one_each)
     runtime = RuntimeConfig(
         num_prompts_per_global_batch=1,
         num_samples_per_prompt=1,
@@ -41,7 +50,7 @@ def test_one_actor_fixed_times_gives_hand_computed_iterations() -> None:
     )
     sim = Simulator(
         runtime=runtime,
-        cluster=ClusterShape(num_gus=1, actors_per_gu=1),
+        cluster=ClusterShape(num_generation_units=1, actors_per_gu=1),
         profile=_profile(),
         workload=workload,
         schedule=schedule,
@@ -62,7 +71,7 @@ def test_one_actor_fixed_times_gives_hand_computed_iterations() -> None:
 def _random_run(seed: int, *, max_policy_lag: int | None = 2) -> Simulator:
     workload = SyntheticWorkload(num_prompts=96, num_samples_per_prompt=2, median_tokens=60).draw(0)
     built = build_condition_schedules(
-        workload, ScheduleSettings(b=4, kappa=1, k=3, tau=0.7, sa_iterations=2000)
+        workload, ScheduleParams(b=4, kappa=1, k=3, sa_iterations=2000), tau=0.7
     )
     runtime = RuntimeConfig(
         num_prompts_per_global_batch=8,
@@ -75,7 +84,7 @@ def _random_run(seed: int, *, max_policy_lag: int | None = 2) -> Simulator:
     )
     return Simulator(
         runtime=runtime,
-        cluster=ClusterShape(num_gus=2, actors_per_gu=3),
+        cluster=ClusterShape(num_generation_units=2, actors_per_gu=3),
         profile=_profile(per_step=0.2, train=6.0, noise_cv=0.2),
         workload=workload,
         schedule=built.schedules["C4"],
@@ -113,8 +122,12 @@ def test_sample_count_mismatch_is_rejected() -> None:
     with pytest.raises(ValueError, match="samples per prompt"):
         Simulator(
             runtime=runtime,
-            cluster=ClusterShape(num_gus=1, actors_per_gu=1),
+            cluster=ClusterShape(num_generation_units=1, actors_per_gu=1),
             profile=_profile(),
             workload=workload,
-            schedule=to_scheduled([np.array([0])], workload, np.ones(1), k=1),
+            schedule=scheduled_minibatches(
+                ordered_schedule(
+                    np.ones(1), [np.array([0])], ScheduleParams(b=1, k=1), item_ids=workload.prompt_ids
+                )
+            ),
         )

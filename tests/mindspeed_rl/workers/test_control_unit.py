@@ -17,7 +17,7 @@ from mindspeed_rl.runtime.records import (
     SnapshotInfo,
     StartRefusal,
 )
-from mindspeed_rl.workers.control_unit import ControlUnit
+from mindspeed_rl.workers.control_unit import ControlUnit, GuPoll
 
 N = 2  # samples per prompt
 
@@ -271,3 +271,49 @@ def test_unknown_gu_assignment_is_an_internal_error() -> None:
     cu = make_cu()
     with pytest.raises(ValueError, match="at least one actor"):
         cu.register_gu(0, 0)
+
+
+def _poll_in_thread(cu: ControlUnit, gu_id: int, seen: int) -> tuple[threading.Thread, list[object]]:
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(cu.poll(gu_id, seen, wait_s=30.0)))
+    waiter.start()
+    return waiter, got
+
+
+def test_long_poll_waits_for_news_and_returns_when_the_pause_flips() -> None:
+    cu = make_cu(num_minibatches=8, queue_max_samples=8, queue_resume_samples=6)
+    cu.register_gu(0, 4)
+    cu.register_gu(1, 1)
+    cu.start()
+    first = cu.poll(1)
+    started = time.monotonic()
+    quiet = cu.poll(1, first.news, wait_s=0.05)  # nothing changed: returns at the timeout
+    assert time.monotonic() - started >= 0.05 and quiet.news == first.news and not quiet.assignments
+    waiter, got = _poll_in_thread(cu, 1, first.news)
+    waiter.join(timeout=0.2)
+    assert waiter.is_alive()  # no news yet: still waiting, and not holding the lock:
+    _complete_on_actors(cu, 3)  # GU 0's completions go through and pause the pipeline
+    waiter.join(timeout=10.0)
+    assert not waiter.is_alive()
+    answer = got[0]
+    assert isinstance(answer, GuPoll) and answer.paused and answer.news > first.news
+
+
+def test_news_for_one_gu_does_not_wake_the_other() -> None:
+    cu = make_cu(num_minibatches=8)
+    cu.register_gu(0, 1)
+    cu.register_gu(1, 1)
+    cu.start()
+    polls = {g: cu.poll(g) for g in (0, 1)}
+    waiter = threading.Thread(target=lambda: cu.poll(1, polls[1].news, wait_s=0.6))
+    waiter.start()
+    head = polls[0].assignments[0]
+    assert cu.request_start(
+        head.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=0, policy_version=0
+    ).granted
+    cu.on_minibatch_completed(completed(head.minibatch, gu=0, actor=0))
+    refill = cu.poll(0, polls[0].news, wait_s=0.0)
+    assert refill.news > polls[0].news and refill.assignments  # GU 0's queue was refilled
+    waiter.join(timeout=0.3)
+    assert waiter.is_alive()  # GU 1's view did not change: it keeps waiting
+    waiter.join(timeout=10.0)

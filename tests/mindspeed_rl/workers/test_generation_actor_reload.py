@@ -19,7 +19,7 @@ from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
 from mindspeed_rl.runtime.records import ScheduledMinibatch
 from mindspeed_rl.workers.generation_actor import GenerationActor
-from mindspeed_rl.workers.resharding.convert import GUConverter
+from mindspeed_rl.workers.resharding.convert import GuConverter
 from mindspeed_rl.workers.resharding.export import SnapshotWriter
 from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
 from mindspeed_rl.workers.resharding.manifest import MANIFEST_NAME
@@ -58,7 +58,7 @@ def _converted_snapshot(root: Path, version: int, weights: dict[str, torch.Tenso
     result = writer.export(version, weights.items(), TrainingLayout()).result()
     writer.close()
     assert result.published is not None
-    converter = GUConverter(root / "gu0", InferenceLayout(), keep_last=10, num_threads=1)
+    converter = GuConverter(root / "gu0", InferenceLayout(), keep_last=10, num_threads=1)
     return converter.convert(result.published).converted.path
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mindspeed_rl.workers.resharding.convert import GUConverter, convert_snapshot
+from mindspeed_rl.workers.resharding.convert import GuConverter, convert_snapshot
 from mindspeed_rl.workers.resharding.export import SnapshotWriter
 from mindspeed_rl.workers.resharding.layout import (
     InferenceLayout,
@@ -68,7 +68,7 @@ def test_tp2_column_and_row_parallel_merge_to_the_original(tmp_path, tiny_model)
 def test_split_for_inference_tp2_gives_expected_slices(tmp_path, tiny_model):
     info = _export_all_ranks(tmp_path / "export", TP2, [_tp_slice(TP2, tiny_model, r) for r in range(2)])
     layout = InferenceLayout(tp_size=2, rules=hf_dense_rules())
-    converter = GUConverter(tmp_path / "gu", layout)
+    converter = GuConverter(tmp_path / "gu", layout)
     converted = converter.convert(info).converted
 
     for rank in range(2):

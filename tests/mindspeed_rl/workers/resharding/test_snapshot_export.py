@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mindspeed_rl.workers.resharding import export as export_module
-from mindspeed_rl.workers.resharding.convert import GUConverter
+from mindspeed_rl.workers.resharding.convert import GuConverter
 from mindspeed_rl.workers.resharding.export import SnapshotWriter
 from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout, hf_dense_rules
 from mindspeed_rl.workers.resharding.manifest import SnapshotInfo, SnapshotManifest
@@ -43,7 +43,7 @@ def test_round_trip_export_convert_reload_is_bit_exact(tmp_path, tiny_model):
     assert result.num_tensors == len(tiny_model)
     assert result.published is not None
 
-    converter = GUConverter(tmp_path / "gu0", InferenceLayout())
+    converter = GuConverter(tmp_path / "gu0", InferenceLayout())
     converted = converter.convert(result.published)
     assert not converted.reused and converted.converted.version == 1
     assert converter.convert(result.published).reused  # once per GU per snapshot

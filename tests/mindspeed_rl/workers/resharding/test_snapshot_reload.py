@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mindspeed_rl.workers.resharding.convert import GUConverter
+from mindspeed_rl.workers.resharding.convert import GuConverter
 from mindspeed_rl.workers.resharding.export import SnapshotWriter
 from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
 from mindspeed_rl.workers.resharding.manifest import MANIFEST_NAME, SnapshotError, SnapshotInfo
@@ -150,7 +150,7 @@ def test_reload_refused_while_generating(tmp_path, model_factory):
 
 def test_converter_rejects_damaged_snapshot_and_keeps_cache(tmp_path, model_factory, caplog):
     _publish(tmp_path / "export", [1, 2], model_factory)
-    converter = GUConverter(tmp_path / "gu", InferenceLayout())
+    converter = GuConverter(tmp_path / "gu", InferenceLayout())
     converter.convert(SnapshotInfo(version=1, path=tmp_path / "export" / "v1"))
     _truncate(tmp_path / "export" / "v2")
     with caplog.at_level(logging.ERROR), pytest.raises(SnapshotError, match="truncated"):
@@ -167,4 +167,4 @@ def test_sharded_training_snapshot_must_be_converted_first(tmp_path, model_facto
         writer.export(1, model_factory(1).items(), layout, rank=rank)
     writer.close()
     result = ReloadPolicy(0).maybe_reload(latest_published(tmp_path), FakeEngine({}).load)
-    assert result.status == "rejected" and result.reason is not None and "GUConverter" in result.reason
+    assert result.status == "rejected" and result.reason is not None and "GuConverter" in result.reason

@@ -1,4 +1,4 @@
-"""Per-step observability of the async pipeline, computed from the ControlLoop's records.
+"""Per-step observability of the async pipeline, from the ControlLoop's read-out and event log.
 
 One digest per trainer step, covering everything that happened since the previous digest:
 Training Queue depth at arrivals, time paused by backpressure, per-GU / per-actor minibatch
@@ -13,12 +13,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from mindspeed_rl.runtime import events as ev
-from mindspeed_rl.runtime.controller import ControlLoop
+from mindspeed_rl.runtime.observation import LoopObservation
 
 
 @dataclass(slots=True)
 class MetricsCursor:
-    """How far the previous digest read (indices into the loop's append-only logs)."""
+    """How far the previous digest read (indices into the loop's append-only logs).
+
+    Pass ``num_arrivals`` / ``num_lag_steps`` to ``ControlLoop.observe`` as the ``*_since``
+    offsets, so the observation carries only the window's arrivals and lag steps."""
 
     num_events: int = 0
     num_arrivals: int = 0
@@ -32,11 +35,17 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def step_metrics(loop: ControlLoop, cursor: MetricsCursor) -> dict[str, float]:
-    new_events = loop.events.since(cursor.num_events)
-    arrivals = loop.queue.arrivals[cursor.num_arrivals :]
-    lags = loop.lag.steps[cursor.num_lag_steps :]
-    paused = loop.backpressure.seconds_paused
+def step_metrics(seen: LoopObservation, events: ev.EventLog, cursor: MetricsCursor) -> dict[str, float]:
+    """The digest since ``cursor`` (advanced); ``seen`` observed with the cursor's offsets."""
+    if seen.num_arrivals - len(seen.arrivals) != cursor.num_arrivals or (
+        seen.num_lag_steps - len(seen.lag_steps) != cursor.num_lag_steps
+    ):
+        raise ValueError(
+            "observation does not start at the cursor: call ControlLoop.observe("
+            "arrivals_since=cursor.num_arrivals, lag_steps_since=cursor.num_lag_steps)."
+        )
+    new_events = events.since(cursor.num_events)
+    arrivals, lags = seen.arrivals, seen.lag_steps
     out: dict[str, float | None] = {
         "queue/depth_samples_mean": _mean([float(a.depth_samples_after) for a in arrivals]),
         # Only arrivals raise the depth, so the window's peak is its starting depth or a depth
@@ -45,23 +54,23 @@ def step_metrics(loop: ControlLoop, cursor: MetricsCursor) -> dict[str, float]:
         "queue/depth_samples_max": float(
             max([cursor.depth_samples, *(a.depth_samples_after for a in arrivals)])
         ),
-        "queue/depth_samples_now": float(loop.queue.depth_samples),
+        "queue/depth_samples_now": float(seen.queue_depth_samples),
         "queue/arrivals": float(len(arrivals)),
-        "backpressure/seconds_paused": paused - cursor.seconds_paused,
-        "backpressure/paused": float(loop.backpressure.paused),
+        "backpressure/seconds_paused": seen.seconds_paused - cursor.seconds_paused,
+        "backpressure/paused": float(seen.paused),
         "lag/d_off_mean": _mean([s.d_off_mean for s in lags]),
         "lag/d_off_max": max((float(s.d_off_max) for s in lags), default=None),
         "lag/d_off_eq4": _mean([s.d_off_estimate_mean for s in lags if s.d_off_estimate_mean is not None]),
-        "lag/policy_version": float(loop.latest_version),
+        "lag/policy_version": float(seen.latest_version),
     }
     out.update(_generation(new_events))
     out.update(_weight_flow(new_events))
-    out.update(_duty_cycles(loop))
+    out.update(_duty_cycles(seen))
     cursor.num_events += len(new_events)
-    cursor.num_arrivals += len(arrivals)
-    cursor.num_lag_steps += len(lags)
-    cursor.seconds_paused = paused
-    cursor.depth_samples = loop.queue.depth_samples
+    cursor.num_arrivals = seen.num_arrivals
+    cursor.num_lag_steps = seen.num_lag_steps
+    cursor.seconds_paused = seen.seconds_paused
+    cursor.depth_samples = seen.queue_depth_samples
     # MetricsWriter accepts numbers only; a metric with nothing to report this step is omitted.
     return {k: v for k, v in out.items() if v is not None}
 
@@ -105,18 +114,16 @@ def _weight_flow(events: list[ev.Event]) -> dict[str, float | None]:
     }
 
 
-def _duty_cycles(loop: ControlLoop) -> dict[str, float]:
-    now = loop.clock.now()
+def _duty_cycles(seen: LoopObservation) -> dict[str, float]:
     out: dict[str, float] = {}
     cycles: list[float] = []
     busy: list[float] = []
-    for (g, a), activity in sorted(loop.activity.actors.items()):
-        if activity.duty_cycle is not None:
-            out[f"duty_cycle/actor{g}_{a}"] = activity.duty_cycle
-            cycles.append(activity.duty_cycle)
-        fraction = activity.busy_fraction(now)
-        if fraction is not None:
-            busy.append(fraction)
+    for actor in seen.actors:
+        if actor.duty_cycle is not None:
+            out[f"duty_cycle/actor{actor.gu_id}_{actor.actor_id}"] = actor.duty_cycle
+            cycles.append(actor.duty_cycle)
+        if actor.busy_fraction is not None:
+            busy.append(actor.busy_fraction)
     if cycles:
         out["duty_cycle_mean"] = sum(cycles) / len(cycles)
     if busy:

@@ -1,0 +1,297 @@
+"""The one mapping from the typed ``GRPOConfig`` to the narrow configs a run hands its parts.
+
+    GRPOConfig ──build_run_plan──► RunPlan
+                                    ├─ model       (policy folder, build-if-missing architecture)
+                                    ├─ data        (prompt source, template, batch draw)
+                                    ├─ trainer     TrainerSpec  ─► TrainingUnit
+                                    ├─ rollout     RolloutSpec  ─► GenerationActor
+                                    ├─ runtime / schedule / predictor   (async only)
+                                    ├─ logging, evaluation, checkpoint
+                                    └─ resources   (requests; ``check_fits`` against a cluster)
+
+``cli/check_config.py`` and both trainers call ``build_run_plan``, so every error the run would
+raise from its configuration (layouts, lag/minibatch fit, unsupported keys) is raised by the
+check too, before any model, data or scheduling work. Every schema field is either read here or
+declared inert (``fields.opt(inert=...)``); ``tests/.../test_run_plan_coverage.py`` enforces it.
+
+Torch-free: it builds plain dataclasses only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
+
+from mindspeed_rl.config_cls.grpo_config import InertKey
+from mindspeed_rl.config_cls.resources import ActorResources
+from mindspeed_rl.models.rewards.config import RewardConfig
+from mindspeed_rl.models.rollout.base import SamplingConfig
+from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+from mindspeed_rl.runtime.config import RuntimeConfig
+from mindspeed_rl.trainer import run_plan_parts as parts
+from mindspeed_rl.trainer.eval_config import EvalConfig
+from mindspeed_rl.utils.logging_config import LoggingConfig
+
+if TYPE_CHECKING:
+    from asp_scheduler.params import ScheduleParams
+    from mindspeed_rl.config_cls import ASPConfig, GRPOConfig
+
+OldLogProbs = Literal["rollout", "recompute", "current"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    path: str
+    """HF folder of tokenizer + weights (``tokenizer_name_or_path``)."""
+    initial_weights: str | None
+    """``load`` with ``finetune: true``: the HF folder the policy and reference start from."""
+    build_if_missing: bool
+    name: str
+    build_arch: Mapping[str, Any]
+    """Architecture (+ init std) for ``create_tiny_model``; read only when the folder is absent."""
+    build_seed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSpec:
+    data_path: str
+    prompt_type: str
+    map_keys: Mapping[str, str] | None
+    max_prompt_length: int
+    split: str
+    shuffle: bool
+    seed: int
+    global_batch_prompts: int
+    train_iters: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerSpec:
+    """What the Training Unit needs; nothing else of the config reaches it."""
+
+    engine: TorchEngineConfig
+    reward: RewardConfig
+    reference_micro_batch_size: int | None
+    """None: no KL anywhere, so no reference model is loaded."""
+    temperature: float
+    """Sampling temperature: log-probs are of the temperature-scaled distribution."""
+    n_samples_per_prompt: int
+    adv_estimator: Literal["group_norm"]
+    old_log_probs: OldLogProbs
+    """Which log-probs the ratio is taken against (see TrainingUnit)."""
+    num_cpus: float
+    """The worker's CPU request; sets its torch threads."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutSpec:
+    """What a generation actor needs."""
+
+    backend: Literal["vllm", "hf"]
+    engine_keys: Mapping[str, Any]
+    """``generate_config`` engine keys, in upstream names (``rollout.factory`` maps them)."""
+    sampling: SamplingConfig
+    n_samples_per_prompt: int
+    num_cpus: float
+    seed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointSpec:
+    save_interval: int | None
+    """Iterations between HF checkpoints; None = only the final model."""
+    save_dir: str | None
+    """Folder of the periodic HF checkpoints (``save``); None = <run dir>/checkpoints."""
+
+    def is_save_iteration(self, iteration: int) -> bool:
+        """True after every ``save_interval``-th iteration (0-based ``iteration``)."""
+        return bool(self.save_interval) and (iteration + 1) % (self.save_interval or 1) == 0
+
+    def folder(self, run_dir: Path, iteration: int) -> Path:
+        """Upstream's naming, ``<save>/iter_0000100`` after the 100th iteration."""
+        root = Path(self.save_dir) if self.save_dir else run_dir / "checkpoints"
+        return root / f"iter_{iteration + 1:07d}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResourceRequest:
+    name: str
+    resources: ActorResources
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunPlan:
+    pipeline: Literal["hybrid", "async"]
+    run_dir: str
+    model: ModelSpec
+    data: DataSpec
+    trainer: TrainerSpec
+    rollout: RolloutSpec
+    logging: LoggingConfig
+    evaluation: EvalConfig
+    checkpoint: CheckpointSpec
+    resources: tuple[ResourceRequest, ...]
+    runtime_env_path: str | None
+    warmup: parts.WarmupSpec | None
+    runtime: RuntimeConfig | None = None
+    """Async only."""
+    schedule: ScheduleParams | None = None
+    """Async only."""
+    asp: ASPConfig | None = None
+    """Async only: the scheduler section, every field of it read (see ``parts.asp_section``)."""
+    async_spec: parts.AsyncSpec | None = None
+    """Async only."""
+    inert_keys: tuple[InertKey, ...] = ()
+    """Keys the user set that have no effect in this plan (loader's list + plan-level ones)."""
+
+    def check_fits(self, available: Mapping[str, float]) -> None:
+        """Placement checks against a cluster's ``available`` resources: the backend's layout
+        (torch backend: full-replica generation actors) and, with the arithmetic, that every actor
+        can be placed (Ray would otherwise queue the excess forever)."""
+        from mindspeed_rl.utils.ray_setup import check_requests_fit
+
+        if self.async_spec is not None:
+            parts.check_torch_backend_layout(self.async_spec)
+        check_requests_fit([(r.name, r.resources, r.count) for r in self.resources], available)
+
+
+def build_run_plan(config: GRPOConfig) -> RunPlan:
+    """Every narrow config of the run; raises ``ValueError`` naming the key for anything refused."""
+    parts.refuse_unsupported(config)
+    is_async = config.rl_config.pipeline == "async"
+    trainer = trainer_spec(config)
+    plan = RunPlan(
+        pipeline=config.rl_config.pipeline,
+        run_dir=config.run_dir,
+        model=model_spec(config),
+        data=data_spec(config),
+        trainer=trainer,
+        rollout=rollout_spec(config),
+        logging=parts.logging_config(config),
+        evaluation=parts.eval_config(config),
+        checkpoint=CheckpointSpec(
+            save_interval=config.actor_config.training.save_interval,
+            save_dir=config.actor_config.training.save,
+        ),
+        resources=resource_requests(config),
+        runtime_env_path=config.rl_config.runtime_env_path,
+        warmup=parts.warmup_spec(config),
+        inert_keys=parts.plan_inert_keys(config, trainer.engine),
+    )
+    if not is_async:
+        return plan
+    return parts.with_async(plan, config, runtime_config(config))
+
+
+def runtime_config(config: GRPOConfig) -> RuntimeConfig:
+    """The Control Unit's settings; its own checks are THE queue/lag rules (validate.py defers here)."""
+    a = config.async_config
+    return RuntimeConfig(
+        num_prompts_per_global_batch=config.global_batch_prompts,
+        num_samples_per_prompt=config.rl_config.n_samples_per_prompt,
+        queue_max_samples=a.queue_max_samples,
+        queue_resume_samples=a.queue_resume_samples,
+        gu_queue_low=a.gu_queue_low,
+        gu_queue_high=a.gu_queue_high,
+        max_policy_lag=a.max_policy_lag,
+        snapshot_interval=a.snapshot_interval,
+    )
+
+
+def model_spec(config: GRPOConfig) -> ModelSpec:
+    t = config.actor_config.training
+    path = config.megatron_training.training.tokenizer_name_or_path
+    if not path:
+        raise ValueError(
+            "megatron_training.tokenizer_name_or_path is not set; point it at an HF model folder"
+        )
+    build = config.rl_config.build_model_if_missing
+    return ModelSpec(
+        path=path,
+        initial_weights=parts.initial_weights(config),
+        build_if_missing=build,
+        name=config.model_name or (t.model or ""),
+        build_arch=parts.build_arch(config) if build else MappingProxyType({}),
+        build_seed=config.megatron_training.training.seed,
+    )
+
+
+def data_spec(config: GRPOConfig) -> DataSpec:
+    t = config.megatron_training.training
+    if not t.data_path:
+        raise ValueError(
+            "megatron_training.data_path is not set; point it at JSONL/Parquet prompts or builtin:demo"
+        )
+    return DataSpec(
+        data_path=t.data_path,
+        prompt_type=t.prompt_type or "empty",
+        map_keys=t.map_keys,
+        max_prompt_length=config.rl_config.max_prompt_length,
+        split=t.split,
+        shuffle=not t.no_shuffle,
+        seed=t.seed,
+        global_batch_prompts=config.global_batch_prompts,
+        train_iters=t.train_iters,
+    )
+
+
+def trainer_spec(config: GRPOConfig) -> TrainerSpec:
+    rl = config.rl_config
+    engine = parts.engine_config(config)
+    steps = config.global_batch_prompts // config.mini_batch_prompts * rl.epochs
+    old: OldLogProbs = "rollout" if rl.pipeline == "async" else ("recompute" if steps > 1 else "current")
+    resources = config.async_config.trainer_resources if rl.pipeline == "async" else rl.actor_resource
+    return TrainerSpec(
+        engine=engine,
+        reward=RewardConfig(
+            verifier_function=rl.verifier_function,
+            verifier_weight=rl.verifier_weight,
+            verifier_parallel=rl.verifier_parallel,
+            verifier_timeout=rl.verifier_timeout,
+        ),
+        reference_micro_batch_size=rl.ref_forward_micro_batch_size if engine.loss.needs_reference else None,
+        temperature=config.generate_config.sampling_config.temperature,
+        n_samples_per_prompt=rl.n_samples_per_prompt,
+        adv_estimator=rl.adv_estimator,
+        old_log_probs=old,
+        num_cpus=resources.num_cpus,
+    )
+
+
+def rollout_spec(config: GRPOConfig) -> RolloutSpec:
+    rl = config.rl_config
+    resources = config.async_config.actor_resources if rl.pipeline == "async" else rl.actor_resource
+    return RolloutSpec(
+        backend=rl.rollout_backend,
+        engine_keys=parts.engine_keys(config),
+        sampling=parts.sampling(config),
+        n_samples_per_prompt=rl.n_samples_per_prompt,
+        num_cpus=resources.num_cpus,
+        seed=config.megatron_training.training.seed,
+    )
+
+
+def resource_requests(config: GRPOConfig) -> tuple[ResourceRequest, ...]:
+    """Hybrid: the TU and one generation actor, each with ``rl_config.actor_resource``."""
+    rl = config.rl_config
+    if rl.pipeline == "hybrid":
+        actor = parts.resources(rl.actor_resource)
+        return (
+            ResourceRequest(name="training unit", resources=actor, count=1),
+            ResourceRequest(name="generation actor", resources=actor, count=1),
+        )
+    a = config.async_config
+    control = parts.resources(a.control_resources)
+    num_actors = a.num_generation_units * a.actors_per_unit
+    return (
+        ResourceRequest(name="control unit", resources=control, count=1),
+        ResourceRequest(name="generation unit", resources=control, count=a.num_generation_units),
+        ResourceRequest(
+            name="generation actor", resources=parts.resources(a.actor_resources), count=num_actors
+        ),
+        ResourceRequest(name="training unit", resources=parts.resources(a.trainer_resources), count=1),
+    )

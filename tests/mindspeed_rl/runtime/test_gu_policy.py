@@ -1,0 +1,206 @@
+"""The Generation Unit policy on its own: every rule, with a scripted start gate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from runtime_fakes import make_schedule
+
+from mindspeed_rl.runtime import Assignment, SnapshotInfo, StartDecision, StartRefusal
+from mindspeed_rl.runtime.gu_policy import Drop, GuPolicy, Reload, Start, Wait, WaitReason
+
+
+def _assignments(n: int) -> list[Assignment]:
+    return [Assignment(minibatch=mb, gu_id=0, attempt=0, issued_at=0.0) for mb in make_schedule(n)]
+
+
+def _snapshot(version: int) -> SnapshotInfo:
+    return SnapshotInfo(version=version, path=f"/train/v{version}", created_at=float(version))
+
+
+class Gate:
+    """Answers ``request_start`` from a rule and records every question."""
+
+    def __init__(self, rule: Callable[[int, int], StartRefusal | None] = lambda mb, v: None) -> None:
+        self.rule = rule
+        self.asked: list[tuple[int, int, int]] = []  # (minibatch id, actor, version)
+
+    def __call__(self, assignment: Assignment, *, actor_id: int, policy_version: int) -> StartDecision:
+        self.asked.append((assignment.minibatch.minibatch_id, actor_id, policy_version))
+        refusal = self.rule(assignment.minibatch.minibatch_id, policy_version)
+        return StartDecision(granted=refusal is None, refusal=refusal)
+
+
+def _converted(policy: GuPolicy, version: int) -> None:
+    policy.on_snapshot_published(_snapshot(version))
+    target = policy.next_conversion()
+    assert target is not None and target.version == version
+    policy.on_converted(version, path=f"/gu/v{version}")
+
+
+def test_idle_actors_start_the_queue_head_with_the_version_they_hold() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0, 1, 2])
+    policy.add_assignments(_assignments(2))
+    gate = Gate()
+    actions = policy.next_actions(paused=False, request_start=gate)
+    assert [type(a) for a in actions] == [Start, Start, Wait]
+    assert gate.asked == [(0, 0, 0), (1, 1, 0)]
+    assert actions[2] == Wait(actor_id=2, reason=WaitReason.EMPTY_QUEUE)
+    assert policy.busy_actor_ids() == [0, 1] and not policy.queue
+    # Busy actors are not asked about again.
+    assert policy.next_actions(paused=False, request_start=gate) == [
+        Wait(actor_id=2, reason=WaitReason.EMPTY_QUEUE)
+    ]
+    assert policy.on_generation_done(0).minibatch.minibatch_id == 0
+    assert policy.slots[0].idle
+
+
+def test_pause_stops_every_idle_actor_without_asking_the_cu() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0, 1])
+    policy.add_assignments(_assignments(3))
+    _converted(policy, 1)
+    gate = Gate()
+    actions = policy.next_actions(paused=True, request_start=gate)
+    assert actions == [Wait(actor_id=0, reason=WaitReason.PAUSED), Wait(actor_id=1, reason=WaitReason.PAUSED)]
+    assert gate.asked == []  # and no reload while paused: it would be one per snapshot of the pause
+
+
+@pytest.mark.parametrize("refusal", [StartRefusal.BACKPRESSURE, StartRefusal.POLICY_LAG])
+def test_backpressure_and_lag_stop_the_round_after_one_question(refusal: StartRefusal) -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0, 1, 2])
+    policy.add_assignments(_assignments(3))
+    gate = Gate(lambda mb, v: refusal)
+    actions = policy.next_actions(paused=False, request_start=gate)
+    reason = WaitReason(refusal.value)
+    assert actions == [Wait(actor_id=a, reason=reason) for a in range(3)]
+    assert len(gate.asked) == 1 and len(policy.queue) == 3
+
+
+def test_revoked_heads_are_dropped_and_the_next_head_is_asked() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    policy.add_assignments(_assignments(3))
+    gate = Gate(lambda mb, v: StartRefusal.REVOKED if mb < 2 else None)
+    actions = policy.next_actions(paused=False, request_start=gate)
+    assert [type(a) for a in actions] == [Drop, Drop, Start]
+    assert isinstance(actions[2], Start) and actions[2].assignment.minibatch.minibatch_id == 2
+    # All revoked: the actor waits on an empty queue.
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    policy.add_assignments(_assignments(1))
+    assert policy.next_actions(paused=False, request_start=Gate(lambda mb, v: StartRefusal.REVOKED))[
+        -1
+    ] == Wait(actor_id=0, reason=WaitReason.EMPTY_QUEUE)
+
+
+def test_an_idle_actor_reloads_to_the_newest_converted_before_starting() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    policy.add_assignments(_assignments(2))
+    _converted(policy, 2)
+    gate = Gate()
+    assert policy.next_actions(paused=False, request_start=gate) == [
+        Reload(actor_id=0, version=2, path="/gu/v2")
+    ]
+    assert gate.asked == [] and not policy.slots[0].idle
+    policy.on_reloaded(0, 2, ok=True)
+    actions = policy.next_actions(paused=False, request_start=gate)
+    assert isinstance(actions[0], Start) and actions[0].policy_version == 2
+    assert gate.asked == [(0, 0, 2)]
+
+
+def test_no_reload_with_nothing_to_start() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    _converted(policy, 1)
+    assert policy.next_actions(paused=False, request_start=Gate()) == [
+        Wait(actor_id=0, reason=WaitReason.EMPTY_QUEUE)
+    ]
+
+
+def test_one_reload_per_minibatch_unless_the_lag_bound_needs_a_newer_one() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    policy.add_assignments(_assignments(3))
+    _converted(policy, 1)
+    policy.next_actions(paused=False, request_start=Gate())
+    _converted(policy, 2)  # converted while the actor loaded v1
+    policy.on_reloaded(0, 1, ok=True)
+    actions = policy.next_actions(paused=False, request_start=Gate())
+    assert isinstance(actions[0], Start) and actions[0].policy_version == 1  # no second reload
+    policy.on_generation_done(0)
+    # Its next minibatch: reload first.
+    assert policy.next_actions(paused=False, request_start=Gate()) == [
+        Reload(actor_id=0, version=2, path="/gu/v2")
+    ]
+    policy.on_reloaded(0, 2, ok=True)
+    # Just loaded v2, but the CU refuses v2 for lag while v3 is converted: reload again.
+    for refusal in (StartRefusal.STALE_WEIGHTS, StartRefusal.POLICY_LAG):
+        gate = Gate(lambda mb, v, r=refusal: r if v < 3 else None)
+        probe = GuPolicy(gu_id=0, actor_ids=[0])
+        probe.add_assignments(_assignments(1))
+        _converted(probe, 2)
+        probe.next_actions(paused=False, request_start=Gate())
+        probe.on_reloaded(0, 2, ok=True)
+        _converted(probe, 3)
+        assert probe.next_actions(paused=False, request_start=gate) == [
+            Reload(actor_id=0, version=3, path="/gu/v3")
+        ]
+    # Stale with nothing newer converted: wait for the next conversion.
+    gate = Gate(lambda mb, v: StartRefusal.STALE_WEIGHTS)
+    stale = GuPolicy(gu_id=0, actor_ids=[0])
+    stale.add_assignments(_assignments(1))
+    assert stale.next_actions(paused=False, request_start=gate) == [
+        Wait(actor_id=0, reason=WaitReason.STALE_WEIGHTS)
+    ]
+
+
+def test_a_version_the_actor_rejected_is_not_offered_again() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    policy.add_assignments(_assignments(2))
+    _converted(policy, 1)
+    policy.next_actions(paused=False, request_start=Gate())
+    policy.on_reloaded(0, 1, ok=False)
+    gate = Gate()
+    actions = policy.next_actions(paused=False, request_start=gate)
+    assert isinstance(actions[0], Start) and actions[0].policy_version == 0
+    assert policy.slots[0].rejected_version == 1
+
+
+def test_conversion_takes_the_newest_published_one_at_a_time_and_never_a_rejected_one() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    assert policy.next_conversion() is None
+    policy.on_snapshot_published(_snapshot(1))
+    first = policy.next_conversion()
+    assert first is not None and first.version == 1
+    policy.on_snapshot_published(_snapshot(2))
+    policy.on_snapshot_published(_snapshot(3))
+    policy.on_snapshot_published(_snapshot(2))  # a late, older announcement is ignored
+    assert policy.next_conversion() is None  # one conversion at a time
+    policy.on_converted(1, path="/gu/v1")
+    newest = policy.next_conversion()
+    assert newest is not None and newest.version == 3  # v2 skipped
+    policy.on_converted(3, path=None)  # defective snapshot
+    assert policy.converted is not None and policy.converted.version == 1
+    assert policy.next_conversion() is None and policy.conversion_rejected == {3}
+    policy.on_snapshot_published(_snapshot(4))
+    again = policy.next_conversion()
+    assert again is not None and again.version == 4
+
+
+def test_misreported_transitions_are_errors() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    with pytest.raises(ValueError, match="nothing was converting"):
+        policy.on_converted(1, path="/x")
+    with pytest.raises(ValueError, match="never started"):
+        policy.on_generation_done(0)
+    with pytest.raises(ValueError, match="reload of v1"):
+        policy.on_reloaded(0, 1, ok=True)
+    assert policy.on_actor_died(0) is None
+    with pytest.raises(ValueError, match="no live actor 0"):
+        policy.on_generation_done(0)
+
+
+def test_a_dead_actor_hands_back_its_minibatch() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0, 1])
+    policy.add_assignments(_assignments(1))
+    policy.next_actions(paused=False, request_start=Gate())
+    lost = policy.on_actor_died(0)
+    assert lost is not None and lost.minibatch.minibatch_id == 0
+    assert list(policy.slots) == [1]
