@@ -24,9 +24,13 @@ def opt(default: Any, doc: str, *, inert: str | None = None) -> Any:
     return dataclasses.field(default=default, metadata=meta)
 
 
-def section(factory: Any, doc: str) -> Any:
-    """A nested-section field (a dataclass default built by ``factory``)."""
-    return dataclasses.field(default_factory=factory, metadata={DOC: doc})
+def section(factory: Any, doc: str, *, inert: str | None = None) -> Any:
+    """A nested-section field (a dataclass default built by ``factory``); ``inert`` marks the
+    whole section as having no effect (with the reason)."""
+    meta: dict[str, str] = {DOC: doc}
+    if inert is not None:
+        meta[INERT] = inert
+    return dataclasses.field(default_factory=factory, metadata=meta)
 
 
 def field_doc(f: dataclasses.Field[Any]) -> str:

@@ -35,7 +35,11 @@ class GenerateConfig:
     trust_remote_code: bool = opt(False, "Allow custom model code in the HF folder.")
     infer_tensor_parallel_size: int = opt(1, "Rollout TP (hybrid pipeline).")
     infer_pipeline_parallel_size: int = opt(1, "Rollout PP; must be 1 (as upstream).")
-    infer_expert_parallel_size: int = opt(1, "Rollout EP (hybrid pipeline, MoE).")
+    infer_expert_parallel_size: int = opt(
+        1,
+        "Rollout EP (hybrid pipeline, MoE).",
+        inert="vLLM derives expert parallelism from TP x DP (enable_expert_parallel); no EP size setting",
+    )
     enable_expert_parallel: bool = opt(False, "vLLM expert parallelism for MoE.")
     max_num_seqs: int = opt(256, "vLLM: sequences decoded together.")
     max_model_len: int = opt(4096, "vLLM: prompt + response tokens per sequence.")

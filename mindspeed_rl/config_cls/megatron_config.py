@@ -18,6 +18,9 @@ from mindspeed_rl.config_cls.megatron_only import MegatronOnlyKeys, ParallelKeys
 from mindspeed_rl.config_cls.model_arch import ModelArchitecture
 from mindspeed_rl.config_cls.parse import Problems, check_keys, field_names, parse_fields
 
+_WEIGHTS_ONLY_LOAD = "load (with finetune) reads HF weights only; there is no optimizer/RNG state to skip"
+_WEIGHTS_ONLY_SAVE = "checkpoints are HF weight folders; optimizer and RNG state are never saved"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingKeys:
@@ -45,7 +48,9 @@ class TrainingKeys:
     eval_interval: int | None = opt(None, "Iterations between evaluations; null = none.")
     eval_iters: int = opt(0, "Evaluation batches per evaluation.")
     log_interval: int = opt(1, "Iterations between console log lines.")
-    stage: str | None = opt(None, "Upstream stage tag (ray_grpo); informational.")
+    stage: str | None = opt(
+        None, "Upstream stage tag (ray_grpo).", inert="informational; rl_config.pipeline picks the loop"
+    )
     seed: int = opt(1234, "Global seed (data order, init, sampling).")
     data_path: str | None = opt(
         None, "JSONL/Parquet file or folder, or builtin:<task> (e.g. builtin:demo) for generated tasks."
@@ -63,18 +68,32 @@ class TrainingKeys:
         "100,0,0", "train,valid,test weights; train trains, valid is the eval set, test stays unused."
     )
     no_shuffle: bool = opt(False, "Keep dataset order (no shuffling).")
-    full_shuffle_instruction_dataset: bool = opt(False, "Shuffle across epochs of the dataset too.")
-    is_instruction_dataset: bool = opt(True, "Upstream dataset kind flag; prompts are instructions.")
+    full_shuffle_instruction_dataset: bool = opt(
+        False,
+        "Shuffle across epochs of the dataset too.",
+        inert="every pass over the prompts is reshuffled (seeded) already, unless no_shuffle",
+    )
+    is_instruction_dataset: bool = opt(
+        True,
+        "Upstream dataset kind flag.",
+        inert="prompts are always instructions (prompt_type's chat template is applied)",
+    )
     dataset_additional_keys: tuple[str, ...] = opt((), "Extra dataset columns carried (e.g. labels).")
-    bf16: bool = opt(False, "Train in bfloat16 (fp32 on CPU for exact log-prob agreement).")
-    fp16: bool = opt(False, "Train in float16.")
-    load: str | None = opt(None, "Checkpoint folder to resume/initialise from.")
-    save: str | None = opt(None, "Checkpoint folder to write.")
-    finetune: bool = opt(False, "Load weights only, reset iteration count.")
-    no_load_optim: bool = opt(False, "Do not load optimizer state.")
-    no_load_rng: bool = opt(False, "Do not load RNG state.")
-    no_save_optim: bool = opt(False, "Do not save optimizer state.")
-    no_save_rng: bool = opt(False, "Do not save RNG state.")
+    bf16: bool = opt(
+        False, "Train in bfloat16; the CPU torch engine keeps fp32 (listed as inert there, with the reason)."
+    )
+    fp16: bool = opt(False, "Train in float16; the CPU torch engine keeps fp32 (as bf16).")
+    load: str | None = opt(
+        None,
+        "HF folder the policy and reference start from; needs finetune: true (resume is not "
+        "implemented yet: load without finetune is an error).",
+    )
+    save: str | None = opt(None, "Folder of the periodic HF checkpoints; null = <run dir>/checkpoints.")
+    finetune: bool = opt(False, "With load: weights only, iteration count and optimizer start fresh.")
+    no_load_optim: bool = opt(False, "Do not load optimizer state.", inert=_WEIGHTS_ONLY_LOAD)
+    no_load_rng: bool = opt(False, "Do not load RNG state.", inert=_WEIGHTS_ONLY_LOAD)
+    no_save_optim: bool = opt(False, "Do not save optimizer state.", inert=_WEIGHTS_ONLY_SAVE)
+    no_save_rng: bool = opt(False, "Do not save RNG state.", inert=_WEIGHTS_ONLY_SAVE)
     attention_dropout: float = opt(0.0, "Attention dropout (RL: keep 0).")
     hidden_dropout: float = opt(0.0, "Hidden dropout (RL: keep 0).")
     init_method_std: float = opt(0.02, "Weight init std for a freshly built model.")
@@ -88,9 +107,13 @@ class OptimizerKeys:
     lr: float = opt(1e-6, "Peak learning rate.")
     min_lr: float = opt(0.0, "Floor of the decay schedule.")
     lr_decay_style: Literal["constant", "linear", "cosine"] = opt("constant", "LR decay after warm-up.")
-    lr_decay_iters: int | None = opt(None, "Iterations of decay; null = train_iters.")
-    lr_warmup_fraction: float | None = opt(None, "Warm-up as a fraction of decay iterations.")
-    lr_warmup_iters: int = opt(0, "Warm-up iterations (used when lr_warmup_fraction is null).")
+    lr_decay_iters: int | None = opt(
+        None,
+        "OPTIMIZER STEPS of decay (Megatron's unit); null = the whole run = train_iters x "
+        "(global_batch_size / mini_batch_size x epochs) steps.",
+    )
+    lr_warmup_fraction: float | None = opt(None, "Linear warm-up as a fraction of the decay steps.")
+    lr_warmup_iters: int = opt(0, "Linear warm-up in OPTIMIZER STEPS (when lr_warmup_fraction is null).")
     weight_decay: float = opt(0.01, "Decoupled weight decay.")
     clip_grad: float = opt(1.0, "Global gradient-norm clip; 0 = off.")
     adam_beta1: float = opt(0.9, "Adam beta1.")

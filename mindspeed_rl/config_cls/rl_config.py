@@ -10,6 +10,8 @@ from mindspeed_rl.config_cls.resources import ActorResources
 
 _NOT_IMPLEMENTED = "accepted for upstream compatibility; not implemented by this framework (no effect)"
 _PERF_ONLY = "upstream performance switch; the torch backend pads per micro-batch (same results)"
+_GROUP_NORM = "group_norm advantages are (r - group mean) / group std per prompt; GAE keys do not apply"
+_NO_CRITIC = "GRPO has no critic"
 _UPSTREAM_WORKERS = "upstream worker-layout switch; this framework's pipelines decide the layout"
 
 
@@ -37,21 +39,35 @@ class RLConfig:
     kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = opt(
         "low_var_kl", "KL estimator between actor and reference (low_var_kl = clipped k3)."
     )
-    kl_ctrl_type: Literal["fixed", "adaptive"] = opt("fixed", "KL coefficient controller.")
-    init_kl_coef: float = opt(0.001, "KL coefficient (start value when adaptive).")
-    kl_target: float | None = opt(None, "Adaptive KL target.")
+    kl_ctrl_type: Literal["fixed", "adaptive"] = opt(
+        "fixed",
+        "KL coefficient controller; adaptive (PPO's): coef *= 1 + clip(kl / kl_target - 1, +-0.2) "
+        "x samples / kl_horizon after every iteration (needs kl_target and kl_horizon).",
+    )
+    init_kl_coef: float = opt(0.001, "KL coefficient (start value when adaptive); 0 = no KL, no reference.")
+    kl_target: float | None = opt(None, "Adaptive KL target (per-token KL).")
     kl_horizon: int | None = opt(None, "Adaptive KL horizon (samples).")
-    use_kl_in_reward: bool = opt(False, "Subtract KL from the reward instead of adding a loss term.")
+    use_kl_in_reward: bool = opt(
+        False,
+        "Subtract coef x (sum of per-token KL of the response) from the reward before advantages; "
+        "the loss then has no KL term.",
+    )
     clip_ratio: float = opt(0.2, "PPO ratio clip epsilon.")
-    clip_higher_enable: bool = opt(False, "Asymmetric clip (clip_ratio_low/high).")
+    clip_higher_enable: bool = opt(
+        False, "Asymmetric clip (DAPO): ratio clamped to [1 - clip_ratio_low, 1 + clip_ratio_high]."
+    )
     clip_ratio_low: float = opt(0.2, "Lower clip epsilon when clip_higher_enable.")
     clip_ratio_high: float = opt(0.28, "Upper clip epsilon when clip_higher_enable.")
-    token_level_loss: bool = opt(True, "Average the loss over tokens (true) or per sequence first.")
+    token_level_loss: bool = opt(
+        True,
+        "true: token-mean over the mini-batch; false: each response's token-mean, then the mean over "
+        "the mini-batch's responses.",
+    )
     entropy_coeff: float = opt(0.0, "Entropy bonus weight.")
-    gamma: float = opt(1.0, "Discount (unused by group_norm; upstream key).")
-    lam: float = opt(0.95, "GAE lambda (unused by group_norm; upstream key).")
-    cliprange_value: float = opt(0.5, "Critic value clip (unused by GRPO; upstream key).")
-    advantage_whiten: bool = opt(True, "Whiten advantages (unused by group_norm; upstream key).")
+    gamma: float = opt(1.0, "Discount.", inert=_GROUP_NORM)
+    lam: float = opt(0.95, "GAE lambda.", inert=_GROUP_NORM)
+    cliprange_value: float = opt(0.5, "Critic value clip.", inert=_NO_CRITIC)
+    advantage_whiten: bool = opt(True, "Whiten advantages.", inert=_GROUP_NORM)
     rule_reward: bool = opt(True, "Rewards come from rule verifiers.")
     verifier_function: tuple[str, ...] = opt((), "Verifier names (registry); unknown names are errors.")
     verifier_weight: tuple[float, ...] = opt((), "One weight per verifier_function entry.")
@@ -63,9 +79,15 @@ class RLConfig:
     wandb_exp_name: str | None = opt(None, "W&B run name.")
     wandb_save_dir: str | None = opt(None, "W&B local folder.")
     actor_resource: ActorResources = section(ActorResources, "Actor (trainer) worker request.")
-    reference_resource: ActorResources = section(ActorResources, "Reference worker (non-integrated).")
-    reward_resource: ActorResources = section(ActorResources, "Reward-model worker.")
-    critic_resource: ActorResources = section(ActorResources, "Critic worker.")
+    reference_resource: ActorResources = section(
+        ActorResources,
+        "Reference worker (non-integrated).",
+        inert="the reference runs inside the Training Unit (actor_resource)",
+    )
+    reward_resource: ActorResources = section(
+        ActorResources, "Reward-model worker.", inert="rule rewards are scored inside the Training Unit"
+    )
+    critic_resource: ActorResources = section(ActorResources, "Critic worker.", inert=_NO_CRITIC)
     runtime_env_path: str | None = opt(
         None, "Ray runtime_env YAML (env_vars); null = the repository's configs/envs/runtime_env.yaml."
     )

@@ -29,8 +29,9 @@ class RuntimeConfig:
     because batch groups are dispatched whole)."""
 
     max_policy_lag: int | None = 4
-    """Hard bound on ``d_off = consuming step - generating version``; ``None`` disables it and
-    leaves only the backpressure bound (the paper's behaviour)."""
+    """Hard bound on ``d_off = consuming step - generating version``; ``None`` (YAML
+    ``async_config.max_policy_lag: null``) disables it and leaves only the backpressure bound
+    (the paper's behaviour)."""
 
     snapshot_interval: int = 1
     """Trainer steps between weight snapshots; actors can be up to ``snapshot_interval - 1``
@@ -56,7 +57,7 @@ class RuntimeConfig:
             raise ValueError(
                 f"queue_max_samples={self.queue_max_samples} is smaller than one global batch "
                 f"({self.samples_per_global_batch} samples), so backpressure could pause generation before "
-                "the trainer has a batch to consume; raise queue_max_samples."
+                f"the trainer has a batch to consume; raise queue_max_samples to >= {self.samples_per_global_batch}."
             )
         short_batch = self.samples_per_global_batch - self.num_samples_per_prompt
         if self.queue_resume_samples < short_batch:

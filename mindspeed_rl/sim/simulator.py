@@ -8,14 +8,14 @@
         │  TRAIN_DONE = pop + TrainModel(tokens of the global batch)   react(): until nothing moves
         │  SAVE_DONE → publish → CONVERT_DONE per GU                      ├─ ControlLoop.dispatch() → GU input queues
         │  LOAD_DONE  (actor reloads before its next minibatch)           ├─ trainer idle? pop_global_batch(step)
-        └──────────────────────────────────────────────────────────────── └─ each GU: pause? reload? request_start()
+        └──────────────────────────────────────────────────────────────── └─ each GU: GuPolicy.next_actions()
 
 Only durations are modeled; every decision (dispatch, backpressure, lag admission, global-batch
 assembly, lag accounting) is the runtime's own code, following the call sequence documented in
-``mindspeed_rl.runtime``. Modeling choices (and departures from a real cluster): the snapshot
-export runs beside training (the TU does not wait for it); each GU converts one snapshot at a
-time and then the newest published one, skipping intermediate versions; an actor reloads to its
-GU's newest *converted* snapshot just before taking a minibatch; CU↔GU messages are instant.
+``mindspeed_rl.runtime``; each GU is the production ``GuPolicy`` (conversion choice, reload /
+start / wait / drop), so the simulated GU decides exactly as the Ray GU does. Modeling choices
+(and departures from a real cluster): the snapshot export runs beside training (the TU does not
+wait for it); conversion runs beside generation, as on the Ray GU; CU↔GU messages are instant.
 """
 
 from __future__ import annotations

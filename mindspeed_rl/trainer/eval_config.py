@@ -21,7 +21,9 @@ class EvalConfig:
                 "iterations, or null for no evaluation"
             )
         if self.num_samples_per_prompt < 1:
-            raise ValueError(f"evaluation num_samples_per_prompt={self.num_samples_per_prompt}; use 1 or more")
+            raise ValueError(
+                f"evaluation num_samples_per_prompt={self.num_samples_per_prompt}; use 1 or more"
+            )
         if self.max_prompts is not None and self.max_prompts < 1:
             raise ValueError(
                 f"evaluation max_prompts={self.max_prompts} (eval_iters x global batch); use 1 or more, "

@@ -60,6 +60,8 @@ class DataSpec:
     data_path: str
     prompt_type: str
     map_keys: Mapping[str, str] | None
+    valid_data_path: str | None
+    """Held-out prompts file (its own eval set; split's valid weight must then be 0)."""
     max_prompt_length: int
     split: str
     shuffle: bool
@@ -210,11 +212,12 @@ def model_spec(config: GRPOConfig) -> ModelSpec:
             "megatron_training.tokenizer_name_or_path is not set; point it at an HF model folder"
         )
     build = config.rl_config.build_model_if_missing
+    named = t.model
     return ModelSpec(
         path=path,
         initial_weights=parts.initial_weights(config),
         build_if_missing=build,
-        name=config.model_name or (t.model or ""),
+        name=config.model_name or named or "",
         build_arch=parts.build_arch(config) if build else MappingProxyType({}),
         build_seed=config.megatron_training.training.seed,
     )
@@ -230,6 +233,7 @@ def data_spec(config: GRPOConfig) -> DataSpec:
         data_path=t.data_path,
         prompt_type=t.prompt_type or "empty",
         map_keys=t.map_keys,
+        valid_data_path=t.valid_data_path,
         max_prompt_length=config.rl_config.max_prompt_length,
         split=t.split,
         shuffle=not t.no_shuffle,

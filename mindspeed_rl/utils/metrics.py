@@ -53,7 +53,9 @@ class MetricsWriter:
         if logging_config is not None and use_tensorboard is not None:
             raise ValueError("pass either a LoggingConfig or use_tensorboard=, not both")
         if logging_config is None:
-            logging_config = LoggingConfig(use_tensorboard=True if use_tensorboard is None else use_tensorboard)
+            logging_config = LoggingConfig(
+                use_tensorboard=True if use_tensorboard is None else use_tensorboard
+            )
         if logging_config.log_interval < 1:
             raise ValueError(
                 f"megatron_training.log_interval={logging_config.log_interval}; use 1 (every iteration) or more"

@@ -114,7 +114,10 @@ def evaluate_policy(
     n = settings.num_samples_per_prompt
     with eval_mode(model):
         engine = HFEngine.from_model(
-            model, seed=settings.seed, max_num_seqs=settings.max_num_seqs, max_model_len=settings.max_model_len
+            model,
+            seed=settings.seed,
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len=settings.max_model_len,
         )
         completions = engine.generate([p.token_ids for p in prompts], settings.sampling, n=n)
     generate_s = time.perf_counter() - tic

@@ -178,7 +178,12 @@ def test_one_misspelt_key_fails_and_names_the_correct_key(
 def test_overrides_and_list_inert(upstream_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--config-dir", str(upstream_dir), "--config-name", "grpo_mini_A3", "--list-inert"]
     queue = ["+async_config.queue_max_samples=128", "+async_config.queue_resume_samples=64"]
-    assert check_config.main([*args, "+rl_config.pipeline=async", *queue]) == 0
+    # asp's default minibatches (32 + 2 prompts) could deadlock with lag 4 x 8 prompts per batch:
+    # the Control Unit would refuse them at run start, so the check does too.
+    minibatch = ["+asp_config.b=8", "+asp_config.kappa=0"]
+    assert check_config.main([*args, "+rl_config.pipeline=async", *queue]) == 2
+    assert "a minibatch of 34 prompts cannot always be admitted" in capsys.readouterr().err
+    assert check_config.main([*args, "+rl_config.pipeline=async", *queue, *minibatch]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("actor_config.tensor_model_parallel_size: ") for line in lines)
     assert any(line.startswith("generate_config.infer_tensor_parallel_size: ") for line in lines)  # async
@@ -212,3 +217,35 @@ def test_script_runs_as_a_command_with_the_repo_configs_by_default() -> None:
     )  # fmt: skip
     assert bad.returncode == 2 and "rl_config.epochs: expected an integer" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_check_fails_like_the_control_unit_on_equal_queue_levels(capsys: pytest.CaptureFixture[str]) -> None:
+    from mindspeed_rl.runtime.config import RuntimeConfig
+
+    overrides = ["async_config.gu_queue_low=4", "async_config.gu_queue_high=4"]
+    assert check_config.main(["--config-name", "grpo_tiny_asp", *overrides]) == 2
+    err = capsys.readouterr().err
+    with pytest.raises(ValueError) as run_error:
+        RuntimeConfig(num_prompts_per_global_batch=32, num_samples_per_prompt=8, queue_max_samples=512,
+                      queue_resume_samples=256, gu_queue_low=4, gu_queue_high=4)  # fmt: skip
+    assert str(run_error.value) in err
+
+
+def test_unsupported_keys_are_errors_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
+    cases = {
+        "rl_config.kl_ctrl_type=adaptive": "rl_config.kl_target and rl_config.kl_horizon",
+        "+actor_config.load=/ckpt": "resume is not implemented yet (issue: lossless resume)",
+        "async_config.weight_transport=object_store": "weight_transport='object_store' is not implemented",
+    }
+    for override, expected in cases.items():
+        name = "grpo_tiny_asp" if "async" in override else "grpo_tiny_cpu"
+        assert check_config.main(["--config-name", name, override]) == 2, override
+        assert expected in capsys.readouterr().err
+
+
+def test_bf16_on_cpu_is_listed_inert_and_fit_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_config.main(["--config-name", "grpo_tiny_cpu", "megatron_training.bf16=true", "--list-inert"]) == 0
+    assert "megatron_training.bf16: bf16 is kept fp32 on CPU" in capsys.readouterr().out
+    assert check_config.main(["--config-name", "grpo_tiny_asp", "--available", "CPU=0.5"]) == 2
+    assert "actors need" in capsys.readouterr().err
+    assert check_config.main(["--config-name", "grpo_tiny_asp", "--available", "CPU=2"]) == 0

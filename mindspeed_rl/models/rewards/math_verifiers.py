@@ -74,6 +74,12 @@ def _boxed_answer_check(gold_label: str, text: str) -> float:
     return _matches(gold_label, f"\\boxed{{{boxed}}}", boxed_only=True)
 
 
+def warm_up() -> None:
+    """Import math-verify and build its parsers (~0.9 s the first time in a process) on a trivial
+    input, so processes forked afterwards (the verifier pool) start warm."""
+    _boxed_answer_check("1", "\\boxed{1}")
+
+
 def acc(response: str, label: str) -> float:
     return _boxed_answer_check(label, final_segment(response))
 

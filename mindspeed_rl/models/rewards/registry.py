@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,13 +35,19 @@ class _Entry:
     verifier: Verifier
     bounded: bool
     """True when the verifier provably finishes quickly (runs in-process, no timeout)."""
+    warm_up: Callable[[], object] | None = None
+    """Run once in the parent before the workers fork (imports, caches); see VerifierPool."""
 
 
 _EAGER: dict[str, _Entry] = {
-    "acc": _Entry(verifier=math_verifiers.acc, bounded=False),
-    "base_acc": _Entry(verifier=math_verifiers.base_acc, bounded=False),
-    "math_17k_acc": _Entry(verifier=math_verifiers.math_17k_acc, bounded=False),
-    "math_verify_reward": _Entry(verifier=math_verifiers.math_verify_reward, bounded=False),
+    "acc": _Entry(verifier=math_verifiers.acc, bounded=False, warm_up=math_verifiers.warm_up),
+    "base_acc": _Entry(verifier=math_verifiers.base_acc, bounded=False, warm_up=math_verifiers.warm_up),
+    "math_17k_acc": _Entry(
+        verifier=math_verifiers.math_17k_acc, bounded=False, warm_up=math_verifiers.warm_up
+    ),
+    "math_verify_reward": _Entry(
+        verifier=math_verifiers.math_verify_reward, bounded=False, warm_up=math_verifiers.warm_up
+    ),
     "format": _Entry(verifier=format_verifiers.format_reward, bounded=True),
     "strict_format": _Entry(verifier=format_verifiers.strict_format_reward, bounded=True),
     "maze_integrity": _Entry(verifier=maze.maze_integrity, bounded=True),
@@ -122,9 +128,14 @@ class RewardFunction:
         self._in_process = tuple(i for i, e in enumerate(entries) if e.bounded)
         self._pooled = tuple(i for i, e in enumerate(entries) if not e.bounded)
         self._entries = entries
+        pooled = [entries[i] for i in self._pooled]
+        # One warm-up per distinct function: the math verifiers share theirs.
+        warm_ups = list(dict.fromkeys(e.warm_up for e in pooled if e.warm_up is not None))
         self._pool = (
-            VerifierPool([entries[i].verifier for i in self._pooled], num_workers=parallel, timeout=timeout)
-            if self._pooled
+            VerifierPool(
+                [e.verifier for e in pooled], num_workers=parallel, timeout=timeout, warm_ups=warm_ups
+            )
+            if pooled
             else None
         )
 

@@ -125,8 +125,8 @@ def test_async_queue_limits_are_checked_against_one_global_batch_only_in_async_m
     small_queue = {"queue_max_samples": 8, "queue_resume_samples": 4}
     load_config(_raw(async_config=small_queue))  # hybrid: async_config is not read
     message = _error(_raw(async_config=small_queue, rl_config={"pipeline": "async"}))
-    assert "async_config.queue_max_samples: 8 samples is below one global batch (16 samples" in message
-    assert "Raise it to >= 16" in message
+    assert "async_config: queue_max_samples=8 is smaller than one global batch (16 samples)" in message
+    assert "raise queue_max_samples to >= 16" in message
 
 
 def test_build_model_if_missing_needs_a_complete_architecture() -> None:

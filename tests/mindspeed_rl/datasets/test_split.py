@@ -59,7 +59,9 @@ def test_malformed_split_strings_name_the_problem(split: str, match: str) -> Non
         split_prompts(_records(10), split, seed=0)
 
 
-@pytest.mark.parametrize(("num_train", "split"), [(320, "90,10,0"), (7, "1,1,1"), (64, "969,30,1"), (5, "100,0,0")])
+@pytest.mark.parametrize(
+    ("num_train", "split"), [(320, "90,10,0"), (7, "1,1,1"), (64, "969,30,1"), (5, "100,0,0")]
+)
 def test_prompts_to_generate_leaves_enough_for_training(num_train: int, split: str) -> None:
     weights = parse_split(split)
     num = prompts_to_generate(num_train, weights)

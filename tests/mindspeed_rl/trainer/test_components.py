@@ -9,6 +9,7 @@ import pytest
 
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.trainer import components
+from mindspeed_rl.trainer.run_plan import build_run_plan
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -69,7 +70,7 @@ def test_too_few_prompts_is_a_clear_error() -> None:
 
 def test_engine_config_keeps_upstream_units() -> None:
     config = _config("megatron_training.global_batch_size=16", "rl_config.mini_batch_size=8")
-    engine = components.torch_engine_config(config)
+    engine = build_run_plan(config).trainer.engine
     assert engine.mini_batch_size == 8  # prompts
     assert engine.samples_per_mini_batch == 8 * config.rl_config.n_samples_per_prompt
     assert engine.micro_batch_size == config.actor_config.training.micro_batch_size  # samples

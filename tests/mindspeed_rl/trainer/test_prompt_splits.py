@@ -56,7 +56,9 @@ def _write(path: Path, rows: list[dict[str, str]]) -> str:
 
 
 def test_valid_data_path_is_the_eval_set(tokenizer, tmp_path: Path) -> None:
-    valid = _write(tmp_path / "valid.jsonl", [{"id": f"v{i}", "prompt": "a*2=", "answer": "aa"} for i in range(3)])
+    valid = _write(
+        tmp_path / "valid.jsonl", [{"id": f"v{i}", "prompt": "a*2=", "answer": "aa"} for i in range(3)]
+    )
     config = _config(f"+megatron_training.valid_data_path={valid}")
     splits = components.load_prompt_splits(config, tokenizer)
     assert _ids(splits.valid) == {"v0", "v1", "v2"} and len(splits.train) == 20

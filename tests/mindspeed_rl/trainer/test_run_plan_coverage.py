@@ -51,23 +51,25 @@ def test_every_schema_field_is_read_by_the_plan_or_inert() -> None:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Section:
+    used: int = opt(1, "read")
+    forgotten: int = opt(2, "a field added without a reader")
+    ignored: int = opt(3, "inert", inert="declared inert")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Root:
+    section: _Section = dataclasses.field(default_factory=_Section)
+
+
 def test_the_checker_names_a_new_field_nobody_reads() -> None:
-    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-    class Section:
-        used: int = opt(1, "read")
-        forgotten: int = opt(2, "nobody reads this")
-        ignored: int = opt(3, "inert", inert="declared inert")
-
-    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-    class Root:
-        section: Section = dataclasses.field(default_factory=Section)
-
     reads: set[FieldRef] = set()
-    proxy = record_reads(Root(), reads)
+    proxy = record_reads(_Root(), reads)
     assert proxy.section.used == 1
-    assert unread_fields(Root, reads) == ["Root.section.forgotten"]
+    assert unread_fields(_Root, reads) == ["_Root.section.forgotten"]
     assert proxy.section.forgotten == 2
-    assert unread_fields(Root, reads) == []
+    assert unread_fields(_Root, reads) == []
 
 
 def test_properties_and_methods_record_the_fields_they_read() -> None:

@@ -42,7 +42,9 @@ def test_bad_log_interval_and_mixed_arguments_are_rejected(tmp_path: Path) -> No
         MetricsWriter(tmp_path, _quiet(), use_tensorboard=False)
 
 
-def test_missing_wandb_is_an_error_naming_the_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_wandb_is_an_error_naming_the_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_import = builtins.__import__
 
     def no_wandb(name, *args, **kwargs):

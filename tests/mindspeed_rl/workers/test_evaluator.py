@@ -55,7 +55,12 @@ def _verifiers():
 def _prompts(tokenizer, num: int) -> list[PromptRecord]:
     texts = [f"{c}*3=" for c in "abcdefgh"[:num]]
     return [
-        PromptRecord(prompt_id=f"v{i}", text=t, token_ids=tuple(tokenizer.encode(t, add_special_tokens=False)), label="x")
+        PromptRecord(
+            prompt_id=f"v{i}",
+            text=t,
+            token_ids=tuple(tokenizer.encode(t, add_special_tokens=False)),
+            label="x",
+        )
         for i, t in enumerate(texts)
     ]
 
@@ -70,7 +75,9 @@ def _reward(names, weights):
 
 def test_metrics_count_prompts_and_samples_and_the_model_is_left_as_found(model, tokenizer) -> None:
     attention = model.config._attn_implementation
-    metrics = evaluate_policy(model, tokenizer, _prompts(tokenizer, 3), _reward(["test_full"], [1.0]), _settings(n=2))
+    metrics = evaluate_policy(
+        model, tokenizer, _prompts(tokenizer, 3), _reward(["test_full"], [1.0]), _settings(n=2)
+    )
     assert metrics["eval/num_prompts"] == 3 and metrics["eval/num_samples"] == 6
     assert metrics["eval/accuracy"] == 1.0 and metrics["eval/num_timed_out"] == 0
     assert 1 <= metrics["eval/response_length"] <= MAX_TOKENS
@@ -81,7 +88,9 @@ def test_correct_means_full_marks_from_every_verifier(model, tokenizer) -> None:
     prompts = _prompts(tokenizer, 2)
     partial = evaluate_policy(model, tokenizer, prompts, _reward(["test_half"], [1.0]), _settings())
     assert partial["eval/accuracy"] == 0.0 and partial["eval/reward_mean"] == 0.5
-    mixed = evaluate_policy(model, tokenizer, prompts, _reward(["test_full", "test_half"], [1.0, 0.2]), _settings())
+    mixed = evaluate_policy(
+        model, tokenizer, prompts, _reward(["test_full", "test_half"], [1.0, 0.2]), _settings()
+    )
     assert mixed["eval/accuracy"] == 0.0 and mixed["eval/reward_mean"] == pytest.approx(1.1)
 
 
@@ -90,7 +99,9 @@ def test_generation_uses_the_live_in_memory_weights(model, tokenizer) -> None:
     register_verifier("test_records", lambda response, label: seen.append(response) or 1.0, bounded=True)
     try:
         reward_fn = _reward(["test_records"], [1.0])
-        greedy = EvalSettings(sampling=SamplingConfig(max_tokens=MAX_TOKENS, temperature=0.0), num_samples_per_prompt=1, seed=0)
+        greedy = EvalSettings(
+            sampling=SamplingConfig(max_tokens=MAX_TOKENS, temperature=0.0), num_samples_per_prompt=1, seed=0
+        )
         evaluate_policy(model, tokenizer, _prompts(tokenizer, 4), reward_fn, greedy)
         before, seen[:] = list(seen), []
         evaluate_policy(model, tokenizer, _prompts(tokenizer, 4), reward_fn, greedy)
@@ -112,7 +123,11 @@ def test_no_positive_weight_is_an_error(model, tokenizer) -> None:
 def test_prompt_selection_caps_and_refuses_an_empty_eval_set(tokenizer) -> None:
     valid = _prompts(tokenizer, 5)
     assert select_eval_prompts(valid, EvalConfig()) == ()
-    assert [p.prompt_id for p in select_eval_prompts(valid, EvalConfig(interval=2, max_prompts=3))] == ["v0", "v1", "v2"]
+    assert [p.prompt_id for p in select_eval_prompts(valid, EvalConfig(interval=2, max_prompts=3))] == [
+        "v0",
+        "v1",
+        "v2",
+    ]
     assert len(select_eval_prompts(valid, EvalConfig(interval=2))) == 5
     with pytest.raises(ValueError, match="split: '90,10,0'"):
         select_eval_prompts([], EvalConfig(interval=2))
@@ -129,4 +144,7 @@ def test_eval_prompt_ids_are_appended_per_evaluation(tmp_path: Path) -> None:
     write_eval_prompts(tmp_path, 4, ["v0", "v1"])
     write_eval_prompts(tmp_path, 9, ["v0", "v1"])
     rows = [json.loads(line) for line in (tmp_path / "eval_prompts.jsonl").read_text().splitlines()]
-    assert rows == [{"iteration": 4, "prompt_ids": ["v0", "v1"]}, {"iteration": 9, "prompt_ids": ["v0", "v1"]}]
+    assert rows == [
+        {"iteration": 4, "prompt_ids": ["v0", "v1"]},
+        {"iteration": 9, "prompt_ids": ["v0", "v1"]},
+    ]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mindspeed_rl.config_cls import load_config_from_files
+from mindspeed_rl.trainer.run_plan import build_run_plan
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
 from mindspeed_rl.runtime.records import ScheduledMinibatch
@@ -37,7 +38,7 @@ def make_actor(tmp_path: Path, forced: Mapping[str, tuple[int, ...]]) -> Generat
             "generate_config.sampling_config.max_tokens=4",  # forced lengths override the cap
         ),
     )
-    return GenerationActor(config, str(model), PROMPTS, num_cpus=1.0, forced_lengths=forced)
+    return GenerationActor(build_run_plan(config).rollout, str(model), PROMPTS, forced_lengths=forced)
 
 
 def test_every_sample_gets_its_forced_length(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mindspeed_rl.config_cls import load_config_from_files
+from mindspeed_rl.trainer.run_plan import build_run_plan
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
 from mindspeed_rl.runtime.records import ScheduledMinibatch
@@ -46,7 +47,7 @@ def actor(tmp_path_factory: pytest.TempPathFactory) -> GenerationActor:
         ),
     )
     prompt = PromptRecord(prompt_id="p0", text="cp:ab=", token_ids=(5, 6, 7), label="ab")
-    return GenerationActor(config, str(model), {"p0": prompt}, gu_id=0, actor_id=1, num_cpus=1.0)
+    return GenerationActor(build_run_plan(config).rollout, str(model), {"p0": prompt}, gu_id=0, actor_id=1)
 
 
 def _weights(actor: GenerationActor) -> dict[str, torch.Tensor]:

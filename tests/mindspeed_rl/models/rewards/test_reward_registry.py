@@ -8,6 +8,7 @@ from mindspeed_rl.models.rewards import build_reward_fn as _build
 def build_reward_fn(names, weights):
     return _build(RewardConfig(verifier_function=names, verifier_weight=weights))
 
+
 UPSTREAM_NAMES = ("acc", "base_acc", "math_17k_acc", "math_verify_reward", "format", "strict_format")
 
 

@@ -126,3 +126,22 @@ def test_bad_parallel_or_timeout_is_rejected(parallel, timeout, match):
 def test_registering_a_taken_name_is_an_error():
     with pytest.raises(ValueError, match="already registered"):
         register_verifier("acc", _raises)
+
+
+_WARM: list[int] = []
+
+
+def _needs_warm_up(response: str, label: str) -> float:
+    # Without the parent's warm-up the forked worker would have to pay for it (here: never done).
+    return 1.0 if _WARM else 0.0
+
+
+def test_warm_ups_run_once_in_the_parent_and_workers_inherit_their_state():
+    pool = VerifierPool([_needs_warm_up], num_workers=2, timeout=5.0, warm_ups=[lambda: _WARM.append(1)])
+    try:
+        assert pool.score([("a", "a"), ("b", "b")]).scores[:, 0].tolist() == [1.0, 1.0]
+        pool.score([("c", "c")])
+        assert _WARM == [1]
+    finally:
+        pool.close()
+        _WARM.clear()

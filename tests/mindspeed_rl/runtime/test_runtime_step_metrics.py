@@ -1,0 +1,51 @@
+"""Per-step digests and the summary, read from ``ControlLoop.observe`` and the event log."""
+
+from __future__ import annotations
+
+import pytest
+from runtime_fakes import complete, make_config, make_schedule
+
+from mindspeed_rl.runtime import ControlLoop, EventLog, FakeClock
+from mindspeed_rl.runtime.step_metrics import MetricsCursor, step_metrics
+
+
+def _run_one_minibatch(loop: ControlLoop, clock: FakeClock) -> None:
+    work = loop.dispatch()
+    head = work[0]
+    mb_id = head.minibatch.minibatch_id
+    assert loop.request_start(mb_id, attempt=0, gu_id=0, actor_id=0, policy_version=0).granted
+    clock.advance(2.0)
+    n = loop.config.num_samples_per_prompt
+    loop.on_minibatch_completed(
+        complete(
+            head, actor_id=0, policy_version=0, num_samples_per_prompt=n, started_at=0.0, finished_at=2.0
+        )
+    )
+
+
+def test_digests_cover_only_their_window_and_reject_a_misaligned_observation() -> None:
+    clock, events = FakeClock(), EventLog()
+    loop = ControlLoop(config=make_config(), schedule=make_schedule(6), clock=clock, events=events)
+    loop.register_gu(0, num_actors=1)
+    cursor = MetricsCursor()
+    _run_one_minibatch(loop, clock)
+    first = step_metrics(loop.observe(), events, cursor)
+    assert first["queue/arrivals"] == 1 and first["gen/minibatches"] == 1
+    assert first["duty_cycle/actor0_0"] == 1.0
+    seen = loop.observe(arrivals_since=cursor.num_arrivals, lag_steps_since=cursor.num_lag_steps)
+    second = step_metrics(seen, events, cursor)
+    assert second["queue/arrivals"] == 0 and second["gen/minibatches"] == 0
+    assert second["queue/depth_samples_max"] == first["queue/depth_samples_now"] > 0
+    with pytest.raises(ValueError, match="arrivals_since=cursor.num_arrivals"):
+        step_metrics(loop.observe(), events, cursor)  # whole logs again: would double count
+
+
+def test_summary_is_built_from_the_observation() -> None:
+    clock = FakeClock()
+    loop = ControlLoop(config=make_config(), schedule=make_schedule(6), clock=clock)
+    loop.register_gu(0, num_actors=1)
+    _run_one_minibatch(loop, clock)
+    seen, summary = loop.observe(), loop.summary()
+    assert summary.minibatches_completed == seen.minibatches_completed == 1
+    assert summary.max_queue_depth_samples == seen.queue_depth_samples
+    assert [(a.gu_id, a.actor_id, a.num_minibatches) for a in summary.actors] == [(0, 0, 1)]
