@@ -84,17 +84,24 @@ def prompts_to_generate(num_train: int, weights: SplitWeights) -> int:
 
 
 def split_prompts(records: Sequence[PromptRecord], split: str, seed: int) -> PromptSplits:
-    """Disjoint train / valid / test parts of ``records``, by a permutation seeded with ``seed``."""
+    """Disjoint train / valid / test parts of ``records``, by a permutation seeded with ``seed``.
+
+    The unit of the split is a distinct prompt (its token ids), not a record: a dataset (or a
+    generated task) that holds the same prompt twice under two ids keeps both copies in one part,
+    so no evaluated prompt was ever trained on. Part sizes count distinct prompts.
+    """
     weights = parse_split(split)
-    num_train, num_valid, _ = part_sizes(len(records), weights)
-    order = np.random.default_rng([seed, _SPLIT_STREAM]).permutation(len(records))
-    part_of = np.empty(len(records), dtype=np.int8)
+    group_of: dict[tuple[int, ...], int] = {}
+    groups = [group_of.setdefault(tuple(r.token_ids), len(group_of)) for r in records]
+    num_train, num_valid, _ = part_sizes(len(group_of), weights)
+    order = np.random.default_rng([seed, _SPLIT_STREAM]).permutation(len(group_of))
+    part_of = np.empty(len(group_of), dtype=np.int8)
     part_of[order[:num_train]] = 0
     part_of[order[num_train : num_train + num_valid]] = 1
     part_of[order[num_train + num_valid :]] = 2
     parts: tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]] = ([], [], [])
-    for record, part in zip(records, part_of):
-        parts[int(part)].append(record)
+    for record, group in zip(records, groups):
+        parts[int(part_of[group])].append(record)
     return PromptSplits(train=tuple(parts[0]), valid=tuple(parts[1]), test=tuple(parts[2]))
 
 

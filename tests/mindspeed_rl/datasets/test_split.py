@@ -67,3 +67,16 @@ def test_prompts_to_generate_leaves_enough_for_training(num_train: int, split: s
     num = prompts_to_generate(num_train, weights)
     assert part_sizes(num, weights)[0] >= num_train
     assert num <= num_train / weights.train_fraction + 2  # not wastefully many
+
+
+def test_the_same_prompt_under_two_ids_never_straddles_train_and_valid() -> None:
+    # 40 distinct prompts, each present twice under different ids (as generated tasks can be).
+    records = [
+        PromptRecord(prompt_id=f"{copy}-{i}", text=f"q{i}", token_ids=(1, i + 2), label="")
+        for copy in "ab"
+        for i in range(40)
+    ]
+    splits = split_prompts(records, "50,50,0", seed=3)
+    train_texts = {r.token_ids for r in splits.train}
+    assert train_texts and all(r.token_ids not in train_texts for r in splits.valid)
+    assert len(splits.train) + len(splits.valid) == 80 and len(splits.valid) == 40
