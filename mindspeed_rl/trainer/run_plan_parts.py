@@ -335,6 +335,7 @@ def copy_section(section: Any, cls: type[T]) -> T:
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         value = getattr(section, f.name)
-        hint = hints[f.name]
-        values[f.name] = copy_section(value, hint) if dataclasses.is_dataclass(hint) else value
+        hint: Any = hints[f.name]
+        nested = isinstance(hint, type) and dataclasses.is_dataclass(hint)
+        values[f.name] = copy_section(value, hint) if nested else value
     return cls(**values)

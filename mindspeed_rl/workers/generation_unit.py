@@ -104,6 +104,7 @@ class GenerationUnit:
         self._answered_at = 0.0
         self.num_forwarded = 0
         self._cpu_at_start = time.process_time()
+        self._convert_cpu = 0.0
 
     def start_actors(self) -> int:
         """Create the actors, wait until their engines are up, register with the CU."""
@@ -142,6 +143,8 @@ class GenerationUnit:
         import ray
 
         me = ray.get_runtime_context().current_actor
+        # Engine start-up (actors, imports) is not control-plane work: count from here.
+        self._cpu_at_start, self._convert_cpu = time.process_time(), 0.0
         poll_ref = self._cu.poll.remote(self.gu_id)
         converting: Any = None
         # Beyond the long-poll's own wait: only reached if the CU stops answering.
@@ -172,11 +175,13 @@ class GenerationUnit:
         return {"forwarded": self.num_forwarded, "actors_alive": len(self._policy.slots)}
 
     def cpu_seconds(self) -> float:
-        """CPU time of this control process (all its threads, Ray's included) since it started.
+        """CPU of the control loop since ``run`` began: this process (all threads, Ray's
+        included) less the conversion thread's share (``convert_cpu_seconds``)."""
+        return time.process_time() - self._cpu_at_start - self._convert_cpu
 
-        Conversion runs on a thread of this process, so its CPU is included: subtract
-        ``snapshot/convert_s`` time if only the control loop's share is wanted."""
-        return time.process_time() - self._cpu_at_start
+    def convert_cpu_seconds(self) -> float:
+        """CPU the snapshot conversions used since ``run`` began (weight flow, not control)."""
+        return self._convert_cpu
 
     def shutdown(self) -> None:
         import ray
@@ -192,7 +197,7 @@ class GenerationUnit:
         from mindspeed_rl.workers.resharding.manifest import SnapshotError
         from mindspeed_rl.workers.resharding.manifest import SnapshotInfo as StoredSnapshot
 
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             result = self._converter.convert(StoredSnapshot(version=version, path=Path(path)))
         except SnapshotError as err:  # GuConverter has logged it; actors keep their weights
@@ -200,6 +205,9 @@ class GenerationUnit:
                 "GU %d: snapshot v%d rejected (%s); actors keep their weights", self.gu_id, version, err
             )
             return ConversionDone(version=version, path=None, seconds=time.perf_counter() - started)
+        finally:
+            # Only this thread's CPU: the converter's own reader threads (num_threads=1 here) aside.
+            self._convert_cpu += time.thread_time() - cpu_started
         return ConversionDone(version=version, path=str(result.converted.path), seconds=result.total_seconds)
 
     def _on_converted(self, done: ConversionDone) -> None:

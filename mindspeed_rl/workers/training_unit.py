@@ -161,12 +161,20 @@ class TrainingUnit:
         # The controller steers the per-token KL (as with the KL in the loss); it moves after the
         # update, so the logged coefficient is the one this iteration's reward used.
         token_kl = float(kl.sum()) / max(1, sum(b.size for b in behaviour))
-        stats = {"actor/kl_coef": coef, "reward/kl_penalty_mean": float((coef * kl).mean()), "kl_per_token": token_kl}
+        stats = {
+            "actor/kl_coef": coef,
+            "reward/kl_penalty_mean": float((coef * kl).mean()),
+            "kl_per_token": token_kl,
+        }
         return rewards - coef * kl, stats
 
-    def _with_old_log_probs(self, batch: TrainBatch, samples: Sequence[Sample], times: dict[str, float]) -> TrainBatch:
+    def _with_old_log_probs(
+        self, batch: TrainBatch, samples: Sequence[Sample], times: dict[str, float]
+    ) -> TrainBatch:
         if self._old_log_probs == "rollout":
-            return batch.with_log_probs(old=[np.asarray(s.rollout_log_probs, dtype=np.float32) for s in samples])
+            return batch.with_log_probs(
+                old=[np.asarray(s.rollout_log_probs, dtype=np.float32) for s in samples]
+            )
         if self._old_log_probs == "recompute":
             tic = time.perf_counter()
             batch = batch.with_log_probs(old=self._engine.compute_log_probs(batch, self._temperature))

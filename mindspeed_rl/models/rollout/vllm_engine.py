@@ -2,8 +2,9 @@
 
 Log-probs come from vLLM's `processed_logprobs` mode — the distribution each token was sampled
 from (temperature and truncations applied), which is what `base.py` defines for every engine.
-Weights are reloaded in place through the worker's `reload_weights` (checkpoint-format names, so
-HF names work), then the prefix cache is reset: cached KV blocks were computed by the old weights.
+Weights are reloaded in place through this vLLM family's adapter (`vllm_reload.py`; checkpoint-format
+names, so HF names work), then the prefix cache is reset: cached KV blocks were computed by the old
+weights.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mindspeed_rl.models.rollout.base import (
     check_weight_names,
     resolve_max_tokens,
 )
+from mindspeed_rl.models.rollout.vllm_reload import detect_vllm_install, weight_reloader
 
 if TYPE_CHECKING:
     import torch
@@ -62,6 +64,8 @@ class VLLMEngine:
         from mindspeed_rl.utils import vllm_cpu_patches
 
         opts = options or VLLMOptions()
+        # Before the engine starts: a vLLM that cannot take new weights fails here, not at the first sync.
+        self._reloader = weight_reloader(detect_vllm_install())
         on_cpu = current_platform.is_cpu()
         if on_cpu:
             vllm_cpu_patches.apply_cpu_env(opts.kv_cache_space_gib)
@@ -137,12 +141,12 @@ class VLLMEngine:
         # Materialised first: the names are validated before any weight is touched.
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         check_weight_names((name for name, _ in weights), self._weight_names)
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self._reloader.from_tensors(self._llm, weights)
         self._llm.reset_prefix_cache()
 
     def load_weights_from_path(self, path: str) -> None:
         check_weight_names(_checkpoint_names(path), self._weight_names)
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        self._reloader.from_path(self._llm, str(path))
         self._llm.reset_prefix_cache()
 
     def shutdown(self) -> None:

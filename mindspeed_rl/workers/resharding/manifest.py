@@ -35,6 +35,11 @@ def checksum_bytes(data: memoryview) -> str:
     crc = 0
     for start in range(0, len(data), _CRC_CHUNK):
         crc = zlib.crc32(data[start : start + _CRC_CHUNK], crc)
+    return format_checksum(crc)
+
+
+def format_checksum(crc: int) -> str:
+    """The manifest's spelling of a running CRC-32 value."""
     return f"{crc:08x}"
 
 
@@ -109,7 +114,10 @@ class SnapshotManifest:
     """``kind`` is "training" for a TU export, "inference" for a GU-converted snapshot.
 
     ``layout`` is the JSON form of the TrainingLayout / InferenceLayout that
-    produced the shards.
+    produced the shards. ``run_id`` names the run whose trainer produced the
+    weights (a converted snapshot keeps its source's): retention only ever
+    counts and deletes snapshots of its own run (see store.prune). Manifests
+    written before the field existed read as ``None`` (owned by no run).
     """
 
     version: int
@@ -118,6 +126,7 @@ class SnapshotManifest:
     layout: dict[str, Any]
     shards: tuple[ShardEntry, ...]
     tensors: tuple[TensorEntry, ...]
+    run_id: str | None = None
     checksum_algo: str = CHECKSUM_ALGO
     schema_version: int = SCHEMA_VERSION
 
@@ -147,6 +156,7 @@ class SnapshotManifest:
             "version": self.version,
             "created_unix": self.created_unix,
             "kind": self.kind,
+            "run_id": self.run_id,
             "checksum_algo": self.checksum_algo,
             "layout": self.layout,
             "shards": [s.to_json() for s in self.shards],
@@ -174,6 +184,7 @@ class SnapshotManifest:
             layout=dict(data["layout"]),
             shards=tuple(ShardEntry.from_json(s) for s in data["shards"]),
             tensors=tuple(TensorEntry.from_json(t) for t in data["tensors"]),
+            run_id=data.get("run_id"),
             checksum_algo=algo,
             schema_version=schema,
         )

@@ -1,21 +1,35 @@
-"""Write one shard file, and read one back verified against the manifest.
+"""Write one shard file, and read one back verified against the manifest, at disk speed.
 
-Reading is the parallel loader: tensors are binned by size across a thread
-pool (big tensors end up alone in a bin, small ones grouped, the same idea as
-the paper's H2D streams) and each thread opens its own safetensors handle.
-CRC-32 and safetensors' copy both release the GIL, so threads overlap.
+Files are standard safetensors (8-byte header length, JSON header, raw bytes), so any
+safetensors reader (vLLM's ``weights_path`` loader included) opens them. We write and read
+them ourselves because the library's torch writer first copies every tensor into a Python
+``bytes`` object, and because we want the checksum taken from the bytes in flight:
+
+- write: each tensor's memory goes to the file in chunks with ``os.pwrite`` at its final
+  offset; the CRC-32 of a chunk is taken just before it is written, while it is in cache.
+  The checksum is therefore computed once, from the exact bytes written, never by re-reading.
+- read: each tensor is read with ``os.preadv`` straight into its (preallocated) torch
+  storage, and its CRC-32 is taken chunk by chunk as it arrives.
+
+Both sides bin tensors by size across a thread pool (big tensors end up alone in a bin,
+small ones grouped, the same idea as the paper's H2D streams). ``pwrite``/``preadv`` and
+``zlib.crc32`` release the GIL, so the threads overlap on separate cores and disk queues.
+
+Which hop verifies what (and why) is stated in convert.py's module docstring.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from mindspeed_rl.workers.resharding.layout import PartitionSpec
 from mindspeed_rl.workers.resharding.manifest import (
@@ -23,18 +37,69 @@ from mindspeed_rl.workers.resharding.manifest import (
     SnapshotError,
     SnapshotManifest,
     TensorEntry,
-    checksum_bytes,
+    format_checksum,
 )
-from mindspeed_rl.workers.resharding.store import fsync_path
+
+# 8 MiB: small enough that a chunk is still in cache when it is written after its CRC.
+_CHUNK = 8 * 1024 * 1024
+_MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
+_ST_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+}
+_TORCH_DTYPES = {code: dtype for dtype, code in _ST_DTYPES.items()}
+_BY_NAME = {str(dtype).removeprefix("torch."): dtype for dtype in _ST_DTYPES}
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def default_io_threads() -> int:
+    """Threads for one shard's I/O: one per core, at least 2 (a disk queue overlaps CRC), at most 8."""
+    return min(8, max(2, os.cpu_count() or 1))
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _crc_update(chunk: memoryview, crc: int) -> int:
+    """One CRC-32 step; a named function so tests can count the bytes checksummed."""
+    return zlib.crc32(chunk, crc)
+
+
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """A tensor's bytes without a copy (a contiguous CPU tensor of any dtype)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
 def tensor_checksum(tensor: torch.Tensor) -> str:
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    return checksum_bytes(raw.numpy().data)
+    raw = _raw_bytes(tensor)
+    crc = 0
+    for start in range(0, len(raw), _CHUNK):
+        crc = _crc_update(raw[start : start + _CHUNK], crc)
+    return format_checksum(crc)
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    name: str
+    tensor: torch.Tensor
+    offset: int  # absolute position in the file
+    nbytes: int
 
 
 def write_shard(
@@ -43,98 +108,236 @@ def write_shard(
     specs: Mapping[str, PartitionSpec],
     *,
     shard_file: str | None = None,
+    num_threads: int | None = None,
 ) -> tuple[int, tuple[TensorEntry, ...]]:
     """Write ``tensors`` to ``path`` (fsynced); return the file size and one manifest entry per tensor.
 
     ``shard_file`` is the name recorded in the entries when ``path`` is a temporary name.
     """
+    for name, tensor in tensors.items():
+        if tensor.device.type != "cpu" or tensor.dtype not in _ST_DTYPES:
+            raise ValueError(
+                f"{name}: a {tensor.dtype} tensor on {tensor.device} cannot be written; "
+                "pass CPU tensors of a safetensors dtype"
+            )
+    header, placed = _layout_file(tensors)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _pwrite_all(fd, memoryview(header), 0)
+        crcs = _in_bins(placed, lambda p: p.nbytes, lambda p: _write_tensor(fd, p), num_threads)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     entries = tuple(
         TensorEntry(
-            name=name,
-            shape=tuple(t.shape),
-            dtype=dtype_name(t.dtype),
+            name=p.name,
+            shape=tuple(p.tensor.shape),
+            dtype=dtype_name(p.tensor.dtype),
             shard_file=shard_file or path.name,
-            nbytes=t.numel() * t.element_size(),
-            checksum=tensor_checksum(t),
-            partition=specs[name],
+            nbytes=p.nbytes,
+            checksum=crc,
+            partition=specs[p.name],
         )
-        for name, t in tensors.items()
+        for p, crc in zip(placed, crcs, strict=True)
     )
-    save_file(dict(tensors), str(path))
-    fsync_path(path)
-    return os.path.getsize(path), entries
+    size = len(header) + sum(p.nbytes for p in placed)
+    return size, entries
+
+
+def _layout_file(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[_Placed]]:
+    # Widest dtypes first: with an 8-aligned data start, every tensor is aligned to its element size.
+    ordered = sorted(tensors.items(), key=lambda item: (-item[1].element_size(), item[0]))
+    meta: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    position = 0
+    sizes = []
+    for name, tensor in ordered:
+        nbytes = tensor.numel() * tensor.element_size()
+        meta[name] = {
+            "dtype": _ST_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [position, position + nbytes],
+        }
+        sizes.append(nbytes)
+        position += nbytes
+    body = json.dumps(meta, separators=(",", ":")).encode()
+    body += b" " * (-(8 + len(body)) % 8)
+    header = len(body).to_bytes(8, "little") + body
+    placed, start = [], len(header)
+    for (name, tensor), nbytes in zip(ordered, sizes, strict=True):
+        placed.append(_Placed(name=name, tensor=tensor, offset=start, nbytes=nbytes))
+        start += nbytes
+    return header, placed
+
+
+def _write_tensor(fd: int, placed: _Placed) -> str:
+    raw = _raw_bytes(placed.tensor)
+    crc = 0
+    for start in range(0, len(raw), _CHUNK):
+        chunk = raw[start : start + _CHUNK]
+        crc = _crc_update(chunk, crc)
+        _pwrite_all(fd, chunk, placed.offset + start)
+    return format_checksum(crc)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
 
 def read_shard(
-    snapshot_dir: Path, manifest: SnapshotManifest, shard: ShardEntry, *, num_threads: int = 4
+    snapshot_dir: Path, manifest: SnapshotManifest, shard: ShardEntry, *, num_threads: int | None = None
 ) -> dict[str, torch.Tensor]:
     """Load every tensor of ``shard`` and check it against the manifest; raise SnapshotError on any mismatch."""
-    path = Path(snapshot_dir) / shard.file
+    return read_shards(snapshot_dir, manifest, [shard], num_threads=num_threads)[shard.file]
+
+
+def read_shards(
+    snapshot_dir: Path,
+    manifest: SnapshotManifest,
+    shards: Sequence[ShardEntry],
+    *,
+    num_threads: int | None = None,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Several shards of one snapshot read by one thread pool (files overlap, not only tensors)."""
+    jobs: list[_ReadJob] = []
+    fds: list[int] = []
+    try:
+        for shard in shards:
+            path = Path(snapshot_dir) / shard.file
+            offsets = check_shard_file(path, manifest, shard)
+            fd = os.open(path, os.O_RDONLY)
+            fds.append(fd)
+            jobs.extend(
+                _ReadJob(path=path, fd=fd, offset=offsets[e.name], entry=e)
+                for e in manifest.tensors_in(shard.file)
+            )
+        loaded = _in_bins(jobs, lambda job: job.entry.nbytes, _read_tensor, num_threads)
+    except OSError as err:
+        raise SnapshotError(f"snapshot v{manifest.version}: cannot read {snapshot_dir}: {err}") from err
+    finally:
+        for fd in fds:
+            os.close(fd)
+    out: dict[str, dict[str, torch.Tensor]] = {s.file: {} for s in shards}
+    for job, tensor in zip(jobs, loaded, strict=True):
+        out[job.entry.shard_file][job.entry.name] = tensor
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadJob:
+    path: Path
+    fd: int
+    offset: int  # absolute position of the tensor's bytes in the file
+    entry: TensorEntry
+
+
+def check_shard_file(path: Path, manifest: SnapshotManifest, shard: ShardEntry) -> dict[str, int]:
+    """Size and header against the manifest (no tensor bytes read); returns each tensor's file offset.
+
+    This is the whole check of a hop that does not read the bytes (identity conversion).
+    """
     if not path.is_file():
         raise SnapshotError(f"snapshot v{manifest.version}: shard file {path} is missing")
     size = path.stat().st_size
     if size != shard.nbytes:
         raise SnapshotError(
-            f"snapshot v{manifest.version}: {path} has {size} bytes, manifest says {shard.nbytes} (truncated or rewritten)"
+            f"snapshot v{manifest.version}: {path} has {size} bytes, manifest says {shard.nbytes} "
+            "(truncated or rewritten)"
         )
+    header, data_start = _read_header(path, size)
     entries = manifest.tensors_in(shard.file)
-    try:
-        _check_names(path, entries)
-        bins = _bin_by_size(entries, max(1, num_threads))
-        if len(bins) == 1:
-            parts = [_read_bin(path, bins[0])]
-        else:
-            with ThreadPoolExecutor(max_workers=len(bins), thread_name_prefix="snapshot-read") as pool:
-                parts = list(pool.map(lambda group: _read_bin(path, group), bins))
-    except (SafetensorError, OSError) as err:
-        raise SnapshotError(f"snapshot v{manifest.version}: cannot read {path}: {err}") from err
-    merged: dict[str, torch.Tensor] = {}
-    for part in parts:
-        merged.update(part)
-    return merged
-
-
-def _check_names(path: Path, entries: Sequence[TensorEntry]) -> None:
-    with safe_open(str(path), framework="pt") as handle:
-        present = set(handle.keys())
+    present = set(header) - {"__metadata__"}
     expected = {e.name for e in entries}
     if present != expected:
         missing = sorted(expected - present)[:5]
         extra = sorted(present - expected)[:5]
+        raise SnapshotError(f"{path}: tensors differ from the manifest (missing {missing}, unexpected {extra})")
+    return {e.name: data_start + _check_entry(path, e, header[e.name], data_start, size) for e in entries}
+
+
+def _read_header(path: Path, size: int) -> tuple[dict[str, Any], int]:
+    with path.open("rb") as handle:
+        prefix = handle.read(8)
+        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if not 0 < length <= min(_MAX_HEADER, size - 8):
+            raise SnapshotError(f"{path}: not a safetensors file (header length {length})")
+        try:
+            header = json.loads(handle.read(length))
+        except ValueError as err:
+            raise SnapshotError(f"{path}: malformed safetensors header ({err})") from err
+    if not isinstance(header, dict):
+        raise SnapshotError(f"{path}: malformed safetensors header (not an object)")
+    return header, 8 + length
+
+
+def _check_entry(path: Path, entry: TensorEntry, info: Any, data_start: int, size: int) -> int:
+    """Header entry against the manifest entry; returns its start within the data section."""
+    try:
+        dtype = _TORCH_DTYPES[info["dtype"]]
+        shape = tuple(int(d) for d in info["shape"])
+        begin, end = (int(x) for x in info["data_offsets"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise SnapshotError(f"{path}: header entry of {entry.name} is malformed ({err})") from err
+    if shape != entry.shape or dtype_name(dtype) != entry.dtype:
         raise SnapshotError(
-            f"{path}: tensors differ from the manifest (missing {missing}, unexpected {extra})"
-        )
-
-
-def _bin_by_size(entries: Sequence[TensorEntry], num_bins: int) -> list[list[TensorEntry]]:
-    """Greedy largest-first into the lightest bin: big tensors spread out, small ones share a bin."""
-    bins: list[list[TensorEntry]] = [[] for _ in range(min(num_bins, max(1, len(entries))))]
-    loads = [0] * len(bins)
-    for entry in sorted(entries, key=lambda e: e.nbytes, reverse=True):
-        lightest = loads.index(min(loads))
-        bins[lightest].append(entry)
-        loads[lightest] += entry.nbytes
-    return bins
-
-
-def _read_bin(path: Path, entries: Sequence[TensorEntry]) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    with safe_open(str(path), framework="pt") as handle:
-        for entry in entries:
-            tensor = handle.get_tensor(entry.name)
-            _verify(path, entry, tensor)
-            out[entry.name] = tensor
-    return out
-
-
-def _verify(path: Path, entry: TensorEntry, tensor: torch.Tensor) -> None:
-    if tuple(tensor.shape) != entry.shape or dtype_name(tensor.dtype) != entry.dtype:
-        raise SnapshotError(
-            f"{path}: {entry.name} is {dtype_name(tensor.dtype)}{list(tensor.shape)}, "
+            f"{path}: {entry.name} is {dtype_name(dtype)}{list(shape)}, "
             f"manifest says {entry.dtype}{list(entry.shape)}"
         )
-    actual = tensor_checksum(tensor)
-    if actual != entry.checksum:
+    if end - begin != entry.nbytes or begin < 0 or data_start + end > size:
         raise SnapshotError(
-            f"{path}: {entry.name} checksum {actual} != manifest {entry.checksum} (corrupted)"
+            f"{path}: {entry.name} spans bytes [{begin}, {end}) of the data, manifest says {entry.nbytes} bytes"
         )
+    return begin
+
+
+def _read_tensor(job: _ReadJob) -> torch.Tensor:
+    path, fd, offset, entry = job.path, job.fd, job.offset, job.entry
+    tensor = torch.empty(entry.shape, dtype=_BY_NAME[entry.dtype])
+    raw = _raw_bytes(tensor) if entry.nbytes else memoryview(b"")
+    crc = 0
+    for start in range(0, len(raw), _CHUNK):
+        chunk = raw[start : start + _CHUNK]
+        got = 0
+        while got < len(chunk):
+            n = os.preadv(fd, [chunk[got:]], offset + start + got)
+            if n == 0:
+                raise SnapshotError(f"{path}: {entry.name} ends early (file truncated while reading)")
+            got += n
+        crc = _crc_update(chunk, crc)
+    actual = format_checksum(crc)
+    if actual != entry.checksum:
+        raise SnapshotError(f"{path}: {entry.name} checksum {actual} != manifest {entry.checksum} (corrupted)")
+    return tensor
+
+
+def _in_bins(
+    items: Sequence[_T], weight: Callable[[_T], int], work: Callable[[_T], _R], num_threads: int | None
+) -> list[_R]:
+    """``work(item)`` for every item, in item order; items binned by weight over up to ``num_threads`` threads."""
+    indexed = list(enumerate(items))
+    bins = _bin_by_size(indexed, lambda pair: weight(pair[1]), num_threads or default_io_threads())
+    results: list[Any] = [None] * len(items)
+
+    def run(group: list[tuple[int, _T]]) -> None:
+        for index, item in group:
+            results[index] = work(item)
+
+    if len(bins) <= 1:
+        for group in bins:
+            run(group)
+    else:
+        with ThreadPoolExecutor(max_workers=len(bins), thread_name_prefix="snapshot-io") as pool:
+            list(pool.map(run, bins))  # consumed so a worker's exception is raised here
+    return results
+
+
+def _bin_by_size(items: Sequence[_T], weight: Callable[[_T], int], num_bins: int) -> list[list[_T]]:
+    """Greedy largest-first into the lightest bin: big tensors spread out, small ones share a bin."""
+    bins: list[list[_T]] = [[] for _ in range(min(max(1, num_bins), len(items)))]
+    loads = [0] * len(bins)
+    for item in sorted(items, key=weight, reverse=True):
+        lightest = loads.index(min(loads))
+        bins[lightest].append(item)
+        loads[lightest] += weight(item)
+    return bins

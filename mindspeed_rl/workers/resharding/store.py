@@ -20,11 +20,32 @@ reader that takes its lease while a prune is already running may find the
 directory gone or files missing; the reader then fails its validation, keeps
 its current weights and retries on the next minibatch. Leases older than
 ``lease_ttl_s`` are treated as left by a crashed process and ignored.
+
+Runs never touch each other's snapshots. Two layers, because one folder name
+(``snapshot_dir: ./snapshots`` in both cluster YAMLs) is reused run after run:
+
+- each run writes under its own folder, ``run_root(snapshot_dir, run_id)`` =
+  ``<snapshot_dir>/<run id>/``; chosen over refusing a used folder because a
+  refusal turns a leftover folder into a failed launch on an idle cluster,
+  while per-run folders make reuse safe and leave old runs visible by name;
+- every manifest records the ``run_id`` that produced it and retention counts
+  and deletes only snapshots of its own run. Without this, a root holding an
+  earlier run's v197-v199 made retention delete a new run's v1 in the same
+  call that published it, and the run waited forever.
+
+Hard links: a GU's converted cache may hold hard links to the export's shard
+files (identity conversion). That is safe because published files are never
+written again, and deleting one directory only drops its link: the other
+directory keeps the bytes. Symlinks would not be: the export's retention
+would leave the cache pointing at nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
+import logging
 import os
 import re
 import shutil
@@ -37,12 +58,49 @@ from mindspeed_rl.workers.resharding.manifest import MANIFEST_NAME, SnapshotInfo
 
 _PUBLISHED = re.compile(r"^v(\d+)$")
 _SCRATCH = re.compile(r"^\.(staging|tmp|trash)-v(\d+)")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LEASE_DIR = ".leases"
 DEFAULT_LEASE_TTL_S = 1800.0
+# Errors of os.link that mean "this file system cannot link here", not "something is wrong".
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+logger = logging.getLogger(__name__)
 
 
 def snapshot_dirname(version: int) -> str:
     return f"v{version}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise ValueError(
+            f"run id {run_id!r} cannot name a folder; use letters, digits, '.', '_' or '-' "
+            "(at most 128 characters, not starting with '.' or '-')"
+        )
+    return run_id
+
+
+def run_root(snapshot_dir: Path, run_id: str) -> Path:
+    """``<snapshot_dir>/<run_id>``: the folder one run exports to and keeps its GU caches in."""
+    return Path(snapshot_dir) / check_run_id(run_id)
+
+
+def snapshot_run_id(snapshot_dir: Path) -> str | None:
+    """The run that produced a published snapshot (from its manifest); None if unknown or unreadable.
+
+    Unreadable counts as "not mine": retention then leaves it alone, never the other way round.
+    """
+    try:
+        data = json.loads((Path(snapshot_dir) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    run_id = data.get("run_id") if isinstance(data, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+def list_run_published(root: Path, run_id: str | None) -> list[SnapshotInfo]:
+    """Published snapshots under ``root`` produced by run ``run_id``, oldest first."""
+    return [info for info in list_published(root) if snapshot_run_id(info.path) == run_id]
 
 
 def fsync_path(path: Path) -> None:
@@ -87,8 +145,9 @@ def publish_dir(temp_dir: Path, root: Path, version: int) -> SnapshotInfo:
     fsync_path(temp_dir)
     if target.exists():
         raise ValueError(
-            f"snapshot {target} is already published; policy versions must increase, export version "
-            f"{version + 1} or later"
+            f"snapshot {target} is already published (by run {snapshot_run_id(target)!r}); policy "
+            f"versions must increase, export version {version + 1} or later; if {root} holds an "
+            "earlier run's snapshots, give this run its own folder (store.run_root)"
         )
     os.rename(temp_dir, target)
     fsync_path(Path(root))
@@ -128,30 +187,54 @@ def leased_versions(root: Path, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> set
     return held
 
 
-def prune(root: Path, keep_last: int, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> tuple[int, ...]:
-    """Delete published snapshots older than the newest ``keep_last``, sparing leased ones.
+def prune(
+    root: Path, keep_last: int, lease_ttl_s: float = DEFAULT_LEASE_TTL_S, *, run_id: str | None
+) -> tuple[int, ...]:
+    """Delete run ``run_id``'s published snapshots older than its newest ``keep_last``, sparing leased ones.
 
-    Also removes scratch dirs (staging/tmp/trash) of versions below the newest
-    published one: exports publish in version order, so nobody writes them anymore.
-    Returns the deleted versions.
+    Snapshots of other runs are neither counted nor deleted (see the module docstring). Also
+    removes scratch dirs (staging/tmp/trash) of versions below this run's newest published one:
+    exports publish in version order, so nobody writes them anymore. Returns the deleted versions.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last={keep_last} would delete the snapshot actors need; use keep_last >= 1")
     root = Path(root)
-    published = list_published(root)
+    own = list_run_published(root, run_id)
     held = leased_versions(root, lease_ttl_s)
-    victims = [info for info in published[:-keep_last] if info.version not in held]
+    victims = [info for info in own[:-keep_last] if info.version not in held]
     for info in victims:
-        trash = root / f".trash-v{info.version}-{uuid.uuid4().hex[:12]}"
-        os.rename(info.path, trash)
-        shutil.rmtree(trash)
-    if published:
-        _remove_scratch_below(root, published[-1].version)
+        retire(info)
+    if own:
+        _remove_scratch_below(root, own[-1].version)
     return tuple(info.version for info in victims)
+
+
+def retire(info: SnapshotInfo) -> None:
+    """Unpublish then delete: renamed away first, so ``v<N>`` is never seen half-deleted."""
+    trash = info.path.parent / f".trash-v{info.version}-{uuid.uuid4().hex[:12]}"
+    os.rename(info.path, trash)
+    shutil.rmtree(trash)
+
+
+def link_or_copy(source: Path, target: Path) -> bool:
+    """Hard-link ``source`` as ``target``; copy (fsynced) only where the file system cannot link.
+
+    Returns True when linked. Why not a symlink or a rename: see the module docstring.
+    """
+    try:
+        os.link(source, target)
+        return True
+    except OSError as err:
+        if err.errno not in _NO_LINK:
+            raise
+        logger.info("cannot hard-link %s to %s (%s); copying it", source, target, err.strerror)
+    shutil.copyfile(source, target)
+    fsync_path(target)
+    return False
 
 
 def _remove_scratch_below(root: Path, newest: int) -> None:
     for child in root.iterdir():
         match = _SCRATCH.match(child.name)
         if match and int(match.group(2)) < newest:
-            shutil.rmtree(child)
+            shutil.rmtree(child, ignore_errors=True)

@@ -28,7 +28,9 @@ def test_clip_higher_changes_the_clipped_fraction_of_the_loss() -> None:
     inputs = dict(log_probs=logp, old_log_probs=torch.zeros(8, 16), advantages=torch.ones(8),
                   mask=torch.ones(8, 16), num_tokens=128)  # fmt: skip
     base = grpo_loss(**inputs, config=GRPOLossConfig(init_kl_coef=0.0))
-    dapo = grpo_loss(**inputs, config=GRPOLossConfig(init_kl_coef=0.0, clip_ratio_low=0.2, clip_ratio_high=0.28))
+    dapo = grpo_loss(
+        **inputs, config=GRPOLossConfig(init_kl_coef=0.0, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    )
     assert dapo.clip_frac.item() < base.clip_frac.item() - 0.02
 
 
@@ -50,8 +52,12 @@ def test_sequence_level_loss_weighs_every_response_equally() -> None:
     assert token.pg_loss.item() == pytest.approx(-0.25)
     assert seq.pg_loss.item() == pytest.approx(0.5)
     parts = [
-        grpo_loss(**{k: v[i : i + 1] for k, v in _two_sequences().items()}, config=seq_cfg, num_tokens=4,
-                  num_sequences=2)  # fmt: skip
+        grpo_loss(
+            **{k: v[i : i + 1] for k, v in _two_sequences().items()},
+            config=seq_cfg,
+            num_tokens=4,
+            num_sequences=2,
+        )  # fmt: skip
         for i in (0, 1)
     ]
     assert sum(p.pg_loss.item() for p in parts) == pytest.approx(0.5)  # exact across micro-batches
@@ -69,7 +75,9 @@ def test_kl_in_reward_takes_the_kl_out_of_the_loss() -> None:
     inputs = {**_two_sequences(), "ref_log_probs": torch.full((2, 3), -0.5)}
     in_loss = grpo_loss(**inputs, config=GRPOLossConfig(kl_penalty="kl", init_kl_coef=0.5), num_tokens=4)
     in_reward = grpo_loss(
-        **inputs, config=GRPOLossConfig(kl_penalty="kl", init_kl_coef=0.5, use_kl_in_reward=True), num_tokens=4
+        **inputs,
+        config=GRPOLossConfig(kl_penalty="kl", init_kl_coef=0.5, use_kl_in_reward=True),
+        num_tokens=4,
     )
     assert in_loss.kl.item() == pytest.approx(0.5) and in_reward.kl.item() == pytest.approx(0.5)
     assert in_loss.loss.item() == pytest.approx(in_reward.loss.item() + 0.25)

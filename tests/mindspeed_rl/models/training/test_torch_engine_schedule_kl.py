@@ -24,7 +24,9 @@ def _batch(num_prompts: int, seed: int = 0) -> TrainBatch:
         for _ in range(2):
             prompts.append(prompt)
             responses.append(rng.integers(4, 100, size=int(rng.integers(1, 9))).tolist())
-    return TrainBatch.from_lists(prompt_ids=prompts, response_ids=responses, advantages=rng.normal(size=len(prompts)))
+    return TrainBatch.from_lists(
+        prompt_ids=prompts, response_ids=responses, advantages=rng.normal(size=len(prompts))
+    )
 
 
 def _engine(path: Path, **overrides: object) -> TorchTrainingEngine:
@@ -73,13 +75,17 @@ def test_sequence_level_loss_reaches_the_update(tiny_model_path: Path) -> None:
 
 
 def test_adaptive_kl_coefficient_is_carried_and_logged(tiny_model_path: Path) -> None:
-    loss = GRPOLossConfig(init_kl_coef=0.1, kl_penalty="mse", kl_ctrl_type="adaptive", kl_target=1e-12, kl_horizon=4)
+    loss = GRPOLossConfig(
+        init_kl_coef=0.1, kl_penalty="mse", kl_ctrl_type="adaptive", kl_target=1e-12, kl_horizon=4
+    )
     engine = _engine(tiny_model_path, lr=1e-2, mini_batch_size=2, loss=loss)  # one step per update
     ref = ReferenceModel(tiny_model_path, micro_batch_size=4)
     batch = _batch(num_prompts=2)
     coefs = []
     for _ in range(3):
-        full = batch.with_log_probs(old=engine.compute_log_probs(batch, 1.0), ref=ref.compute_log_probs(batch, 1.0))
+        full = batch.with_log_probs(
+            old=engine.compute_log_probs(batch, 1.0), ref=ref.compute_log_probs(batch, 1.0)
+        )
         coefs.append(engine.update(full, 1.0)["kl_coef"])
     # First update starts at the reference (kl 0 < target): coef shrinks by 20% x 4/4; later the
     # policy has moved (kl >> target): it grows by 20% each time.

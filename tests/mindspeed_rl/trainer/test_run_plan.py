@@ -1,0 +1,101 @@
+"""build_run_plan: each upstream key lands in the narrow config that honours it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mindspeed_rl.config_cls import load_config_from_files
+from mindspeed_rl.trainer.run_plan import RunPlan, build_run_plan
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+def _plan(*overrides: str, name: str = "grpo_tiny_cpu") -> RunPlan:
+    return build_run_plan(load_config_from_files(CONFIGS, name, overrides))
+
+
+def test_clip_higher_maps_to_asymmetric_bounds() -> None:
+    plain = _plan().trainer.engine.loss
+    assert (plain.clip_low, plain.clip_high) == (0.2, 0.2)
+    dapo = _plan(
+        "++rl_config.clip_higher_enable=true", "++rl_config.clip_ratio_high=0.28"
+    ).trainer.engine.loss
+    assert (dapo.clip_low, dapo.clip_high) == (0.2, 0.28)
+
+
+def test_loss_aggregation_and_kl_keys() -> None:
+    loss = _plan(
+        "++rl_config.token_level_loss=false", "++rl_config.use_kl_in_reward=true"
+    ).trainer.engine.loss
+    assert not loss.token_level_loss and loss.use_kl_in_reward and not loss.kl_in_loss
+    assert _plan("++rl_config.use_kl_in_reward=true").trainer.reference_micro_batch_size == 64
+    assert _plan("rl_config.init_kl_coef=0").trainer.reference_micro_batch_size is None
+    adaptive = _plan(
+        "rl_config.kl_ctrl_type=adaptive", "++rl_config.kl_target=0.05", "++rl_config.kl_horizon=500"
+    )
+    assert (adaptive.trainer.engine.loss.kl_target, adaptive.trainer.engine.loss.kl_horizon) == (0.05, 500)
+
+
+def test_lr_schedule_counts_optimizer_steps() -> None:
+    # 32 prompts per iteration, 8 per optimizer step, 2 epochs: 8 steps per iteration x 30 iterations.
+    plan = _plan("rl_config.mini_batch_size=8", "++rl_config.epochs=2", "actor_config.lr_decay_style=cosine",
+                 "++actor_config.lr_warmup_fraction=0.25", "actor_config.min_lr=1e-5")  # fmt: skip
+    schedule = plan.trainer.engine.schedule
+    assert (schedule.decay_steps, schedule.warmup_steps) == (240, 60)
+    assert schedule.lr_at(240) == pytest.approx(1e-5) and schedule.lr_at(60) == pytest.approx(5e-4)
+    explicit = _plan("actor_config.lr_decay_style=linear", "++actor_config.lr_decay_iters=10",
+                     "++actor_config.lr_warmup_iters=2").trainer.engine.schedule  # fmt: skip
+    assert (explicit.decay_steps, explicit.warmup_steps, explicit.decay_style) == (10, 2, "linear")
+    with pytest.raises(ValueError, match="not both"):
+        _plan("++actor_config.lr_warmup_iters=2", "++actor_config.lr_warmup_fraction=0.1")
+
+
+def test_max_policy_lag_null_switches_the_bound_off() -> None:
+    assert _plan(name="grpo_tiny_asp").runtime.max_policy_lag == 4  # type: ignore[union-attr]
+    plan = _plan("async_config.max_policy_lag=null", name="grpo_tiny_asp")
+    assert plan.runtime is not None and plan.runtime.max_policy_lag is None
+
+
+def test_checkpoint_and_finetune_load(tmp_path: Path) -> None:
+    plan = _plan("++actor_config.save=/ckpt", "megatron_training.save_interval=5")
+    assert plan.checkpoint.folder(tmp_path, 4) == Path("/ckpt/iter_0000005")
+    assert plan.checkpoint.is_save_iteration(4) and not plan.checkpoint.is_save_iteration(5)
+    assert _plan().checkpoint.folder(tmp_path, 0) == tmp_path / "checkpoints" / "iter_0000001"
+    assert _plan("++actor_config.load=/w", "++actor_config.finetune=true").model.initial_weights == "/w"
+    with pytest.raises(ValueError, match="lossless resume"):
+        _plan("++actor_config.load=/w")
+
+
+def test_evaluation_logging_and_rewards() -> None:
+    plan = _plan("++megatron_training.eval_interval=5", "++megatron_training.eval_iters=2",
+                 "++megatron_training.log_interval=3", "++rl_config.verifier_timeout=5")  # fmt: skip
+    assert (
+        plan.evaluation.interval,
+        plan.evaluation.max_prompts,
+        plan.evaluation.num_samples_per_prompt,
+    ) == (5, 64, 8)
+    assert plan.logging.log_interval == 3 and plan.trainer.reward.verifier_timeout == 5.0
+    assert _plan().evaluation.max_prompts is None
+
+
+def test_resources_per_pipeline() -> None:
+    hybrid = _plan()
+    assert [(r.name, r.count) for r in hybrid.resources] == [("training unit", 1), ("generation actor", 1)]
+    hybrid.check_fits({"CPU": 1.0})
+    with pytest.raises(ValueError, match="actors need 1 CPU"):
+        hybrid.check_fits({"CPU": 0.5})
+    sharded = _plan("async_config.actor_tensor_parallel_size=2", name="grpo_tiny_asp")
+    with pytest.raises(ValueError, match="full replica"):
+        sharded.check_fits({"CPU": 2.0})
+
+
+def test_refused_values_name_the_key() -> None:
+    for override, key in (
+        ("rl_config.rule_reward=false", "rl_config.rule_reward"),
+        ("++actor_config.attention_dropout=0.1", "actor_config.attention_dropout"),
+        ("++actor_config.optimizer=sgd", "actor_config.optimizer"),
+    ):
+        with pytest.raises(ValueError, match=key):
+            _plan(override)
