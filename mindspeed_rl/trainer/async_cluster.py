@@ -31,6 +31,7 @@ from mindspeed_rl.utils.run_summary import write_summary
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.runtime.records import GlobalBatch
+    from mindspeed_rl.trainer.run_plan import RunPlan
 
 logger = logging.getLogger(__name__)
 # The driver blocks in the CU until its batch is ready, waking this often to check that the GUs
@@ -48,7 +49,7 @@ class AsyncCluster:
 
     @classmethod
     def start(
-        cls, config: GRPOConfig, policy_path: str, inputs: PipelineInputs, run_dir: Path
+        cls, config: GRPOConfig, plan: RunPlan, policy_path: str, inputs: PipelineInputs, run_dir: Path
     ) -> AsyncCluster:
         import ray
 
@@ -57,24 +58,19 @@ class AsyncCluster:
         from mindspeed_rl.workers.generation_unit import GenerationUnit
         from mindspeed_rl.workers.training_unit import TrainingUnit
 
-        a = config.async_config
+        a = plan.async_spec
+        assert a is not None and plan.runtime is not None, "an async plan carries async_spec and runtime"
         prompts = ray.put({r.prompt_id: r for r in inputs.prompts})
         control = ray_actor_options(a.control_resources)
         cu: Any = (
             ray.remote(ControlUnit)
             .options(**control, max_concurrency=32)
-            .remote(setup.runtime_config(config), inputs.schedule)
+            .remote(plan.runtime, inputs.schedule)
         )
         tu: Any = (
             ray.remote(TrainingUnit)
-            .options(**ray_actor_options(a.trainer_resources))
-            .remote(
-                config,
-                policy_path,
-                prompts,
-                num_cpus=a.trainer_resources.num_cpus,
-                simulated_step_seconds=inputs.simulated_step_seconds,
-            )
+            .options(**ray_actor_options(config.async_config.trainer_resources))
+            .remote(plan.trainer, policy_path, prompts, simulated_step_seconds=inputs.simulated_step_seconds)
         )
         snapshots = setup.snapshot_root(config, run_dir)
         specs = setup.gu_specs(

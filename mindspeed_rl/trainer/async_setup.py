@@ -45,12 +45,17 @@ def run_prompts(config: GRPOConfig, records: Sequence[PromptRecord]) -> list[Pro
 
 
 def asp_inputs(config: GRPOConfig, policy_path: str, run_dir: Path) -> PipelineInputs:
-    """The run's prompts (hybrid's draw order) and their ASP schedule, saved into ``run_dir``."""
+    """The run's training prompts (hybrid's draw order) with their ASP schedule, saved into
+    ``run_dir``, and the held-out prompts of the split."""
+    from mindspeed_rl.datasets.split import write_split_ids
     from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
 
-    prompt_set = components.load_prompt_set(config, components.load_tokenizer(policy_path))
-    records = run_prompts(config, prompt_set.records)
-    return PipelineInputs(prompts=tuple(records), schedule=build_schedule(config, records, run_dir))
+    splits = components.load_prompt_splits(config, components.load_tokenizer(policy_path))
+    write_split_ids(run_dir / "split_ids.json", splits)
+    records = run_prompts(config, splits.train)
+    return PipelineInputs(
+        prompts=tuple(records), schedule=build_schedule(config, records, run_dir), held_out=splits.valid
+    )
 
 
 def true_lengths(config: GRPOConfig, records: Sequence[PromptRecord]) -> dict[str, float] | None:

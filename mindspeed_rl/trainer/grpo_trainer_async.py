@@ -14,7 +14,6 @@ under the lag bound, so the trainer's idle time is only the wait for its batch
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,14 +21,13 @@ from typing import TYPE_CHECKING
 from mindspeed_rl.trainer import async_setup as setup
 from mindspeed_rl.trainer import components
 from mindspeed_rl.trainer.async_cluster import AsyncCluster
-from mindspeed_rl.trainer.checkpoints import checkpoint_dir, is_save_iteration
 from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
-from mindspeed_rl.utils.metrics import MetricsWriter, format_progress
+from mindspeed_rl.trainer.reporting import IterationReport
+from mindspeed_rl.trainer.run_plan import RunPlan, build_run_plan
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
 
-logger = logging.getLogger(__name__)
 CONSOLE_KEYS = (
     "reward_mean",
     "tokens_per_s",
@@ -44,27 +42,31 @@ def train(config: GRPOConfig, run_dir: Path, inputs: PipelineInputs | None = Non
     prompts and schedule the config would give."""
     import ray
 
+    plan = build_run_plan(config)
+    plan.check_fits(ray.available_resources())  # before any model, data or scheduling work
     policy_path = str(components.prepare_policy_model(config))
     inputs = inputs or setup.asp_inputs(config, policy_path, run_dir)
-    setup.check_resources(config, ray.available_resources())
-    cluster = AsyncCluster.start(config, policy_path, inputs, run_dir)
-    num_iters = config.megatron_training.training.train_iters
-    with MetricsWriter(run_dir, use_tensorboard=config.rl_config.use_tensorboard) as sink:
-        for step in range(num_iters):
+    cluster = AsyncCluster.start(config, plan, policy_path, inputs, run_dir)
+    with IterationReport(run_dir, plan, inputs.held_out, CONSOLE_KEYS) as report:
+        for step in range(plan.data.train_iters):
             start = time.perf_counter()
             batch = cluster.wait_for_batch(step)
             waited = time.perf_counter() - start
             stats = cluster.train(batch)
             trained = time.perf_counter() - start - waited
-            # The last step's weights go to final_model, not to a GU that has nothing left to do.
-            export = step + 1 < num_iters and (step + 1) % config.async_config.snapshot_interval == 0
-            copy_s = cluster.export_snapshot(step + 1) if export else 0.0
+            copy_s = cluster.export_snapshot(step + 1) if _exports_after(plan, step) else 0.0
             pipeline = cluster.step_done(step)
-            record = iteration_record(stats, pipeline, start, waited, trained, copy_s)
-            logger.info(format_progress(sink.write(step, record), num_iters, CONSOLE_KEYS))
-            if is_save_iteration(config, step):
-                cluster.save(checkpoint_dir(run_dir, step))
+            report.write(step, iteration_record(stats, pipeline, start, waited, trained, copy_s), cluster.tu)
+            if plan.checkpoint.is_save_iteration(step):
+                cluster.save(plan.checkpoint.folder(run_dir, step))
     cluster.close(run_dir)
+
+
+def _exports_after(plan: RunPlan, step: int) -> bool:
+    """Every ``snapshot_interval`` steps, except after the last one: its weights go to
+    final_model, not to a GU that has nothing left to generate."""
+    assert plan.async_spec is not None
+    return step + 1 < plan.data.train_iters and (step + 1) % plan.async_spec.snapshot_interval == 0
 
 
 def iteration_record(

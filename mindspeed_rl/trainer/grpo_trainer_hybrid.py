@@ -11,7 +11,6 @@ same TrainingUnit and GenerationActor; only the schedule around them differs.
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,14 +18,12 @@ from typing import TYPE_CHECKING, Any
 from mindspeed_rl.datasets.split import write_split_ids
 from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, Sample, ScheduledMinibatch
 from mindspeed_rl.trainer import components
-from mindspeed_rl.utils.metrics import MetricsWriter, format_progress
+from mindspeed_rl.trainer.reporting import IterationReport
 from mindspeed_rl.utils.run_summary import write_summary
-from mindspeed_rl.workers.evaluator import EvalSettings, select_eval_prompts, write_eval_prompts
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
 
-logger = logging.getLogger(__name__)
 CONSOLE_KEYS = ("reward_mean", "response_length_mean", "tokens_per_s", "iteration_time_s", "eval/accuracy")
 
 
@@ -43,11 +40,6 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     policy_path = str(components.prepare_policy_model(config))
     splits = components.load_prompt_splits(config, components.load_tokenizer(policy_path))
     write_split_ids(run_dir / "split_ids.json", splits)
-    logging_config, eval_config = plan.logging, plan.evaluation
-    eval_prompts = select_eval_prompts(splits.valid, eval_config)
-    eval_settings = EvalSettings.for_run(
-        plan.rollout.sampling, eval_config, plan.rollout.engine_keys, plan.rollout.seed
-    )
     prompts = {r.prompt_id: r for r in splits.train}
     batches = components.global_batches(config, list(prompts))
 
@@ -56,16 +48,9 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     actor: Any = ray.remote(GenerationActor).options(**options).remote(plan.rollout, policy_path, prompts)
     # Engine start-up (model load, vLLM warm-up) is not part of any iteration's time.
     ray.get([trainer.__ray_ready__.remote(), actor.__ray_ready__.remote()])
-    num_iters = config.megatron_training.training.train_iters
-    with MetricsWriter(run_dir, logging_config) as sink:
+    with IterationReport(run_dir, plan, splits.valid, CONSOLE_KEYS) as report:
         for iteration, prompt_ids in enumerate(batches):
-            record = _iteration(iteration, prompt_ids, actor, trainer)
-            if eval_config.due(iteration):
-                write_eval_prompts(run_dir, iteration, [p.prompt_id for p in eval_prompts])
-                record.update(ray.get(trainer.evaluate.remote(eval_prompts, eval_settings)))
-            written = sink.write(iteration, record)
-            if sink.should_log(iteration) or eval_config.due(iteration):
-                logger.info(format_progress(written, num_iters, CONSOLE_KEYS))
+            report.write(iteration, _iteration(iteration, prompt_ids, actor, trainer), trainer)
             if plan.checkpoint.is_save_iteration(iteration):
                 ray.get(trainer.save_hf.remote(str(plan.checkpoint.folder(run_dir, iteration))))
     ray.get(trainer.save_hf.remote(str(run_dir / "final_model")))

@@ -28,6 +28,8 @@ class PipelineInputs:
     """Trace replay: each prompt's per-sample response lengths (EOS ignored)."""
     simulated_step_seconds: float | None = None
     """Trace replay: the trainer step is a fixed sleep of this many seconds."""
+    held_out: tuple[PromptRecord, ...] = ()
+    """The split's validation prompts, for periodic evaluation (never trained on)."""
     faults: FaultPlan = field(default_factory=FaultPlan)
     """Fault tests: which processes exit, and when."""
 

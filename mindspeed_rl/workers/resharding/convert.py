@@ -2,21 +2,46 @@
 
 ::
 
-    <export root>/v<N>  ──read + verify every shard──► pieces ──NameMap──► merge TP/EP ──► split per GU rank
-                                                                                          │
-    <GU cache>/v<N>/rank-<r>.safetensors + manifest (kind "inference") ◄── atomic publish ─┘
+    identity (training layout == inference layout, names already HF; the torch backend):
+    <export root>/v<N>/rank-00000.safetensors ──hard link (same inode, no byte read or written)──┐
+                                                                                                  ▼
+    <GU cache>/v<N>/rank-00000.safetensors + manifest (kind "inference", the writer's checksums) ◄┘
+
+    otherwise:
+    <export root>/v<N> ──read + verify every shard──► pieces ──NameMap──► merge TP/EP ──► split per GU rank
+                                                                                         │
+    <GU cache>/v<N>/rank-<r>.safetensors + manifest (kind "inference") ◄── atomic publish ┘
 
 Actors then load only their rank's file from the GU cache (see reload.py).
-Verification is complete: a snapshot with a bad file is rejected here and
-never reaches the cache, so actors keep their weights.
+
+Which hop verifies what, and why. A checksum is computed exactly once per byte written
+(by whoever writes it, from the bytes in flight) and verified by every hop that reads
+the bytes anyway; a hop that does not need the bytes does not read them to verify:
+
+- export (TU): CRC-32 per tensor while writing; file sizes; manifest last, atomic publish.
+- identity convert: manifest, file sizes, safetensors header (names, dtypes, shapes,
+  offsets) against the manifest; no tensor bytes read. The link is the same inode, so the
+  cache cannot differ from the export; re-reading 61 GB here would only find what the
+  reload finds anyway. The writer's checksums go into the inference manifest unchanged.
+  Where the file systems force a copy instead of a link, the copy's size is checked.
+- merge convert: reads every byte (it must, to merge) and verifies each tensor's CRC while
+  reading. A hop that rewrites bytes must verify its input, or it would launder
+  corruption into a fresh, valid-looking checksum. New CRCs are taken while writing.
+- reload (actor): reads its rank's bytes and verifies each CRC while reading, before the
+  engine is touched: the end-to-end check (disk, network file system, links).
+
+A defective snapshot is rejected by the first hop that can see the defect and never
+reaches an engine, so actors keep their weights.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -30,19 +55,24 @@ from mindspeed_rl.workers.resharding.manifest import (
     TensorEntry,
 )
 from mindspeed_rl.workers.resharding.merge import NameMap, Piece, apply_name_map, merge_pieces, split_for_rank
-from mindspeed_rl.workers.resharding.shardio import read_shard, write_shard
+from mindspeed_rl.workers.resharding.shardio import check_shard_file, read_shards, write_shard
 from mindspeed_rl.workers.resharding.store import (
     DEFAULT_LEASE_TTL_S,
     fsync_path,
     latest_published,
     lease,
+    link_or_copy,
     list_published,
     new_temp_dir,
     prune,
     publish_dir,
+    retire,
+    snapshot_run_id,
 )
 
 logger = logging.getLogger(__name__)
+
+ConvertMethod = Literal["reused", "linked", "copied", "merged"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,11 +87,16 @@ class ConvertedWeights:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConvertResult:
-    """Outcome of `GuConverter.convert`; seconds feed the T_convert metric."""
+    """Outcome of `GuConverter.convert`; seconds feed the T_convert metric.
+
+    ``method``: "reused" (already cached), "linked" / "copied" (identity layout: the export's
+    file hard-linked, or copied across file systems), "merged" (read, merged, rewritten).
+    """
 
     version: int
     converted: SnapshotInfo
     reused: bool
+    method: ConvertMethod = "merged"
     read_seconds: float = 0.0
     merge_seconds: float = 0.0
     write_seconds: float = 0.0
@@ -73,10 +108,8 @@ class ConvertResult:
         return self.read_seconds + self.merge_seconds + self.write_seconds
 
 
-def read_training_pieces(
-    snapshot: SnapshotInfo, *, num_threads: int = 4
-) -> tuple[SnapshotManifest, list[Piece]]:
-    """Every shard of a published training snapshot, verified; raises SnapshotError on any defect."""
+def load_training_manifest(snapshot: SnapshotInfo) -> SnapshotManifest:
+    """The manifest of a published training snapshot, checked against its announcement and layout."""
     manifest = SnapshotManifest.load(snapshot.path)
     if manifest.version != snapshot.version:
         raise SnapshotError(
@@ -88,19 +121,42 @@ def read_training_pieces(
         raise SnapshotError(
             f"snapshot v{manifest.version}: shards of ranks {ranks}, layout has {layout.world_size}"
         )
+    return manifest
+
+
+def is_identity(manifest: SnapshotManifest, layout: InferenceLayout, name_map: NameMap) -> bool:
+    """Whether conversion would reproduce the export's one file byte for byte."""
+    if manifest.training_layout().world_size != 1 or len(manifest.shards) != 1 or layout.world_size != 1:
+        return False
+    for entry in manifest.tensors:
+        if name_map.rename(entry.name) != entry.name:
+            return False
+        if any(re.fullmatch(rule.pattern, entry.name) for rule in name_map.unfuse):
+            return False
+    return True
+
+
+def read_training_pieces(
+    snapshot: SnapshotInfo, *, num_threads: int | None = None
+) -> tuple[SnapshotManifest, list[Piece]]:
+    """Every shard of a published training snapshot, verified; raises SnapshotError on any defect."""
+    manifest = load_training_manifest(snapshot)
     specs = {(t.shard_file, t.name): t.partition for t in manifest.tensors}
-    pieces: list[Piece] = []
-    for shard in manifest.shards:
-        tensors = read_shard(snapshot.path, manifest, shard, num_threads=num_threads)
-        for name, tensor in tensors.items():
-            pieces.append(
-                Piece(name=name, tensor=tensor, spec=specs[(shard.file, name)], coords=shard.coords)
-            )
+    by_file = read_shards(snapshot.path, manifest, manifest.shards, num_threads=num_threads)
+    pieces = [
+        Piece(name=name, tensor=tensor, spec=specs[(shard.file, name)], coords=shard.coords)
+        for shard in manifest.shards
+        for name, tensor in by_file[shard.file].items()
+    ]
     return manifest, pieces
 
 
 def convert_snapshot(
-    snapshot: SnapshotInfo, layout: InferenceLayout, *, name_map: NameMap | None = None, num_threads: int = 4
+    snapshot: SnapshotInfo,
+    layout: InferenceLayout,
+    *,
+    name_map: NameMap | None = None,
+    num_threads: int | None = None,
 ) -> ConvertedWeights:
     """Read, verify, merge, rename and repartition a training snapshot in memory."""
     started = time.perf_counter()
@@ -120,7 +176,12 @@ def convert_snapshot(
 
 
 class GuConverter:
-    """Keeps a GU's converted cache: one inference-layout snapshot per training snapshot, newest K kept."""
+    """Keeps a GU's converted cache: one inference-layout snapshot per training snapshot, newest K kept.
+
+    Retention and reuse are per run (the run id recorded in the source manifest): a cached
+    snapshot of another run is never reused, and one holding the version needed now is
+    replaced (the cache is derived data of this GU).
+    """
 
     def __init__(
         self,
@@ -129,7 +190,7 @@ class GuConverter:
         *,
         name_map: NameMap | None = None,
         keep_last: int = 2,
-        num_threads: int = 4,
+        num_threads: int | None = None,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
     ) -> None:
         if keep_last < 1:
@@ -147,52 +208,110 @@ class GuConverter:
 
     def convert(self, snapshot: SnapshotInfo) -> ConvertResult:
         """Convert ``snapshot`` unless already cached. Raises SnapshotError (logged) if it is defective."""
-        for cached in list_published(self.cache_dir):
-            if cached.version == snapshot.version:
-                return ConvertResult(version=snapshot.version, converted=cached, reused=True)
         try:
             with lease(snapshot):
-                weights = convert_snapshot(
-                    snapshot, self.layout, name_map=self.name_map, num_threads=self.num_threads
-                )
+                source = load_training_manifest(snapshot)
+                cached = self._cached(source)
+                if cached is not None:
+                    return ConvertResult(version=source.version, converted=cached, reused=True, method="reused")
+                if is_identity(source, self.layout, self.name_map):
+                    result = self._link(snapshot, source)
+                else:
+                    result = self._merge(snapshot, source)
         except SnapshotError:
             logger.exception(
                 "snapshot v%d at %s rejected; GU cache unchanged", snapshot.version, snapshot.path
             )
             raise
-        write_started = time.perf_counter()
-        info, nbytes = self._write(weights)
-        write_seconds = time.perf_counter() - write_started
-        pruned = prune(self.cache_dir, self.keep_last, self.lease_ttl_s)
+        pruned = prune(self.cache_dir, self.keep_last, self.lease_ttl_s, run_id=source.run_id)
+        return replace(result, pruned_versions=pruned)
+
+    def _cached(self, source: SnapshotManifest) -> SnapshotInfo | None:
+        for cached in list_published(self.cache_dir):
+            if cached.version != source.version:
+                continue
+            owner = snapshot_run_id(cached.path)
+            if owner == source.run_id:
+                return cached
+            logger.warning(
+                "GU cache %s holds v%d of run %r, not of run %r; replacing it",
+                self.cache_dir,
+                cached.version,
+                owner,
+                source.run_id,
+            )
+            retire(cached)
+        return None
+
+    def _link(self, snapshot: SnapshotInfo, source: SnapshotManifest) -> ConvertResult:
+        started = time.perf_counter()
+        shard = source.shards[0]
+        check_shard_file(snapshot.path / shard.file, source, shard)
+        checked = time.perf_counter()
+        temp = new_temp_dir(self.cache_dir, source.version)
+        file = _rank_file(0)
+        linked = link_or_copy(snapshot.path / shard.file, temp / file)
+        if (temp / file).stat().st_size != shard.nbytes:
+            raise SnapshotError(f"{temp / file}: copy of {snapshot.path / shard.file} has the wrong size")
+        entries = tuple(
+            replace(t, shard_file=file, partition=self.layout.spec_for(t.name)) for t in source.tensors
+        )
+        shards = (ShardEntry(file=file, rank=0, coords=self.layout.coords(0), nbytes=shard.nbytes),)
+        info = self._publish(temp, source, shards, entries)
         return ConvertResult(
-            version=weights.version,
+            version=source.version,
             converted=info,
             reused=False,
-            read_seconds=weights.read_seconds,
-            merge_seconds=weights.merge_seconds,
-            write_seconds=write_seconds,
-            bytes_written=nbytes,
-            pruned_versions=pruned,
+            method="linked" if linked else "copied",
+            read_seconds=checked - started,
+            write_seconds=time.perf_counter() - checked,
+            bytes_written=0 if linked else shard.nbytes,
         )
 
-    def _write(self, weights: ConvertedWeights) -> tuple[SnapshotInfo, int]:
+    def _merge(self, snapshot: SnapshotInfo, source: SnapshotManifest) -> ConvertResult:
+        weights = convert_snapshot(snapshot, self.layout, name_map=self.name_map, num_threads=self.num_threads)
+        write_started = time.perf_counter()
         temp = new_temp_dir(self.cache_dir, weights.version)
         shards: list[ShardEntry] = []
         entries: list[TensorEntry] = []
         for rank, tensors in enumerate(weights.per_rank):
-            file = f"rank-{rank:05d}.safetensors"
+            file = _rank_file(rank)
             specs = {name: self.layout.spec_for(name) for name in tensors}
-            nbytes, rank_entries = write_shard(temp / file, tensors, specs)
+            nbytes, rank_entries = write_shard(temp / file, tensors, specs, num_threads=self.num_threads)
             shards.append(ShardEntry(file=file, rank=rank, coords=self.layout.coords(rank), nbytes=nbytes))
             entries.extend(rank_entries)
-        manifest = SnapshotManifest(
+        info = self._publish(temp, source, tuple(shards), tuple(entries))
+        return ConvertResult(
             version=weights.version,
+            converted=info,
+            reused=False,
+            method="merged",
+            read_seconds=weights.read_seconds,
+            merge_seconds=weights.merge_seconds,
+            write_seconds=time.perf_counter() - write_started,
+            bytes_written=sum(s.nbytes for s in shards),
+        )
+
+    def _publish(
+        self,
+        temp: Path,
+        source: SnapshotManifest,
+        shards: tuple[ShardEntry, ...],
+        entries: tuple[TensorEntry, ...],
+    ) -> SnapshotInfo:
+        manifest = SnapshotManifest(
+            version=source.version,
             created_unix=time.time(),
             kind="inference",
             layout=self.layout.to_json(),
-            shards=tuple(shards),
-            tensors=tuple(entries),
+            shards=shards,
+            tensors=entries,
+            run_id=source.run_id,
         )
         (temp / MANIFEST_NAME).write_text(manifest.dumps())
         fsync_path(temp / MANIFEST_NAME)
-        return publish_dir(temp, self.cache_dir, weights.version), manifest.total_bytes()
+        return publish_dir(temp, self.cache_dir, source.version)
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"

@@ -9,8 +9,9 @@
                                            ▼
                                       engine_load(tensors) ─► version = latest.version, "loaded"
 
-Validation finishes before the engine is touched, so a bad snapshot can never
-leave an engine half-loaded. The price is holding one rank's weights in host
+Validation (sizes, header, and every tensor's CRC-32 taken while its bytes are read:
+this is the end-to-end check of the weight flow, see convert.py) finishes before the
+engine is touched, so a bad snapshot can never leave an engine half-loaded. The price is holding one rank's weights in host
 memory during the reload. An exception raised by ``engine_load_fn`` itself
 propagates: the engine's state is then unknown and the actor must be restarted.
 """
@@ -56,7 +57,7 @@ class ReloadResult:
 class ReloadPolicy:
     """Tracks which snapshot an actor's engine holds and swaps it only between minibatches."""
 
-    def __init__(self, current_version: int, *, rank: int = 0, num_threads: int = 4) -> None:
+    def __init__(self, current_version: int, *, rank: int = 0, num_threads: int | None = None) -> None:
         self.version = current_version
         self.rank = rank
         self.num_threads = num_threads

@@ -106,9 +106,8 @@ def test_publish_waits_for_every_rank(tmp_path, tiny_model):
 
 def test_retention_keeps_last_k_and_spares_leased(tmp_path, tiny_model):
     writer = SnapshotWriter(tmp_path, keep_last=2)
-    for version in range(4):
-        writer.export(version, tiny_model.items(), SINGLE)
-    writer.wait()
+    for version in range(4):  # one at a time: exports queued behind a write would be superseded
+        writer.export(version, tiny_model.items(), SINGLE).result()
     assert [i.version for i in list_published(tmp_path)] == [2, 3]
 
     with lease(SnapshotInfo(version=2, path=tmp_path / "v2")):

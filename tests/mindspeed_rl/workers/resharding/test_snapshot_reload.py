@@ -34,8 +34,8 @@ class FakeEngine:
 
 def _publish(root: Path, versions: list[int], factory: Callable[[int], dict[str, torch.Tensor]]) -> None:
     writer = SnapshotWriter(root, keep_last=len(versions) + 1)
-    for version in versions:
-        writer.export(version, factory(version).items(), TrainingLayout())
+    for version in versions:  # waited one by one: a queued export would be superseded by the next
+        writer.export(version, factory(version).items(), TrainingLayout()).result()
     writer.close()
 
 

@@ -1,0 +1,56 @@
+"""What both trainers do after an iteration: evaluate when due, write the metrics, log the console line.
+
+``metrics.jsonl`` (and TensorBoard / W&B) get every iteration; the console gets a line every
+``log_interval`` iterations and after every evaluation; held-out prompts are scored by the
+Training Unit on its live weights every ``eval_interval`` iterations (``workers/evaluator.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mindspeed_rl.utils.metrics import MetricsWriter, format_progress
+from mindspeed_rl.workers.evaluator import EvalSettings, select_eval_prompts, write_eval_prompts
+
+if TYPE_CHECKING:
+    from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.trainer.run_plan import RunPlan
+
+logger = logging.getLogger("mindspeed_rl.trainer")
+
+
+class IterationReport:
+    """One per run; use as a context manager (it owns the metric sinks)."""
+
+    def __init__(
+        self, run_dir: Path, plan: RunPlan, held_out: Sequence[PromptRecord], console_keys: tuple[str, ...]
+    ) -> None:
+        self._run_dir, self._keys = run_dir, console_keys
+        self._eval = plan.evaluation
+        self._num_iters = plan.data.train_iters
+        self._eval_prompts = select_eval_prompts(held_out, self._eval)
+        self._eval_settings = EvalSettings.for_run(
+            plan.rollout.sampling, self._eval, plan.rollout.engine_keys, plan.rollout.seed
+        )
+        self._sink = MetricsWriter(run_dir, plan.logging)
+
+    def __enter__(self) -> IterationReport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sink.close()
+
+    def write(self, iteration: int, record: dict[str, Any], trainer: Any) -> None:
+        """Evaluate on ``trainer`` (a TrainingUnit handle) if due, then write and maybe log."""
+        import ray
+
+        due = self._eval.due(iteration)
+        if due:
+            write_eval_prompts(self._run_dir, iteration, [p.prompt_id for p in self._eval_prompts])
+            record.update(ray.get(trainer.evaluate.remote(self._eval_prompts, self._eval_settings)))
+        written = self._sink.write(iteration, record)
+        if due or self._sink.should_log(iteration):
+            logger.info(format_progress(written, self._num_iters, self._keys))
