@@ -87,7 +87,9 @@ def preset_from_args(args: argparse.Namespace) -> SimPreset:
         preset = replace(
             preset, runtime={**preset.runtime, "num_prompts_per_global_batch": args.global_batch}
         )
-    return with_cluster(preset, num_generation_units=args.num_generation_units, actors_per_gu=args.actors_per_gu)
+    return with_cluster(
+        preset, num_generation_units=args.num_generation_units, actors_per_gu=args.actors_per_gu
+    )
 
 
 def render(report: ConditionsReport, preset: SimPreset) -> str:

@@ -144,7 +144,9 @@ def plan_for(inputs: PlannerInputs, option: TrainingUnitOption, num_actors: int)
         num_actors=num_actors,
         generation_devices=num_actors * inputs.actor_devices,
         idle_devices=inputs.total_devices - used,
-        num_generation_units=None if inputs.actors_per_gu is None else math.ceil(num_actors / inputs.actors_per_gu),
+        num_generation_units=None
+        if inputs.actors_per_gu is None
+        else math.ceil(num_actors / inputs.actors_per_gu),
         train_seconds=option.train_seconds,
         rollout_prompts_per_second=rollout,
         consumption_prompts_per_second=consumption,
@@ -186,7 +188,11 @@ def recommend(inputs: PlannerInputs) -> AllocationPlan:
 
 
 def format_plan(plan: AllocationPlan, inputs: PlannerInputs) -> str:
-    gus = "" if plan.num_generation_units is None else f" in {plan.num_generation_units} GU(s) of up to {inputs.actors_per_gu}"
+    gus = (
+        ""
+        if plan.num_generation_units is None
+        else f" in {plan.num_generation_units} GU(s) of up to {inputs.actors_per_gu}"
+    )
     mild = "yes" if plan.mild else f"no (target ratio in [{1 - inputs.margin:.2f}, 1])"
     return "\n".join(
         [

@@ -103,7 +103,9 @@ def with_cluster(
     preset: SimPreset, *, num_generation_units: int | None = None, actors_per_gu: int | None = None
 ) -> SimPreset:
     cluster = ClusterShape(
-        num_generation_units=preset.cluster.num_generation_units if num_generation_units is None else num_generation_units,
+        num_generation_units=preset.cluster.num_generation_units
+        if num_generation_units is None
+        else num_generation_units,
         actors_per_gu=preset.cluster.actors_per_gu if actors_per_gu is None else actors_per_gu,
     )
     return replace(preset, cluster=cluster)

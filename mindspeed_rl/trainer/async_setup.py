@@ -96,8 +96,16 @@ def runtime_config(config: GRPOConfig) -> RuntimeConfig:
 
 
 def snapshot_root(config: GRPOConfig, run_dir: Path) -> Path:
+    """This run's snapshot folder: ``<snapshot_dir>/<run dir name>/``, or ``<run_dir>/snapshots``.
+
+    A configured ``snapshot_dir`` is reused run after run (``./snapshots`` in the cluster YAMLs),
+    so each run gets its own subfolder (the run dir name is unique: timestamp + config name);
+    see ``workers/resharding/store.py`` for why a subfolder rather than refusing the folder.
+    """
+    from mindspeed_rl.workers.resharding.store import run_root
+
     configured = config.async_config.snapshot_dir
-    return Path(configured) if configured else run_dir / "snapshots"
+    return run_root(Path(configured), run_dir.name) if configured else run_dir / "snapshots"
 
 
 def check_resources(config: GRPOConfig, available: Mapping[str, float]) -> None:

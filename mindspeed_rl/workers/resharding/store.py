@@ -58,7 +58,8 @@ from mindspeed_rl.workers.resharding.manifest import MANIFEST_NAME, SnapshotInfo
 
 _PUBLISHED = re.compile(r"^v(\d+)$")
 _SCRATCH = re.compile(r"^\.(staging|tmp|trash)-v(\d+)")
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# One path component that is not hidden (scratch and lease names start with '.').
+_RUN_ID = re.compile(r"^[^./\\\x00][^/\\\x00]{0,254}$")
 LEASE_DIR = ".leases"
 DEFAULT_LEASE_TTL_S = 1800.0
 # Errors of os.link that mean "this file system cannot link here", not "something is wrong".
@@ -74,8 +75,8 @@ def snapshot_dirname(version: int) -> str:
 def check_run_id(run_id: str) -> str:
     if not _RUN_ID.match(run_id):
         raise ValueError(
-            f"run id {run_id!r} cannot name a folder; use letters, digits, '.', '_' or '-' "
-            "(at most 128 characters, not starting with '.' or '-')"
+            f"run id {run_id!r} cannot name a folder: use one path component (no '/'), "
+            "not starting with '.', at most 255 characters"
         )
     return run_id
 
