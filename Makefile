@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test lint format typecheck bench clean
 
-$(STAMP): setup.py
+$(STAMP): setup.py mindspeed_rl/_pins.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[cpu,dev]"

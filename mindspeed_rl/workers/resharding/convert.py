@@ -213,7 +213,9 @@ class GuConverter:
                 source = load_training_manifest(snapshot)
                 cached = self._cached(source)
                 if cached is not None:
-                    return ConvertResult(version=source.version, converted=cached, reused=True, method="reused")
+                    return ConvertResult(
+                        version=source.version, converted=cached, reused=True, method="reused"
+                    )
                 if is_identity(source, self.layout, self.name_map):
                     result = self._link(snapshot, source)
                 else:
@@ -269,7 +271,9 @@ class GuConverter:
         )
 
     def _merge(self, snapshot: SnapshotInfo, source: SnapshotManifest) -> ConvertResult:
-        weights = convert_snapshot(snapshot, self.layout, name_map=self.name_map, num_threads=self.num_threads)
+        weights = convert_snapshot(
+            snapshot, self.layout, name_map=self.name_map, num_threads=self.num_threads
+        )
         write_started = time.perf_counter()
         temp = new_temp_dir(self.cache_dir, weights.version)
         shards: list[ShardEntry] = []

@@ -207,7 +207,9 @@ class SnapshotWriter:
             prep = request.prepared
             assert prep is not None
             request.prepared = None  # the clone goes now, before the new one is made
-            logger.info("snapshot v%d of rank %d superseded by a newer export while queued", prep.version, rank)
+            logger.info(
+                "snapshot v%d of rank %d superseded by a newer export while queued", prep.version, rank
+            )
             request.future.set_result(_superseded_result(prep))
 
     def _run(self) -> None:

@@ -252,7 +252,9 @@ def check_shard_file(path: Path, manifest: SnapshotManifest, shard: ShardEntry) 
     if present != expected:
         missing = sorted(expected - present)[:5]
         extra = sorted(present - expected)[:5]
-        raise SnapshotError(f"{path}: tensors differ from the manifest (missing {missing}, unexpected {extra})")
+        raise SnapshotError(
+            f"{path}: tensors differ from the manifest (missing {missing}, unexpected {extra})"
+        )
     return {e.name: data_start + _check_entry(path, e, header[e.name], data_start, size) for e in entries}
 
 
@@ -307,7 +309,9 @@ def _read_tensor(job: _ReadJob) -> torch.Tensor:
         crc = _crc_update(chunk, crc)
     actual = format_checksum(crc)
     if actual != entry.checksum:
-        raise SnapshotError(f"{path}: {entry.name} checksum {actual} != manifest {entry.checksum} (corrupted)")
+        raise SnapshotError(
+            f"{path}: {entry.name} checksum {actual} != manifest {entry.checksum} (corrupted)"
+        )
     return tensor
 
 
