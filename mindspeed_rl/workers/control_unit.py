@@ -103,6 +103,9 @@ class ControlUnit:
     def start(self) -> int:
         """First dispatch, once every GU has registered; returns the number of assignments."""
         with self._lock:
+            # The control plane's cost is what it burns while the pipeline runs: construction and
+            # the wait for the engines to come up are start-up, like the engines' own start.
+            self._cpu_at_start = time.process_time()
             return self._changed()
 
     def poll(self, gu_id: int, seen: int = -1, wait_s: float = 0.0) -> GuPoll:
@@ -271,7 +274,7 @@ class ControlUnit:
             return data
 
     def cpu_seconds(self) -> float:
-        """CPU time of this actor's process (all its threads, Ray's included) since it started."""
+        """CPU time of this actor's process (all its threads, Ray's included) since ``start``."""
         return time.process_time() - self._cpu_at_start
 
     def check_invariants(self) -> None:

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from mindspeed_rl.workers.resharding.hostcopy import copy_tensors
 from mindspeed_rl.workers.resharding.layout import PartitionSpec, RankCoords, TrainingLayout
 from mindspeed_rl.workers.resharding.manifest import (
     MANIFEST_NAME,
@@ -77,6 +78,9 @@ _CLAIM = ".publishing"
 class ExportResult:
     """What one rank's export did; the seconds feed the T_save metric.
 
+    ``prepare_seconds``: the copy on the trainer's thread (all the trainer waits for).
+    ``save_seconds``: from the export call until published (copy, queue wait, write, publish).
+    ``write_seconds``: the writer thread's part only (write the shard, publish, prune).
     ``superseded``: a newer export of this rank replaced it while it waited; nothing was written.
     """
 
@@ -89,6 +93,7 @@ class ExportResult:
     save_seconds: float
     published: SnapshotInfo | None
     pruned_versions: tuple[int, ...]
+    write_seconds: float = 0.0
     superseded: bool = False
 
 
@@ -171,7 +176,7 @@ class SnapshotWriter:
                 )
             layout.coords(rank)  # a bad rank is the caller's error: raise it before superseding anything
             self._supersede_queued(rank)
-            prepared = _prepare(version, named_tensors, layout, rank)
+            prepared = _prepare(version, named_tensors, layout, rank, num_threads=self.num_threads)
             request = _Request(prepared=prepared, future=Future())
             with self._cond:
                 if self._closed:
@@ -243,6 +248,7 @@ class SnapshotWriter:
             )
 
     def _write_and_publish(self, prep: _Prepared) -> ExportResult:
+        write_started = time.perf_counter()
         staging = self.root_dir / staging_dirname(prep.version)
         staging.mkdir(exist_ok=True)
         shard_name = f"rank-{prep.rank:05d}.safetensors"
@@ -267,6 +273,7 @@ class SnapshotWriter:
             save_seconds=time.perf_counter() - prep.started,
             published=published,
             pruned_versions=pruned,
+            write_seconds=time.perf_counter() - write_started,
         )
 
     def _publish_if_complete(self, staging: Path, prep: _Prepared) -> SnapshotInfo | None:
@@ -314,15 +321,20 @@ def _superseded_result(prep: _Prepared) -> ExportResult:
 
 
 def _prepare(
-    version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], layout: TrainingLayout, rank: int
+    version: int,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    layout: TrainingLayout,
+    rank: int,
+    *,
+    num_threads: int | None = None,
 ) -> _Prepared:
     started = time.perf_counter()
     coords = layout.coords(rank)
-    tensors: dict[str, torch.Tensor] = {}
+    chosen: dict[str, torch.Tensor] = {}
     specs: dict[str, PartitionSpec] = {}
     skipped = 0
     for name, tensor in named_tensors:
-        if name in tensors:
+        if name in chosen:
             raise ValueError(f"tensor {name!r} was given twice for snapshot v{version}; names must be unique")
         if tensor.device.type != "cpu":
             raise ValueError(f"tensor {name!r} is on {tensor.device}; move it to CPU before export")
@@ -330,15 +342,16 @@ def _prepare(
         if not layout.writes(spec, coords):
             skipped += 1
             continue
-        # Copy: the next optimizer step updates parameters in place while the writer thread runs.
-        tensors[name] = tensor.detach().clone(memory_format=torch.contiguous_format)
+        chosen[name] = tensor
         specs[name] = spec
+    # Copy: the next optimizer step updates parameters in place while the writer thread runs.
+    copies = copy_tensors(list(chosen.values()), num_threads=num_threads)
     return _Prepared(
         version=version,
         rank=rank,
         coords=coords,
         layout=layout,
-        tensors=tensors,
+        tensors=dict(zip(chosen, copies, strict=True)),
         specs=specs,
         skipped=skipped,
         prepare_seconds=time.perf_counter() - started,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mindspeed_rl.workers.resharding.hostcopy import cat, copy_tensor
 from mindspeed_rl.workers.resharding.layout import InferenceLayout, PartitionSpec, RankCoords
 from mindspeed_rl.workers.resharding.manifest import SnapshotError
 
@@ -140,7 +141,7 @@ def _merge_one(name: str, group: list[Piece], tp_size: int, ep_size: int) -> tor
             raise SnapshotError(f"{name}: not EP-split but written by EP ranks {sorted(by_ep)}")
         return _merge_tp(name, next(iter(by_ep.values())), spec, tp_size)
     _require_ranks(name, "EP", set(by_ep), ep_size)
-    return torch.cat([_merge_tp(name, by_ep[r], spec, tp_size) for r in range(ep_size)], dim=spec.ep_dim)
+    return cat([_merge_tp(name, by_ep[r], spec, tp_size) for r in range(ep_size)], dim=spec.ep_dim)
 
 
 def _merge_tp(name: str, group: list[Piece], spec: PartitionSpec, tp_size: int) -> torch.Tensor:
@@ -153,7 +154,7 @@ def _merge_tp(name: str, group: list[Piece], spec: PartitionSpec, tp_size: int) 
         raise SnapshotError(f"{name}: TP ranks {sorted(ranks)} contain duplicates")
     _require_ranks(name, "TP", set(ranks), tp_size)
     ordered = sorted(group, key=lambda p: p.coords.tp_rank)
-    return torch.cat([p.tensor for p in ordered], dim=spec.tp_dim)
+    return cat([p.tensor for p in ordered], dim=spec.tp_dim)
 
 
 def _require_ranks(name: str, axis: str, present: set[int], size: int) -> None:
@@ -191,7 +192,7 @@ def _chunk(name: str, tensor: torch.Tensor, dim: int, parts: int, index: int) ->
             "choose an inference TP/EP size that divides it"
         )
     step = length // parts
-    return tensor.narrow(dim, index * step, step).clone()
+    return copy_tensor(tensor.narrow(dim, index * step, step))
 
 
 def _expert_owners(full: dict[str, torch.Tensor], layout: InferenceLayout) -> dict[str, int]:

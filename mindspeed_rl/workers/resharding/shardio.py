@@ -124,7 +124,7 @@ def write_shard(
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _pwrite_all(fd, memoryview(header), 0)
-        crcs = _in_bins(placed, lambda p: p.nbytes, lambda p: _write_tensor(fd, p), num_threads)
+        crcs = run_in_bins(placed, lambda p: p.nbytes, lambda p: _write_tensor(fd, p), num_threads)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -212,7 +212,7 @@ def read_shards(
                 _ReadJob(path=path, fd=fd, offset=offsets[e.name], entry=e)
                 for e in manifest.tensors_in(shard.file)
             )
-        loaded = _in_bins(jobs, lambda job: job.entry.nbytes, _read_tensor, num_threads)
+        loaded = run_in_bins(jobs, lambda job: job.entry.nbytes, _read_tensor, num_threads)
     except OSError as err:
         raise SnapshotError(f"snapshot v{manifest.version}: cannot read {snapshot_dir}: {err}") from err
     finally:
@@ -315,7 +315,7 @@ def _read_tensor(job: _ReadJob) -> torch.Tensor:
     return tensor
 
 
-def _in_bins(
+def run_in_bins(
     items: Sequence[_T], weight: Callable[[_T], int], work: Callable[[_T], _R], num_threads: int | None
 ) -> list[_R]:
     """``work(item)`` for every item, in item order; items binned by weight over up to ``num_threads`` threads."""

@@ -43,8 +43,8 @@ class CloneTracker:
         self.refs: dict[int, list[weakref.ref[torch.Tensor]]] = {}
         real = export_module._prepare
 
-        def tracked(version, named, layout, rank):
-            prepared = real(version, named, layout, rank)
+        def tracked(version, named, layout, rank, **kwargs):
+            prepared = real(version, named, layout, rank, **kwargs)
             self.refs[version] = [weakref.ref(t) for t in prepared.tensors.values()]
             return prepared
 
