@@ -26,7 +26,7 @@ import yaml
 from omegaconf import DictConfig
 
 from mindspeed_rl.config_cls import ConfigError, GRPOConfig, load_config
-from mindspeed_rl.config_cls.loader import SELF_WARNING
+from mindspeed_rl.config_cls.loader import SELF_WARNING, schema_overrides
 from mindspeed_rl.utils import ray_setup
 
 if __package__ in (None, ""):  # run as a script: make `cli` importable
@@ -55,7 +55,8 @@ logger = logging.getLogger("train_grpo")
 
 def with_hydra_defaults(args: Sequence[str]) -> list[str]:
     given = {a.lstrip("+").split("=", 1)[0] for a in args if "=" in a}
-    return [*args, *(d for d in HYDRA_DEFAULTS if d.split("=", 1)[0] not in given)]
+    overrides = schema_overrides(args)
+    return [*overrides, *(d for d in HYDRA_DEFAULTS if d.split("=", 1)[0] not in given)]
 
 
 def resolve_trainer(pipeline: str) -> ModuleType:

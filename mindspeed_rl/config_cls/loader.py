@@ -81,6 +81,24 @@ def load_config(cfg: DictConfig | Mapping[str, Any]) -> GRPOConfig:
     return config
 
 
+def schema_overrides(overrides: Sequence[str]) -> list[str]:
+    """Let ``section.key=value`` set a schema key the YAML does not mention.
+
+    Hydra's struct mode rejects an override of a key absent from the composed YAML unless it is
+    written ``+key=value``, which upstream users do not type (``megatron_training.eval_interval=5``
+    on a YAML without eval_interval). The schema, not the YAML, decides which keys exist, so a
+    dotted plain override becomes Hydra's ``++`` (set, adding if absent) and a misspelt key still
+    fails, in ``load_config``, with the nearest valid name. Group selections (``model=x``), Hydra's
+    own keys and overrides that already carry ``+``/``~`` are left as written.
+    """
+    out = []
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        plain = "=" in item and "." in key and not item.startswith(("+", "~", "hydra.", "hydra/"))
+        out.append(f"++{item}" if plain else item)
+    return out
+
+
 def compose_config(config_dir: str | Path, config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """Compose ``<config_dir>/<config_name>.yaml`` with Hydra (defaults list + overrides), without running."""
     from hydra import compose, initialize_config_dir
@@ -99,7 +117,7 @@ def compose_config(config_dir: str | Path, config_name: str, overrides: Sequence
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=SELF_WARNING)
             with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
-                return compose(config_name=name, overrides=list(overrides))
+                return compose(config_name=name, overrides=schema_overrides(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"could not compose {directory / name}.yaml: {err}") from err
 

@@ -126,6 +126,7 @@ def test_missing_config_name_is_explained(
 def test_hydra_defaults_never_override_the_users_own_hydra_settings() -> None:
     args = train_grpo.with_hydra_defaults(["x=1", "hydra.run.dir=/elsewhere", "+hydra/job_logging=default"])
     assert args[:3] == ["x=1", "hydra.run.dir=/elsewhere", "+hydra/job_logging=default"]
+    assert train_grpo.with_hydra_defaults(["a.b=1"])[0] == "++a.b=1"  # schema keys absent from the YAML
     assert "hydra.run.dir=." not in args and "hydra/job_logging=none" not in args
     assert {"hydra.output_subdir=null", "hydra.job.chdir=false", "hydra/hydra_logging=none"} <= set(args)
 

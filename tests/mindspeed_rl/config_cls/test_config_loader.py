@@ -231,6 +231,16 @@ def test_hydra_overrides_reach_the_typed_config() -> None:
     assert config.rl_config.pipeline == "async" and config.run_dir == "/tmp/x"
 
 
+def test_an_override_may_set_a_schema_key_the_yaml_does_not_mention() -> None:
+    # Upstream users type section.key=value, never Hydra's +section.key=value.
+    config = load_config_from_files(
+        REPO_CONFIGS, "grpo_tiny_cpu", ["megatron_training.eval_interval=5", "rl_config.kl_target=0.2"]
+    )
+    assert config.megatron_training.training.eval_interval == 5 and config.rl_config.kl_target == 0.2
+    with pytest.raises(ConfigError, match="eval_interval"):
+        load_config_from_files(REPO_CONFIGS, "grpo_tiny_cpu", ["megatron_training.eval_intervall=5"])
+
+
 def test_the_two_calibration_switches_have_separate_unambiguous_keys() -> None:
     config = load_config(
         _raw(
