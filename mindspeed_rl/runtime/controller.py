@@ -174,6 +174,12 @@ class ControlLoop:
         )
 
     @_serialized
+    def has_idle_actor(self, gu_id: int) -> bool:
+        """Whether some live actor of ``gu_id`` runs no granted minibatch (it may be waiting to start)."""
+        gu = self.sender.gu(gu_id)
+        return gu is not None and len(gu.running) < gu.num_actors
+
+    @_serialized
     def request_start(
         self, minibatch_id: int, *, attempt: int, gu_id: int, actor_id: int, policy_version: int
     ) -> StartDecision:
@@ -312,8 +318,9 @@ class ControlLoop:
         self.weights.published(snapshot, save_seconds=save_seconds, steps_done=self.budget.next_step)
 
     @_serialized
-    def on_snapshot_converted(self, gu_id: int, version: int, seconds: float) -> None:
-        self.weights.converted(gu_id, version, seconds)
+    def on_snapshot_converted(self, gu_id: int, version: int, seconds: float, *, at: float | None = None) -> None:
+        """``at``: when the conversion ended (clock time), for a GU that batches its reports."""
+        self.weights.converted(gu_id, version, seconds, at=at)
 
     @_serialized
     def on_weights_loaded(

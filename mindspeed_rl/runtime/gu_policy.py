@@ -147,8 +147,13 @@ class GuPolicy:
         self._initial_version = initial_version
 
     # ---- input queue -------------------------------------------------------------------------
-    def add_assignments(self, assignments: Iterable[Assignment]) -> None:
-        self.queue.extend(assignments)
+    def add_assignments(self, assignments: Iterable[Assignment], *, ahead: bool = False) -> None:
+        """Queue new work; ``ahead`` puts it before what is queued (it was issued earlier, and the
+        driver received it late, e.g. an answer overtaken by a newer one)."""
+        if ahead:
+            self.queue.extendleft(reversed(list(assignments)))
+        else:
+            self.queue.extend(assignments)
 
     def clear_queue(self) -> list[Assignment]:
         """Forget every queued assignment (the GU was failed: the CU re-issued them)."""

@@ -46,10 +46,13 @@ class WeightFlowLedger:
             )
         )
 
-    def converted(self, gu_id: int, version: int, seconds: float) -> None:
+    def converted(self, gu_id: int, version: int, seconds: float, *, at: float | None = None) -> None:
+        """``at``: when the conversion ended, if the GU reports it later than that (clock time)."""
         self._timings.convert.add(seconds)
         self._events.append(
-            ev.SnapshotConverted(time=self._clock.now(), gu_id=gu_id, version=version, seconds=seconds)
+            ev.SnapshotConverted(
+                time=self._clock.now() if at is None else at, gu_id=gu_id, version=version, seconds=seconds
+            )
         )
 
     def newest_at(self, time: float) -> int:

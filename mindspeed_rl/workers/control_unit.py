@@ -2,26 +2,35 @@
 
 ::
 
-    GU g ── poll(g, seen, wait_s) ─► ┌──────────── ControlUnit ────────────┐
-         ◄─ GuPoll(assignments,      │ outbox[g] ◄── ControlLoop.dispatch() │
-            snapshot, paused, news)  │ news[g]: bumped by a dispatch to g   │
-    GU g ── request_start / ───────► │   and, for every GU, by a change of  │
-            on_minibatch_completed   │   GuSignals (snapshot, pause, steps, │
-    TU   ── on_snapshot_published ─► │   finished) or a failure             │
-    driver ─ wait_global_batch ────► │ step_metrics(): per-step digest      │
-                                     └──────────────────────────────────────┘
+    GU g ── exchange(report, *completions) ──► ┌──────────── ControlUnit ─────────────┐
+         ◄─ GuPoll(decision, assignments,       │ completions, reload and conversion   │
+            snapshot, paused, seq)              │ reports, then the start request      │
+    GU g ── poll(g, wait_s) (long-poll) ──────► │ outbox[g] ◄── ControlLoop.dispatch() │
+         ◄─ GuPoll(assignments, snapshot, ...)  │ news[g] / urgent[g]: what g has not  │
+    TU   ── on_snapshot_published ────────────► │   been told yet                      │
+    driver ─ wait_global_batch ───────────────► │ step_metrics(): per-step digest      │
+                                                └──────────────────────────────────────┘
 
-Delivery is pull-based: every dispatch lands in a per-GU outbox that the GU drains with
-``poll``, together with the newest snapshot and the pause signal, in one round trip. The CU
-therefore needs no GU handles, and a dead GU's undelivered assignments are simply discarded
-(the ControlLoop re-queues them when the GU is declared failed).
+One round trip per event on the GU side. ``exchange`` carries everything the GU has to report
+(finished minibatches, finished reloads and conversions) and, when the GU's policy asks for one,
+the start request for an idle actor; it answers with the start decision *and* everything new for
+that GU (assignments, newest snapshot, pause signal). An actor finishing a minibatch and taking
+the next one therefore costs one CU call, where reporting, asking and polling took three. Ray's
+per-call machinery, not our logic, is what the control plane's CPU goes to (about 0.3 ms a call
+on each side here; the method bodies are a few percent of it), so the count of calls is the lever.
 
-``poll`` is a long-poll: it blocks until the GU's news counter moves past ``seen`` (or
-``wait_s`` passes), so a GU waits for news instead of asking every few milliseconds. Every
-method that can change what a GU may do calls ``_changed()``: it dispatches, compares the
-``GuSignals`` with the last ones announced, bumps the counters and wakes the pollers. The driver
-long-polls for its global batch (``wait_global_batch``) the same way. Polling instead costs CPU
-that, on a small host, the rollout engines are using, and rounds every wait up to its period.
+Delivery is pull-based: every dispatch lands in a per-GU outbox that the GU drains with its next
+``exchange`` or ``poll`` answer. The CU therefore needs no GU handles, and a dead GU's undelivered
+assignments are simply discarded (the ControlLoop re-queues them when the GU is declared failed).
+
+``poll`` is a long-poll: it blocks until there is something the GU has not been told and would
+act on now (or ``wait_s`` passes). A new snapshot, the end of the run and failures always count
+(the GU converts while its actors generate); new assignments, a pause flip or a trainer step only
+while one of the GU's actors runs no granted minibatch, because a busy GU hears them anyway in the
+``exchange`` answer to its next completion. Every answer records what it told the GU, so news an
+``exchange`` answer delivered does not wake the GU's outstanding poll a second time. Polling
+instead costs CPU that, on a small host, the rollout engines are using, and rounds every wait up
+to its period.
 
 Departure from the paper: the Training Queue is not a separate actor. It lives here, inside
 the ControlLoop, because backpressure and the lag gate read its depth synchronously at every
@@ -60,7 +69,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GuPoll:
-    """What a GU learns from one ``poll``: new work, the snapshot to reload to, the pause signal."""
+    """What a GU learns from one ``poll`` or ``exchange``: new work, the snapshot to reload to,
+    the pause signal, and (``exchange`` only) the answer to its start request."""
 
     assignments: tuple[Assignment, ...]
     latest_snapshot: SnapshotInfo | None
@@ -69,10 +79,58 @@ class GuPoll:
     """Every scheduled prompt has been consumed: the GU may stop."""
     gu_known: bool
     """False once the GU was declared failed (it must stop: its work went elsewhere)."""
-    news: int
-    """The GU's news counter at this answer: pass it as ``seen`` to wait for the next change."""
+    seq: int
+    """This answer's place among all answers to this GU (1, 2, ...). A poll answer and an exchange
+    answer can reach the GU in the other order: it takes the signals of the newest only."""
     answered_at: float
     """When the answer was taken (``time.time()``): every snapshot published by then is in it."""
+    decision: StartDecision | None = None
+    """The CU's answer to the report's ``start`` request; ``None`` if it made none."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartRequest:
+    """``ControlLoop.request_start`` for the queue head, as the GU's policy asked it."""
+
+    minibatch_id: int
+    attempt: int
+    actor_id: int
+    policy_version: int
+    """The weights the actor holds now."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReloadReport:
+    """A finished reload (``ControlLoop.on_weights_loaded``)."""
+
+    actor_id: int
+    version: int
+    seconds: float
+    chosen_at: float
+    """When the GU chose the target (``time.time()``): the reload is judged against what was
+    published by then."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversionReport:
+    """A finished snapshot conversion (``ControlLoop.on_snapshot_converted``)."""
+
+    version: int
+    seconds: float
+    finished_at: float
+    """When it ended (``time.time()``): the GU reports it with its next call, maybe later."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuReport:
+    """Everything a GU tells the CU in one ``exchange`` (its finished minibatches travel beside it
+    as top-level arguments, so Ray hands the actors' results over without the GU opening them)."""
+
+    gu_id: int
+    reloads: tuple[ReloadReport, ...] = ()
+    conversions: tuple[ConversionReport, ...] = ()
+    start: StartRequest | None = None
+    """Applied after the completions and reports, so a just-freed actor may start at once."""
 
 
 class ControlUnit:
@@ -80,7 +138,12 @@ class ControlUnit:
         self._events = ev.EventLog()
         self._loop = ControlLoop(config=config, schedule=schedule, events=self._events)
         self._outbox: dict[int, list[Assignment]] = {}
+        # Per GU: news (anything it may act on) and urgent news (a snapshot, the end, a failure)
+        # counters, what its last answer told it, and how many answers it got.
         self._news: dict[int, int] = {}
+        self._urgent: dict[int, int] = {}
+        self._told: dict[int, tuple[int, int]] = {}
+        self._seq: dict[int, int] = {}
         self._failed_gus: set[int] = set()
         self._cursor = MetricsCursor()
         self.snapshots_superseded = 0
@@ -88,7 +151,7 @@ class ControlUnit:
         self._lock = threading.RLock()
         # Signalled whenever a global batch may have become ready (completion, re-queue).
         self._batch_may_be_ready = threading.Condition(self._lock)
-        # Signalled whenever some GU's news counter moved.
+        # Signalled whenever some GU's news counter moved or one of its actors went idle.
         self._news_moved = threading.Condition(self._lock)
         self._signals = self._loop.gu_signals()
         self._cpu_at_start = time.process_time()
@@ -99,6 +162,8 @@ class ControlUnit:
             self._loop.register_gu(gu_id, num_actors=num_actors)
             self._outbox.setdefault(gu_id, [])
             self._news.setdefault(gu_id, 0)
+            self._urgent.setdefault(gu_id, 0)
+            self._told.setdefault(gu_id, (-1, -1))  # its first poll answers at once
 
     def start(self) -> int:
         """First dispatch, once every GU has registered; returns the number of assignments."""
@@ -108,35 +173,51 @@ class ControlUnit:
             self._cpu_at_start = time.process_time()
             return self._changed()
 
-    def poll(self, gu_id: int, seen: int = -1, wait_s: float = 0.0) -> GuPoll:
-        """What is new for ``gu_id``; blocks up to ``wait_s`` while its news counter is ``seen``."""
+    def poll(self, gu_id: int, wait_s: float = 0.0) -> GuPoll:
+        """What is new for ``gu_id``; blocks up to ``wait_s`` while nothing it would act on is new."""
         if not wait_s >= 0:
             raise ValueError(f"wait_s must be >= 0, got {wait_s}.")
         deadline = time.monotonic() + wait_s
         with self._news_moved:
             self._changed()
-            while self._news.get(gu_id, seen) == seen and not self._loop.is_finished():
+            while not self._worth_answering(gu_id):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._news_moved.wait(remaining)
-            known = gu_id not in self._failed_gus and gu_id in self._outbox
-            work = tuple(self._outbox.get(gu_id, ())) if known else ()
-            if known:
-                self._outbox[gu_id] = []
-            return GuPoll(
-                assignments=work,
-                latest_snapshot=self._loop.latest_snapshot(),
-                paused=self._loop.pause_signal(),
-                finished=self._loop.is_finished(),
-                gu_known=known,
-                news=self._news.get(gu_id, seen),
-                answered_at=time.time(),
-            )
+            return self._answer(gu_id)
+
+    def exchange(self, report: GuReport, *completions: CompletedMinibatch) -> GuPoll:
+        """Take a GU's completions and reports, then its start request; answer with all its news.
+
+        In the order the GU lived them: an actor's completion is ingested before the reload that
+        followed it and before the start request that follows both."""
+        g = report.gu_id
+        with self._lock:
+            for completed in completions:
+                self._loop.on_minibatch_completed(completed)
+            for c in report.conversions:
+                self._loop.on_snapshot_converted(g, c.version, c.seconds, at=c.finished_at)
+            for r in report.reloads:
+                self._loop.on_weights_loaded(g, r.actor_id, r.version, r.seconds, started_at=r.chosen_at)
+            decision = None
+            if (s := report.start) is not None:
+                decision = self._loop.request_start(
+                    s.minibatch_id,
+                    attempt=s.attempt,
+                    gu_id=g,
+                    actor_id=s.actor_id,
+                    policy_version=s.policy_version,
+                )
+            self._changed()
+            if completions:
+                self._batch_may_be_ready.notify_all()
+            return self._answer(g, decision)
 
     def request_start(
         self, minibatch_id: int, *, attempt: int, gu_id: int, actor_id: int, policy_version: int
     ) -> StartDecision:
+        """One start request on its own (``exchange`` carries them in production)."""
         with self._lock:
             decision = self._loop.request_start(
                 minibatch_id, attempt=attempt, gu_id=gu_id, actor_id=actor_id, policy_version=policy_version
@@ -146,9 +227,11 @@ class ControlUnit:
             return decision
 
     def on_minibatch_completed(self, completed: CompletedMinibatch) -> str:
+        """One completion on its own (``exchange`` carries them in production)."""
         with self._lock:
             outcome = self._loop.on_minibatch_completed(completed)
             self._changed()
+            self._news_moved.notify_all()  # an actor went idle: news it was not woken for now counts
             self._batch_may_be_ready.notify_all()
             return outcome.value
 
@@ -177,6 +260,33 @@ class ControlUnit:
         self._failed_gus.add(gu_id)
         self._outbox.pop(gu_id, None)
 
+    def _worth_answering(self, gu_id: int) -> bool:
+        """Whether a waiting poll of ``gu_id`` should return now (called with the lock held)."""
+        if gu_id not in self._outbox or self._loop.is_finished():
+            return True  # failed, never registered, or done: it must hear it to stop
+        news, urgent = self._news[gu_id], self._urgent[gu_id]
+        told_news, told_urgent = self._told[gu_id]
+        return urgent != told_urgent or (news != told_news and self._loop.has_idle_actor(gu_id))
+
+    def _answer(self, gu_id: int, decision: StartDecision | None = None) -> GuPoll:
+        """Hand ``gu_id`` its outbox and the signals, and note what it has been told (lock held)."""
+        known = gu_id not in self._failed_gus and gu_id in self._outbox
+        work = tuple(self._outbox[gu_id]) if known else ()
+        if known:
+            self._outbox[gu_id] = []
+            self._told[gu_id] = (self._news[gu_id], self._urgent[gu_id])
+        self._seq[gu_id] = seq = self._seq.get(gu_id, 0) + 1
+        return GuPoll(
+            assignments=work,
+            latest_snapshot=self._loop.latest_snapshot(),
+            paused=self._loop.pause_signal(),
+            finished=self._loop.is_finished(),
+            gu_known=known,
+            seq=seq,
+            answered_at=time.time(),
+            decision=decision,
+        )
+
     def _changed(self, *, everyone: bool = False) -> int:
         """Dispatch and tell the GUs whose view moved; returns the number of new assignments.
 
@@ -186,10 +296,13 @@ class ControlUnit:
         for a in assignments:
             assert a.gu_id in self._outbox, f"dispatched to unknown GU {a.gu_id}"
             self._outbox[a.gu_id].append(a)
-        signals = self._loop.gu_signals()
-        if everyone or signals != self._signals:
+        signals, before = self._loop.gu_signals(), self._signals
+        if everyone or signals != before:
             self._signals = signals
             moved = set(self._news)
+            if everyone or (signals.latest_version, signals.finished) != (before.latest_version, before.finished):
+                for gu_id in moved:
+                    self._urgent[gu_id] += 1
         for gu_id in moved:
             self._news[gu_id] += 1
         if moved:

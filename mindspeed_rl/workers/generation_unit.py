@@ -3,17 +3,27 @@
 ::
 
     run():  until finished / stopped / no actors left
-      ray.wait(num_returns=1) on ─┬─ CU.poll(g, seen, wait_s)  long-poll: returns on news for this GU
-                                  ├─ actor futures             generate_minibatch / reload
-                                  └─ self.convert_snapshot(v)  on another thread of this actor
+      ray.wait(num_returns=1) on ─┬─ CU.poll(g, wait_s)         long-poll: returns on news for this GU
+                                  ├─ actor receipts / reloads   generate_with_receipt / reload
+                                  └─ self.convert_snapshot(v)   on another thread of this actor
       poll answered ──► policy: assignments, newest published snapshot; next long-poll issued
-      actor done    ──► completion to CU  |  reload timing to CU  |  dead actor ─► CU.on_actor_failed
-      converted     ──► policy: newest converted (idle actors reload to it) ; CU.on_snapshot_converted
+      actor done    ──► completion queued for the CU | reload queued for the CU | dead actor ─► CU.on_actor_failed
+      converted     ──► policy: newest converted (idle actors reload to it); conversion queued for the CU
       then: policy.next_conversion() ─► start converting (newest published only)
-            policy.next_actions(paused, CU.request_start) ─► Reload / Start on idle actors
+            policy.next_actions(paused, gate) ─► Reload / Start on idle actors, where
+              gate = CU.exchange(queued reports + completions, start request) ─► decision + news
+            reports still queued (no start was asked) ─► CU.exchange(reports) without a request
 
 Every decision (reload / start / wait / drop, which snapshot to convert) is ``GuPolicy``'s,
-the same object the simulator and the tests drive; this class only moves calls and bytes.
+the same object the simulator and the tests drive; this class only moves calls and bytes, and
+as few of them as it can: the control plane's CPU is Ray's per-call cost, so what the CU must
+hear rides on the next call the GU makes anyway (``ControlUnit.exchange``). A completion is
+never held back: it goes with the start request of the actor that just freed up or, when the
+policy asks for no start (a reload comes first, the queue is empty, the pipeline is paused), on
+its own at once. The samples are not opened here: an actor returns a small receipt and the
+samples as two objects; the GU reads the receipt (which raises if the actor died) and hands the
+samples' ObjectRef to the CU, where Ray resolves it.
+
 Conversion runs beside the loop, so actors keep generating on the previous version and
 completions keep flowing while the next snapshot converts. The loop sleeps in one ``ray.wait``
 until something happens: no periodic polling (the long-poll's ``wait_s`` is only a safety net).
@@ -36,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime.gu_policy import Drop, GuPolicy, Reload, Start
 from mindspeed_rl.runtime.records import Assignment, StartDecision
+from mindspeed_rl.workers.control_unit import ConversionReport, GuPoll, GuReport, ReloadReport, StartRequest
 
 if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.trainer.run_plan import RolloutSpec
-    from mindspeed_rl.workers.control_unit import GuPoll
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +62,8 @@ class FaultPlan:
     actor_dies: Mapping[tuple[int, int], int] = field(default_factory=dict)
     """(gu_id, actor_id) -> the minibatch during which that actor's process exits."""
     gu_dies: Mapping[int, int] = field(default_factory=dict)
-    """gu_id -> the number of forwarded completions after which that GU's process exits."""
+    """gu_id -> the number of forwarded completions after which that GU's process exits (at the
+    end of the call that forwarded that many, which may carry more)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

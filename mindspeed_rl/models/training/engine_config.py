@@ -5,11 +5,16 @@ Torch-free: the config mapper (``trainer.run_plan``) builds and validates it wit
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
 from mindspeed_rl.models.loss.config import GRPOLossConfig
 from mindspeed_rl.models.training.lr_schedule import LRSchedule
+
+Device = Literal["cpu", "cuda", "npu"]
+ParamDtype = Literal["float32", "bfloat16"]
+ExportDtype = Literal["float32", "bfloat16", "float16"]
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -37,10 +42,20 @@ class TorchEngineConfig:
     shuffle_mini_batch: bool = False
     loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
     seed: int = 1
-    device: str = "cpu"
-    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype. The torch engine on CPU trains in float32 only: its log-probs must agree
-    with the fp32 rollout engine to ~1e-6 (bf16 is for accelerator backends)."""
+    device: Device = "cpu"
+    """Where the policy and the reference live: ``cuda`` when the Training Unit is given Ray GPUs,
+    ``npu`` for the custom ``NPU`` resource (``torch_npu`` is imported then only), else ``cpu``."""
+    param_dtype: ParamDtype = "float32"
+    """``bfloat16`` (``bf16: true``): bf16 working parameters for forward/backward, fp32 master
+    weights, fp32 gradient accumulation and fp32 AdamW state (``precision.MasterWeightOptimizer``).
+    Honoured on every device, CPU included when asked; the shipped tiny CPU configs keep float32
+    so the trainer's log-probs match the fp32 rollout to ~1e-6."""
+    export_dtype: ExportDtype | None = None
+    """Dtype of the tensors a snapshot carries (``generate_config.dtype``): the bytes written are
+    the bytes the rollout engine loads. None (``dtype: auto``): the parameter dtype."""
+    log_prob_chunk_tokens: int = 1024
+    """Response tokens projected to the vocabulary at once: log-prob memory is bounded by
+    ``chunk x vocab`` floats however long the micro-batch (152k vocab: 0.6 GB per fp32 chunk)."""
     pad_token_id: int = 0
     """Filler id for right padding; any valid id works since padded positions are masked."""
 
@@ -66,11 +81,23 @@ class TorchEngineConfig:
             raise ValueError(
                 f"lr_schedule.lr={self.lr_schedule.lr} differs from lr={self.lr}; build both from actor_config.lr"
             )
-        if self.device == "cpu" and self.param_dtype != "float32":
+        if self.device not in typing.get_args(Device):
             raise ValueError(
-                f"param_dtype={self.param_dtype} on the CPU torch engine: it trains in float32 so its "
-                "log-probs match the fp32 rollout; use float32 (bf16 needs an accelerator backend)"
+                f"device={self.device!r}; use one of {typing.get_args(Device)} (chosen from the "
+                "Training Unit's resources: num_gpus -> cuda, num_npus -> npu, neither -> cpu)"
             )
+        if self.param_dtype not in typing.get_args(ParamDtype):
+            raise ValueError(
+                f"param_dtype={self.param_dtype!r}; use float32 or bfloat16 (bf16: true). fp16 needs "
+                "loss scaling, which the torch engine does not implement"
+            )
+        if self.export_dtype is not None and self.export_dtype not in typing.get_args(ExportDtype):
+            raise ValueError(
+                f"export_dtype={self.export_dtype!r}; set generate_config.dtype to one of "
+                f"{typing.get_args(ExportDtype)} or auto"
+            )
+        if self.log_prob_chunk_tokens < 1:
+            raise ValueError(f"log_prob_chunk_tokens={self.log_prob_chunk_tokens}; use >= 1 (e.g. 1024)")
 
     @property
     def samples_per_mini_batch(self) -> int:

@@ -4,10 +4,11 @@ Modules (import them directly; this package file stays import-light):
 
 - ``layout``   TrainingLayout / InferenceLayout / PartitionSpec rule tables (no torch)
 - ``manifest`` SnapshotManifest JSON schema, SnapshotInfo, SnapshotError (no torch)
-- ``store``    atomic publish, latest_published, leases, retention (no torch)
-- ``shardio``  write one safetensors shard; read one back verified (parallel loader)
-- ``export``   SnapshotWriter: asynchronous per-rank export and publish (training side)
+- ``store``    atomic publish, latest_published, leases, per-run retention, run_root, links (no torch)
+- ``shardio``  write one safetensors shard (CRC while writing); read it back verified (parallel)
+- ``hostcopy`` host-memory copies outside torch's thread pool (export copy, TP merge)
+- ``export``   SnapshotWriter: per-rank export, one in flight + one queued (newer supersedes)
 - ``merge``    unfuse / rename / merge TP+EP / split for inference ranks
-- ``convert``  GuConverter: once-per-GU conversion into a converted cache
+- ``convert``  GuConverter: once-per-GU conversion into a converted cache (hard link if identity)
 - ``reload``   ReloadPolicy: deferred, validated reload of a generation actor
 """

@@ -97,7 +97,7 @@ class ExportResult:
     superseded: bool = False
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Prepared:
     version: int
     rank: int
@@ -110,7 +110,7 @@ class _Prepared:
     started: float
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity: its fields hold tensors
 class _Request:
     prepared: _Prepared | None  # None once written or superseded, so the clone is freed
     future: Future[ExportResult]

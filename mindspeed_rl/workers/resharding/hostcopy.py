@@ -48,7 +48,9 @@ def cat(tensors: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
     """``torch.cat`` for CPU tensors of one dtype, without torch's thread pool."""
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1:
-        raise ValueError(f"cannot concatenate tensors of dtypes {sorted(map(str, dtypes))}; convert them first")
+        raise ValueError(
+            f"cannot concatenate tensors of dtypes {sorted(map(str, dtypes))}; convert them first"
+        )
     if len(tensors) == 1:
         return tensors[0]
     joined = np.concatenate([_as_numpy(t) for t in tensors], axis=dim)

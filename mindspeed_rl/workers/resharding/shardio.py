@@ -83,7 +83,7 @@ def _crc_update(chunk: memoryview, crc: int) -> int:
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     """A tensor's bytes without a copy (a contiguous CPU tensor of any dtype)."""
     flat = tensor.detach().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return flat.view(torch.uint8).numpy().data.cast("B")
 
 
 def tensor_checksum(tensor: torch.Tensor) -> str:

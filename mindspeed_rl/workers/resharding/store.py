@@ -238,4 +238,5 @@ def _remove_scratch_below(root: Path, newest: int) -> None:
     for child in root.iterdir():
         match = _SCRATCH.match(child.name)
         if match and int(match.group(2)) < newest:
+            # Publishers of consecutive versions (other rank processes) may clean up at once.
             shutil.rmtree(child, ignore_errors=True)

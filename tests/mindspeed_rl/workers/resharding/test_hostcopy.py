@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mindspeed_rl.workers.resharding.hostcopy import cat, copy_tensor, copy_tensors
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_copies_are_bit_exact_independent_and_contiguous(dtype):
+    source = (torch.randn(6, 10) * 4).to(dtype)
+    strided = source[:, 2:7]  # not contiguous
+    for original in (source, strided, source[1, 3]):
+        copied = copy_tensor(original)
+        assert copied.dtype == dtype and copied.shape == original.shape and copied.is_contiguous()
+        assert torch.equal(copied.reshape(-1).view(torch.uint8), original.reshape(-1).view(torch.uint8))
+    copied = copy_tensor(source)
+    source.view(torch.uint8).fill_(0)
+    assert copied.view(torch.uint8).any(), "the copy owns its memory"
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cat_matches_torch_cat_for_every_dtype(dim):
+    for dtype in DTYPES:
+        parts = [(torch.randn(3, 3) * 4).to(dtype) for _ in range(3)]
+        expected = torch.cat([p.view(torch.uint8) for p in parts], dim=dim) if dim == 0 else None
+        joined = cat(parts, dim)
+        assert joined.dtype == dtype and joined.shape[dim] == 9
+        if expected is not None:
+            assert torch.equal(joined.view(torch.uint8), expected)
+        for i, part in enumerate(parts):
+            assert torch.equal(
+                joined.narrow(dim, 3 * i, 3).contiguous().view(torch.uint8), part.view(torch.uint8)
+            )
+
+
+def test_parallel_copies_keep_order_and_errors_name_the_fix():
+    tensors = [torch.full((n + 1,), float(n)) for n in range(7)]
+    copies = copy_tensors(tensors, num_threads=3)
+    assert [c.tolist() for c in copies] == [t.tolist() for t in tensors]
+    with pytest.raises(ValueError, match="convert them first"):
+        cat([torch.zeros(2), torch.zeros(2, dtype=torch.float16)], 0)
