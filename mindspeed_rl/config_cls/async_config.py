@@ -30,7 +30,9 @@ class AsyncConfig:
     queue_resume_samples: int = opt(256, "SAMPLES: generation resumes once the queue drains below this.")
     snapshot_interval: int = opt(1, "Training steps between weight snapshots.")
     snapshot_dir: str | None = opt(
-        None, "Snapshot folder (shared by TU and GUs); null = <run_dir>/snapshots."
+        None,
+        "Snapshot folder (shared by TU and GUs); each run writes under <snapshot_dir>/<run dir name>/, "
+        "so reruns into one folder never prune each other's versions; null = <run_dir>/snapshots.",
     )
     snapshot_keep: int = opt(3, "Snapshots kept; older ones are deleted (>= 2 so a loading one survives).")
     max_policy_lag: int | None = opt(

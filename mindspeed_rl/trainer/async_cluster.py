@@ -141,7 +141,7 @@ class AsyncCluster:
             / max(1, summary["minibatches_completed"])
         )  # fmt: skip
         _write_events(run_dir, ray.get(self.cu.event_records.remote()))
-        ray.get(self.tu.finish_snapshots.remote())
+        summary.update(ray.get(self.tu.finish_snapshots.remote()))
         self.save(run_dir / "final_model")
         write_summary(
             run_dir, pipeline="async", queue_limit_samples=summary.pop("queue_limit_samples"), **summary

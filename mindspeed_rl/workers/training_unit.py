@@ -217,11 +217,13 @@ class TrainingUnit:
         future.add_done_callback(lambda f: self._on_exported(f, notify))
         return copy_seconds
 
-    def finish_snapshots(self) -> None:
-        """Wait for pending exports and stop the writer; re-raises a failed export."""
+    def finish_snapshots(self) -> dict[str, int]:
+        """Wait for pending exports and stop the writer; re-raises a failed export. Returns how
+        many queued exports a newer one superseded (at most one export is written at a time)."""
         if self._writer is not None:
             self._writer.close()
         self._raise_export_error()
+        return {"snapshot_exports_superseded": 0 if self._writer is None else self._writer.num_superseded}
 
     def _on_exported(self, future: Any, notify: Any) -> None:
         from mindspeed_rl.runtime.records import SnapshotInfo
