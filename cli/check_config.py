@@ -6,9 +6,13 @@ Prints the resolved, typed config as JSON (stdout) and exits 0; on a bad config 
 wrong and how to fix it (stderr, no traceback) and exits 2. It builds the same run plan as
 ``train_grpo.py`` (``trainer.run_plan.build_run_plan``), so every configuration error the run
 would raise (unsupported keys, layouts, queue/lag rules) is raised here, before any model or data
-work. ``--available CPU=2,NPU=16`` also checks that the plan's actors fit such a cluster (the run
-checks the real one). Keys that have no effect here are listed on stderr (``--list-inert`` prints
-only that list, on stdout).
+work. ``--available CPU=2,NPU=16`` also checks that the plan's actors fit one node with those
+resources. ``--cluster NxD`` (N nodes of D devices; ``NxDxC`` also gives C CPUs per node, else
+CPUs are not checked) prints, instead of the config, the placement as JSON: node and device
+indices of every trainer rank and generation actor (``utils.placement``); the device kind is NPU
+when the config asks ``num_npus``, GPU when it asks ``num_gpus`` (a CPU-only config uses no
+devices). The run does the same check against its live cluster's nodes. Keys that have no effect
+here are listed on stderr (``--list-inert`` prints only that list, on stdout).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.trainer.run_plan import build_run_plan
+from mindspeed_rl.utils.placement import ClusterSpec
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -36,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="cluster resources to check the plan's actors against, e.g. CPU=2 or CPU=64,NPU=16",
     )
+    parser.add_argument(
+        "--cluster",
+        type=parse_cluster,
+        default=None,
+        help="N nodes of D devices (8x8; 8x8x192 also checks 192 CPUs per node): print the placement as JSON",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rl_config.pipeline=async")
     return parser
 
@@ -47,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = build_run_plan(config)
         if args.available is not None:
             plan.check_fits(args.available)
+        placement = plan.check_fits(args.cluster) if args.cluster is not None else None
     except ValueError as err:  # ConfigError is a ValueError; the plan raises plain ValueErrors
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -54,12 +66,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key in plan.inert_keys:
             print(key)
         return 0
-    print(json.dumps(config.to_dict(), indent=2))
+    print(json.dumps(config.to_dict() if placement is None else placement.to_dict(), indent=2))
     if plan.inert_keys:
         print(f"note: {len(plan.inert_keys)} given key(s) have no effect here:", file=sys.stderr)
         for key in plan.inert_keys:
             print(f"  {key}", file=sys.stderr)
     return 0
+
+
+def parse_cluster(text: str) -> ClusterSpec:
+    try:
+        return ClusterSpec.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_available(text: str) -> dict[str, float]:

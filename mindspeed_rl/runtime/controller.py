@@ -318,7 +318,9 @@ class ControlLoop:
         self.weights.published(snapshot, save_seconds=save_seconds, steps_done=self.budget.next_step)
 
     @_serialized
-    def on_snapshot_converted(self, gu_id: int, version: int, seconds: float, *, at: float | None = None) -> None:
+    def on_snapshot_converted(
+        self, gu_id: int, version: int, seconds: float, *, at: float | None = None
+    ) -> None:
         """``at``: when the conversion ended (clock time), for a GU that batches its reports."""
         self.weights.converted(gu_id, version, seconds, at=at)
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.runtime.records import GlobalBatch
     from mindspeed_rl.trainer.run_plan import RunPlan
+    from mindspeed_rl.utils.ray_setup import ReservedPlacement
 
 logger = logging.getLogger(__name__)
 # The driver blocks in the CU until its batch is ready, waking this often to check that the GUs
@@ -42,8 +43,11 @@ GU_CHECK_SECONDS = 0.5
 class AsyncCluster:
     """The CU, the TU and the GUs of one run; ``start`` blocks until every engine is up."""
 
-    def __init__(self, cu: Any, tu: Any, gus: dict[int, Any]) -> None:
+    def __init__(
+        self, cu: Any, tu: Any, gus: dict[int, Any], reserved: ReservedPlacement | None = None
+    ) -> None:
         self.cu, self.tu, self.gus = cu, tu, gus
+        self.reserved = reserved
         self._runs: dict[Any, int] = {}
         self._started = 0.0
 
@@ -53,13 +57,15 @@ class AsyncCluster:
     ) -> AsyncCluster:
         import ray
 
-        from mindspeed_rl.utils.ray_setup import ray_actor_options
+        from mindspeed_rl.utils.ray_setup import live_cluster, ray_actor_options, reserve
         from mindspeed_rl.workers.control_unit import ControlUnit
         from mindspeed_rl.workers.generation_unit import GenerationUnit
         from mindspeed_rl.workers.training_unit import TrainingUnit
 
         a = plan.async_spec
         assert a is not None and plan.runtime is not None, "an async plan carries async_spec and runtime"
+        # Per node, on the live cluster; on a GPU/NPU run one placement group pins every bundle.
+        reserved = reserve(plan.check_fits(live_cluster(plan.placement.device_kind)))
         prompts = ray.put({r.prompt_id: r for r in inputs.prompts})
         control = ray_actor_options(a.control_resources)
         cu: Any = (
@@ -69,15 +75,21 @@ class AsyncCluster:
         )
         tu: Any = (
             ray.remote(TrainingUnit)
-            .options(**ray_actor_options(config.async_config.trainer_resources))
+            .options(**reserved.trainer_rank_options(0, config.async_config.trainer_resources))
             .remote(plan.trainer, policy_path, prompts, simulated_step_seconds=inputs.simulated_step_seconds)
         )
         snapshots = setup.snapshot_root(config, run_dir)
         specs = setup.gu_specs(
-            config, policy_path, prompts, snapshots, inputs.faults, forced_lengths=inputs.forced_lengths
+            config,
+            policy_path,
+            prompts,
+            snapshots,
+            inputs.faults,
+            forced_lengths=inputs.forced_lengths,
+            reserved=reserved,
         )
         gu_remote: Any = ray.remote(GenerationUnit).options(**control, max_concurrency=4)
-        cluster = cls(cu, tu, {s.gu_id: gu_remote.remote(s, cu) for s in specs})
+        cluster = cls(cu, tu, {s.gu_id: gu_remote.remote(s, cu) for s in specs}, reserved)
         # Engine start-up is not part of any iteration's time (as in the hybrid loop).
         ray.get(
             [
@@ -153,6 +165,8 @@ class AsyncCluster:
 
         for handle in (self.cu, self.tu, *self.gus.values()):
             ray.kill(handle)
+        if self.reserved is not None:
+            self.reserved.release()
 
     def _reap_gus(self) -> None:
         """Declare GUs whose control loop ended (crash or no actors left) failed, so the CU re-issues
@@ -174,18 +188,24 @@ class AsyncCluster:
                 "every Generation Unit stopped before the run finished; see the GU errors above"
             )
 
-    def _control_plane_cpu(self, seconds: float) -> dict[str, float]:
-        """CPU the CU and the live GU control loops used: cores the engines and the trainer did not get."""
+    def _control_plane_cpu(self, seconds: float) -> dict[str, Any]:
+        """CPU the CU and the live GU control loops used: cores the engines and the trainer did not get,
+        with the GUs' call counts (the CU's are in its summary) as the breakdown."""
         import ray
 
         cu_s = ray.get(self.cu.cpu_seconds.remote())
         live = [self.gus[g] for g in self._runs.values()]
         gu_s = sum(ray.get([gu.cpu_seconds.remote() for gu in live]))
+        gu_calls: dict[str, int] = {}
+        for counts in ray.get([gu.call_counts.remote() for gu in live]):
+            for name, n in counts.items():
+                gu_calls[name] = gu_calls.get(name, 0) + n
         return {
             "pipeline_seconds": seconds,
             "cu_cpu_seconds": cu_s,
             "gu_control_cpu_seconds": gu_s,
             "control_plane_cores": (cu_s + gu_s) / seconds,
+            "gu_calls": dict(sorted(gu_calls.items())),
         }
 
     def _stop_gus(self) -> None:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.runtime.records import ScheduledMinibatch
     from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
+    from mindspeed_rl.utils.ray_setup import ReservedPlacement
     from mindspeed_rl.workers.generation_unit import FaultPlan, GuSpec
 
 logger = logging.getLogger(__name__)
@@ -123,8 +124,10 @@ def gu_specs(
     faults: FaultPlan,
     *,
     forced_lengths: Mapping[str, tuple[int, ...]] | None = None,
+    reserved: ReservedPlacement | None = None,
 ) -> list[GuSpec]:
-    """One spec per Generation Unit; ``prompts`` is the prompt mapping or a Ray reference to it."""
+    """One spec per Generation Unit; ``prompts`` is the prompt mapping or a Ray reference to it.
+    ``reserved`` (the run's placement) gives each actor its own options (its bundle)."""
     from mindspeed_rl.trainer.run_plan import rollout_spec
     from mindspeed_rl.utils.ray_setup import ray_actor_options
     from mindspeed_rl.workers.generation_unit import GuSpec
@@ -139,6 +142,12 @@ def gu_specs(
             prompts=prompts,
             num_actors=a.actors_per_unit,
             actor_options=ray_actor_options(a.actor_resources),
+            per_actor_options=()
+            if reserved is None
+            else tuple(
+                reserved.generation_actor_options(g * a.actors_per_unit + i, a.actor_resources)
+                for i in range(a.actors_per_unit)
+            ),
             actor_num_cpus=a.actor_resources.num_cpus,
             cache_dir=str(snapshots / f"gu{g}"),
             seed=config.megatron_training.training.seed,

@@ -31,21 +31,37 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     import ray
 
     from mindspeed_rl.trainer.run_plan import build_run_plan
-    from mindspeed_rl.utils.ray_setup import ray_actor_options
+    from mindspeed_rl.utils.ray_setup import live_cluster, reserve
     from mindspeed_rl.workers.generation_actor import GenerationActor
     from mindspeed_rl.workers.training_unit import TrainingUnit
 
     plan = build_run_plan(config)
-    plan.check_fits(ray.available_resources())
+    # Per node, before any model or data work; what fits no node would otherwise pend forever.
+    placement = plan.check_fits(live_cluster(plan.placement.device_kind))
+    if len(placement.generation_actors) != 1:
+        raise ValueError(
+            f"pipeline: hybrid drives one rollout engine, but the colocated placement has "
+            f"{len(placement.generation_actors)} (the trainer's devices / generate_config infer TP x PP); "
+            "multi-engine colocated hybrid is not implemented (issue 11, item 6): use pipeline: async"
+        )
     policy_path = str(components.prepare_policy_model(config))
     splits = components.load_prompt_splits(config, components.load_tokenizer(policy_path))
     write_split_ids(run_dir / "split_ids.json", splits)
     prompts = {r.prompt_id: r for r in splits.train}
     batches = components.global_batches(config, list(prompts))
 
-    options = ray_actor_options(config.rl_config.actor_resource)
-    trainer: Any = ray.remote(TrainingUnit).options(**options).remote(plan.trainer, policy_path, prompts)
-    actor: Any = ray.remote(GenerationActor).options(**options).remote(plan.rollout, policy_path, prompts)
+    reserved = reserve(placement)
+    group = config.rl_config.actor_resource
+    trainer: Any = (
+        ray.remote(TrainingUnit)
+        .options(**reserved.trainer_rank_options(0, group))
+        .remote(plan.trainer, policy_path, prompts)
+    )
+    actor: Any = (
+        ray.remote(GenerationActor)
+        .options(**reserved.generation_actor_options(0, group))
+        .remote(plan.rollout, policy_path, prompts)
+    )
     # Engine start-up (model load, vLLM warm-up) is not part of any iteration's time.
     ray.get([trainer.__ray_ready__.remote(), actor.__ray_ready__.remote()])
     with IterationReport(run_dir, plan, splits.valid, CONSOLE_KEYS) as report:
@@ -54,6 +70,7 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
             if plan.checkpoint.is_save_iteration(iteration):
                 ray.get(trainer.save_hf.remote(str(plan.checkpoint.folder(run_dir, iteration))))
     ray.get(trainer.save_hf.remote(str(run_dir / "final_model")))
+    reserved.release()
     write_summary(
         run_dir,
         pipeline="hybrid",

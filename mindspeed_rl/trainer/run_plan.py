@@ -7,7 +7,8 @@
                                     ├─ rollout     RolloutSpec  ─► GenerationActor
                                     ├─ runtime / schedule / predictor   (async only)
                                     ├─ logging, evaluation, checkpoint
-                                    └─ resources   (requests; ``check_fits`` against a cluster)
+                                    ├─ resources   (requests per role)
+                                    └─ placement   (devices/CPUs per rank and actor; ``check_fits`` places them per node)
 
 ``cli/check_config.py`` and both trainers call ``build_run_plan``, so every error the run would
 raise from its configuration (layouts, lag/minibatch fit, unsupported keys) is raised by the
@@ -34,6 +35,7 @@ from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.trainer import run_plan_parts as parts
 from mindspeed_rl.trainer.eval_config import EvalConfig
 from mindspeed_rl.utils.logging_config import LoggingConfig
+from mindspeed_rl.utils.placement import ClusterSpec, Placement, PlacementRequest, plan_placement
 
 if TYPE_CHECKING:
     from asp_scheduler.params import ScheduleParams
@@ -139,6 +141,8 @@ class RunPlan:
     resources: tuple[ResourceRequest, ...]
     runtime_env_path: str | None
     warmup: parts.WarmupSpec | None
+    placement: PlacementRequest
+    """Devices and CPUs per trainer rank / generation actor / control actor (``check_fits`` places them)."""
     runtime: RuntimeConfig | None = None
     """Async only."""
     schedule: ScheduleParams | None = None
@@ -150,15 +154,17 @@ class RunPlan:
     inert_keys: tuple[InertKey, ...] = ()
     """Keys the user set that have no effect in this plan (loader's list + plan-level ones)."""
 
-    def check_fits(self, available: Mapping[str, float]) -> None:
-        """Placement checks against a cluster's ``available`` resources: the backend's layout
-        (torch backend: full-replica generation actors) and, with the arithmetic, that every actor
-        can be placed (Ray would otherwise queue the excess forever)."""
-        from mindspeed_rl.utils.ray_setup import check_requests_fit
-
-        if self.async_spec is not None:
+    def check_fits(self, cluster: ClusterSpec | Mapping[str, float]) -> Placement:
+        """Place every actor per node (``utils.placement``), or raise naming what is short: Ray
+        would otherwise queue what fits no node forever. ``cluster`` is a node list (the live
+        cluster: ``ray_setup.live_cluster``; ``check_config --cluster NxD``) or one node's resources.
+        On a CPU-only run the torch backend's layout is checked too (full-replica generation
+        actors); sharded actors are for accelerator backends."""
+        if not isinstance(cluster, ClusterSpec):
+            cluster = ClusterSpec.one_node(cluster, self.placement.device_kind)
+        if self.async_spec is not None and self.placement.device_kind is None:
             parts.check_torch_backend_layout(self.async_spec)
-        check_requests_fit([(r.name, r.resources, r.count) for r in self.resources], available)
+        return plan_placement(self.placement, cluster)
 
 
 def build_run_plan(config: GRPOConfig) -> RunPlan:
@@ -182,6 +188,7 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         resources=resource_requests(config),
         runtime_env_path=config.rl_config.runtime_env_path,
         warmup=parts.warmup_spec(config),
+        placement=parts.placement_request(config),
         inert_keys=parts.plan_inert_keys(config, trainer.engine),
     )
     if not is_async:

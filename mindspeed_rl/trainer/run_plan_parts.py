@@ -7,11 +7,12 @@ any value this framework does not implement. Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from mindspeed_rl.config_cls.asp_config import ASPConfig
 from mindspeed_rl.config_cls.grpo_config import InertKey
@@ -24,6 +25,7 @@ from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.lr_schedule import LRSchedule
 from mindspeed_rl.trainer.eval_config import EvalConfig
 from mindspeed_rl.utils.logging_config import LoggingConfig
+from mindspeed_rl.utils.placement import DeviceKind, PlacementRequest, RoleRequest
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
@@ -38,9 +40,6 @@ ENGINE_KEYS = (
     "max_model_len", "max_num_batched_tokens", "dtype", "gpu_memory_utilization", "enforce_eager",
     "enable_prefix_caching", "enable_chunked_prefill",
 )  # fmt: skip
-CPU_PRECISION = (
-    "kept fp32 on CPU (exact log-prob agreement with the fp32 rollout); accelerator backends use it"
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,10 +140,40 @@ def engine_config(config: GRPOConfig) -> TorchEngineConfig:
         shuffle_mini_batch=rl.shuffle_mini_batch,
         loss=loss_config(config),
         seed=config.megatron_training.training.seed,
-        device="cpu",
-        # bf16/fp16 are read in plan_inert_keys: on the CPU engine they are kept fp32.
-        param_dtype="float32",
+        device=trainer_device(config),
+        param_dtype=param_dtype(config),
+        export_dtype=export_dtype(config),
     )
+
+
+def trainer_device(config: GRPOConfig) -> Literal["cpu", "cuda", "npu"]:
+    """From the Training Unit's resources: Ray GPUs -> cuda, the custom NPU resource -> npu."""
+    rl = config.rl_config
+    r = config.async_config.trainer_resources if rl.pipeline == "async" else rl.actor_resource
+    section = "async_config.trainer_resources" if rl.pipeline == "async" else "rl_config.actor_resource"
+    if r.num_gpus > 0 and r.num_npus > 0:
+        raise ValueError(
+            f"{section} asks for both GPUs ({r.num_gpus}) and NPUs ({r.num_npus}); the trainer runs on "
+            "one kind of device: set the other to 0"
+        )
+    return "cuda" if r.num_gpus > 0 else "npu" if r.num_npus > 0 else "cpu"
+
+
+def param_dtype(config: GRPOConfig) -> Literal["float32", "bfloat16"]:
+    """``bf16: true`` = bf16 parameters with fp32 masters, on any device (CPU too, when asked)."""
+    t = config.actor_config.training
+    if t.fp16:
+        raise ValueError(
+            "fp16: true is not implemented by the torch engine (fp16 training needs loss scaling); "
+            "set bf16: true (bf16 params, fp32 master weights) or neither (fp32)"
+        )
+    return "bfloat16" if t.bf16 else "float32"
+
+
+def export_dtype(config: GRPOConfig) -> Literal["float32", "bfloat16", "float16"] | None:
+    """Snapshots carry the rollout's dtype (``generate_config.dtype``); auto = the param dtype."""
+    dtype = config.generate_config.dtype  # the schema's Literal has already refused anything else
+    return None if dtype == "auto" else dtype
 
 
 def optimizer_steps_per_iteration(config: GRPOConfig) -> int:
@@ -272,14 +301,8 @@ def resources(r: ActorResources) -> ActorResources:
 
 
 def plan_inert_keys(config: GRPOConfig, engine: TorchEngineConfig) -> tuple[InertKey, ...]:
+    # bf16 is honoured on every device (engine.param_dtype) and fp16 refused, so neither is inert.
     found = list(config.inert_keys)
-    if engine.device == "cpu":
-        for key in ("bf16", "fp16"):
-            for section in ("megatron_training", "actor_config"):
-                role = config.megatron_training if section == "megatron_training" else config.actor_config
-                if getattr(role.training, key):
-                    found.append(InertKey(section=section, key=key, reason=f"{key} is {CPU_PRECISION}"))
-                    break
     if config.critic_config is not None:
         found.append(InertKey(section="critic_config", key="*", reason="GRPO has no critic"))
     return dedupe(found)
@@ -339,3 +362,146 @@ def copy_section(section: Any, cls: type[T]) -> T:
         nested = isinstance(hint, type) and dataclasses.is_dataclass(hint)
         values[f.name] = copy_section(value, hint) if nested else value
     return cls(**values)
+
+
+# ---- placement: what each role asks the cluster for (``utils.placement`` places it) ---------------
+def placement_request(config: GRPOConfig) -> PlacementRequest:
+    """Trainer ranks, generation actors and control actors, in devices of one kind and CPUs."""
+    kind, reason = device_kind(config)
+    trainer = trainer_ranks(config, kind)
+    rl = config.rl_config
+    if rl.pipeline == "hybrid":
+        return PlacementRequest(
+            device_kind=kind,
+            device_kind_reason=reason,
+            trainer=trainer,
+            generation=hybrid_rollout(config, kind, trainer),
+            actors_per_unit=None,
+            colocated=kind is not None,
+        )
+    a = config.async_config
+    size = a.actor_tensor_parallel_size * config.generate_config.infer_pipeline_parallel_size
+    devices = whole_devices("async_config.actor_resources", a.actor_resources, kind)
+    # 0 devices = generation actors on CPU beside an accelerator trainer; otherwise one per shard.
+    if devices and devices != size:
+        raise ValueError(
+            f"async_config.actor_resources asks {devices} {kind} per generation actor but its layout "
+            f"(actor_tensor_parallel_size x infer_pipeline_parallel_size) is {size}; ask for {size}"
+        )
+    if whole_devices("async_config.control_resources", a.control_resources, kind):
+        raise ValueError(
+            "async_config.control_resources: control actors run on CPU; remove its device request"
+        )
+    control = a.control_resources.num_cpus
+    return PlacementRequest(
+        device_kind=kind,
+        device_kind_reason=reason,
+        trainer=trainer,
+        generation=RoleRequest(
+            name="generation actor",
+            count=a.num_generation_units * a.actors_per_unit,
+            num_devices=devices,
+            num_cpus=a.actor_resources.num_cpus,
+        ),
+        actors_per_unit=a.actors_per_unit,
+        colocated=False,
+        control=(
+            RoleRequest(name="control unit", count=1, num_devices=0, num_cpus=control),
+            RoleRequest(
+                name="generation unit", count=a.num_generation_units, num_devices=0, num_cpus=control
+            ),
+        ),
+    )
+
+
+def device_kind(config: GRPOConfig) -> tuple[DeviceKind | None, str]:
+    """NPU when a role of this pipeline asks ``num_npus``, GPU when ``num_gpus``, else CPU-only."""
+    rl, a = config.rl_config, config.async_config
+    roles = {"rl_config.actor_resource": rl.actor_resource}
+    if rl.pipeline == "async":
+        roles |= {
+            "async_config.trainer_resources": a.trainer_resources,
+            "async_config.actor_resources": a.actor_resources,
+            "async_config.control_resources": a.control_resources,
+        }
+    npus = [k for k, r in roles.items() if r.num_npus > 0]
+    gpus = [k for k, r in roles.items() if r.num_gpus > 0]
+    if npus and gpus:
+        raise ValueError(
+            f"the config asks for NPUs ({', '.join(npus)}) and GPUs ({', '.join(gpus)}); "
+            "a run uses one device kind: keep num_npus or num_gpus, not both"
+        )
+    if npus:
+        return "NPU", f"num_npus in {', '.join(npus)}"
+    if gpus:
+        return "GPU", f"num_gpus in {', '.join(gpus)}"
+    return None, "no num_npus / num_gpus in the config: a CPU-only run"
+
+
+def whole_devices(where: str, r: ActorResources, kind: DeviceKind | None) -> int:
+    amount = r.num_npus if kind == "NPU" else r.num_gpus if kind == "GPU" else 0.0
+    if amount != int(amount):
+        raise ValueError(
+            f"{where}.num_{str(kind).lower()}s={amount:g}: placement hands out whole devices; use an integer"
+        )
+    return int(amount)
+
+
+def trainer_ranks(config: GRPOConfig, kind: DeviceKind | None) -> RoleRequest:
+    """The torch engine is one process (one rank holding its request). A Megatron layout
+    (``use_mcore_models: true``) has one rank per device: upstream's group-wide
+    ``rl_config.actor_resource.num_npus`` is the world size TP x PP x CP x DP."""
+    rl = config.rl_config
+    is_async = rl.pipeline == "async"
+    per_rank = config.async_config.trainer_resources if is_async else rl.actor_resource
+    if not config.actor_config.megatron_only.use_mcore_models:
+        where = "async_config.trainer_resources" if is_async else "rl_config.actor_resource"
+        return RoleRequest(
+            name="trainer rank",
+            count=1,
+            num_devices=whole_devices(where, per_rank, kind),
+            num_cpus=per_rank.num_cpus,
+        )
+    world = megatron_world_size(config, whole_devices("rl_config.actor_resource", rl.actor_resource, kind))
+    return RoleRequest(
+        name="trainer rank", count=world, num_devices=1 if kind else 0, num_cpus=per_rank.num_cpus
+    )
+
+
+def megatron_world_size(config: GRPOConfig, group_devices: int) -> int:
+    """Ranks of the Megatron layout: the group's devices, or on CPU (gloo) the smallest layout
+    whose data-parallel x context-parallel ranks hold the expert-parallel groups."""
+    p = config.actor_config.parallel
+    tp, pp, cp, ep = (
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.context_parallel_size,
+        p.expert_model_parallel_size,
+    )
+    model = tp * pp * cp
+    if group_devices == 0:
+        return model * (ep // math.gcd(ep, cp))
+    if group_devices % model or (group_devices // (tp * pp)) % ep:
+        raise ValueError(
+            f"rl_config.actor_resource asks {group_devices} devices for the trainer, one rank each, but "
+            f"actor_config TP {tp} x PP {pp} x CP {cp} = {model} must divide it, and EP {ep} must divide "
+            f"DP x CP = {group_devices // (tp * pp)}; change the device count or the layout"
+        )
+    return group_devices
+
+
+def hybrid_rollout(config: GRPOConfig, kind: DeviceKind | None, trainer: RoleRequest) -> RoleRequest:
+    """CPU: one generation actor beside the trainer (two processes). Accelerators: upstream's
+    colocated hybrid, one rollout engine per infer TP x PP of the trainer's devices."""
+    cpus = config.rl_config.actor_resource.num_cpus
+    if kind is None:
+        return RoleRequest(name="generation actor", count=1, num_devices=0, num_cpus=cpus)
+    g = config.generate_config
+    size = g.infer_tensor_parallel_size * g.infer_pipeline_parallel_size
+    total = trainer.count * trainer.num_devices
+    if total % size:
+        raise ValueError(
+            f"the trainer's {total} {kind}s cannot host rollout engines of generate_config "
+            f"infer_tensor_parallel_size x infer_pipeline_parallel_size = {size}; make {size} divide {total}"
+        )
+    return RoleRequest(name="rollout engine", count=total // size, num_devices=size, num_cpus=cpus)

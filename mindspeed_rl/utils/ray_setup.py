@@ -10,6 +10,19 @@ Decision order (never hangs on a dead address):
 
 Every actor's request comes from config through ``ray_actor_options``; requests are fractional on
 small hosts (DESIGN.md: on 2 cores, actors asking for whole CPUs queue forever).
+
+Placement on the live cluster (``utils.placement`` decides, this module realises it)::
+
+    live_cluster(kind)   ray.nodes() (alive) -> ClusterSpec, one NodeSpec per node
+    reserve(placement)   CPU-only run: nothing (actors keep their fractional-CPU options)
+                         GPU/NPU run:  ONE placement group, one bundle per trainer rank and per
+                                       generation actor, each pinned to its planned node
+                                       (bundle_label_selector on ray.io/node-id)
+    reserved.trainer_rank_options(r) / .generation_actor_options(i)   -> ActorClass.options(**...)
+
+One group, bundles in plan order: Ray hands a node's devices to bundles in the order they are
+committed, so the device ids an actor gets (``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``,
+set by Ray because the actor asks for GPU/NPU) are the plan's indices on a node nothing else uses.
 """
 
 from __future__ import annotations
@@ -25,7 +38,13 @@ from typing import Any
 import yaml
 
 from mindspeed_rl.config_cls import ActorResources, GRPOConfig
+from mindspeed_rl.utils.placement import ClusterSpec, DeviceKind, NodeSpec, Placement, Slot
 
+PLACEMENT_READY_TIMEOUT_S = 120.0
+# Colocated hybrid: trainer rank and rollout engine each ask half of the rank's device, so Ray
+# gives both the same device id (it cannot hand one device to two whole requests).
+COLOCATED_SHARE = 0.5
+NODE_ID_LABEL = "ray.io/node-id"
 REPO_RUNTIME_ENV = Path(__file__).resolve().parents[2] / "configs" / "envs" / "runtime_env.yaml"
 PROBE_TIMEOUT_S = 1.0
 
@@ -115,24 +134,169 @@ def ray_actor_options(resources: ActorResources) -> dict[str, Any]:
     return options
 
 
-def check_requests_fit(
-    requests: Sequence[tuple[str, ActorResources, int]], available: Mapping[str, float]
-) -> None:
-    """Fail fast, with the arithmetic, when ``(name, request, count)`` actors cannot all be placed:
-    Ray would otherwise queue the excess actors forever."""
-    totals = {"CPU": 0.0, "GPU": 0.0, "NPU": 0.0}
-    for _, r, count in requests:
-        totals["CPU"] += r.num_cpus * count
-        totals["GPU"] += r.num_gpus * count
-        totals["NPU"] += r.num_npus * count
-    for kind, needed in totals.items():
-        have = float(available.get(kind, 0.0))
-        if needed > have + 1e-9:
-            detail = " + ".join(f"{count} {name} x {_amount(r, kind):g}" for name, r, count in requests)
-            raise ValueError(
-                f"actors need {needed:g} {kind} ({detail}) but the cluster has {have:g}; lower the "
-                f"num_{kind.lower()}s requests in the config (fractions are fine) or add nodes"
+def cluster_from_nodes(nodes: Sequence[Mapping[str, Any]], kind: DeviceKind | None) -> ClusterSpec:
+    """``ray.nodes()`` entries -> the planner's view: alive nodes, their total devices and CPUs."""
+    alive = [n for n in nodes if n.get("Alive", n.get("alive", False))]
+    if not alive:
+        raise ValueError("the Ray cluster has no alive node; start one (ray start --head)")
+    return ClusterSpec(
+        nodes=tuple(
+            NodeSpec(
+                node_id=str(n["NodeID"]),
+                num_devices=int(float(n["Resources"].get(kind, 0.0)) + 1e-9) if kind else 0,
+                num_cpus=float(n["Resources"].get("CPU", 0.0)),
             )
+            for n in alive
+        )
+    )
+
+
+def live_cluster(kind: DeviceKind | None) -> ClusterSpec:
+    """The connected Ray cluster's alive nodes (totals per node: ``ray.nodes()``)."""
+    import ray
+
+    return cluster_from_nodes(ray.nodes(), kind)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReservedPlacement:
+    """A placement realised on the live cluster: the actor options that put each actor there."""
+
+    placement: Placement
+    group: Any
+    """The Ray placement group; None on a CPU-only run (Ray places fractional-CPU actors freely)."""
+    trainer_bundles: tuple[int | None, ...]
+    generation_bundles: tuple[int | None, ...]
+
+    def trainer_rank_options(self, rank: int, configured: ActorResources) -> dict[str, Any]:
+        """Options of trainer rank ``rank``; ``configured`` is its config request (CPU-only runs)."""
+        if self.group is None:
+            return ray_actor_options(configured)
+        slot = self.placement.trainer_ranks[rank]
+        share = COLOCATED_SHARE if self.placement.request.colocated else None
+        return self._options(slot, self.trainer_bundles[rank], configured, share)
+
+    def generation_actor_options(self, index: int, configured: ActorResources) -> dict[str, Any]:
+        """Options of generation actor ``index`` (GU-major; the hybrid's rollout engine ``index``)."""
+        if self.group is None:
+            return ray_actor_options(configured)
+        slot = self.placement.generation_actors[index]
+        share = COLOCATED_SHARE if self.placement.request.colocated else None
+        return self._options(slot, self.generation_bundles[index], configured, share)
+
+    def release(self) -> None:
+        if self.group is not None:
+            from ray.util import remove_placement_group
+
+            remove_placement_group(self.group)
+
+    def _options(
+        self, slot: Slot, bundle: int | None, configured: ActorResources, share: float | None
+    ) -> dict[str, Any]:
+        if bundle is None:  # an actor without devices on a device run: anywhere with CPUs
+            return ray_actor_options(configured)
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        devices = share if share is not None else float(len(slot.devices))
+        options: dict[str, Any] = {"num_cpus": slot.num_cpus, "num_gpus": 0.0}
+        if self.placement.request.device_kind == "GPU":
+            options["num_gpus"] = devices
+        else:
+            options["resources"] = {"NPU": devices}
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=bundle
+        )
+        return options
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bundles:
+    """The placement group's bundles in plan order (trainer ranks, then generation actors)."""
+
+    resources: tuple[Mapping[str, float], ...]
+    nodes: tuple[int, ...]
+    """Planned node of each bundle."""
+    trainer: tuple[int | None, ...]
+    """Bundle of each trainer rank (None: the rank has no devices and needs no bundle)."""
+    generation: tuple[int | None, ...]
+    """Bundle of each generation actor; a colocated engine shares its first rank's bundle."""
+
+
+def placement_bundles(placement: Placement) -> Bundles:
+    kind = placement.request.device_kind
+    resources: list[dict[str, float]] = []
+    nodes: list[int] = []
+
+    def add(slot: Slot) -> int | None:
+        if not slot.devices or kind is None:
+            return None
+        bundle: dict[str, float] = {kind: float(len(slot.devices))}
+        if slot.num_cpus > 0:
+            bundle["CPU"] = slot.num_cpus
+        resources.append(bundle)
+        nodes.append(slot.node)
+        return len(resources) - 1
+
+    trainer = [add(slot) for slot in placement.trainer_ranks]
+    if not placement.request.colocated:
+        generation = [add(slot) for slot in placement.generation_actors]
+    else:
+        generation = [
+            _colocated_bundle(placement, slot, trainer, resources) for slot in placement.generation_actors
+        ]
+    return Bundles(
+        resources=tuple(resources), nodes=tuple(nodes), trainer=tuple(trainer), generation=tuple(generation)
+    )
+
+
+def _colocated_bundle(
+    placement: Placement, engine: Slot, trainer: list[int | None], resources: list[dict[str, float]]
+) -> int:
+    """The bundle of the trainer rank holding the engine's first device; the engine's CPUs join it."""
+    first = (engine.node, engine.devices[0])
+    rank = next(s for s in placement.trainer_ranks if (s.node, *s.devices[:1]) == first)
+    index = trainer[rank.index]
+    if index is None or len(rank.devices) != 1:
+        raise ValueError(
+            "a colocated rollout engine shares one device per trainer rank; the trainer ranks hold "
+            f"{len(rank.devices)} devices each: use a Megatron layout (use_mcore_models: true), one rank per device"
+        )
+    resources[index]["CPU"] = resources[index].get("CPU", 0.0) + engine.num_cpus
+    return index
+
+
+def reserve(placement: Placement, timeout_s: float = PLACEMENT_READY_TIMEOUT_S) -> ReservedPlacement:
+    """Reserve ``placement`` (from ``live_cluster``) on the connected cluster; CPU-only: nothing."""
+    if not placement.uses_devices:
+        empty: tuple[None, ...] = ()
+        return ReservedPlacement(
+            placement=placement, group=None, trainer_bundles=empty, generation_bundles=empty
+        )
+    import ray
+    from ray.util import placement_group
+
+    bundles = placement_bundles(placement)
+    nodes = placement.cluster.nodes
+    group = placement_group(
+        [dict(b) for b in bundles.resources],
+        strategy="PACK",
+        bundle_label_selector=[{NODE_ID_LABEL: nodes[n].node_id} for n in bundles.nodes],
+    )
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove = ray.util.remove_placement_group
+        remove(group)
+        raise RuntimeError(
+            f"the placement group of {len(bundles.resources)} bundles was not ready after {timeout_s:g} s although the "
+            "nodes' totals fit: other jobs or actors hold those devices; free them or add nodes"
+        ) from None
+    return ReservedPlacement(
+        placement=placement,
+        group=group,
+        trainer_bundles=bundles.trainer,
+        generation_bundles=bundles.generation,
+    )
 
 
 def local_cpu_count() -> int:
@@ -140,10 +304,6 @@ def local_cpu_count() -> int:
     if sys.platform.startswith("linux"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-def _amount(r: ActorResources, kind: str) -> float:
-    return {"CPU": r.num_cpus, "GPU": r.num_gpus, "NPU": r.num_npus}[kind]
 
 
 def _describe(ray: Any, *, attached: bool) -> RayCluster:

@@ -44,12 +44,14 @@ hold it); the ControlLoop is built inside the actor because it holds a lock and 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.runtime.config import RuntimeConfig
@@ -65,6 +67,22 @@ from mindspeed_rl.runtime.records import (
 from mindspeed_rl.runtime.step_metrics import MetricsCursor, step_metrics
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _counted(method: Callable[Concatenate[ControlUnit, P], R]) -> Callable[Concatenate[ControlUnit, P], R]:
+    """Count the calls of a method other processes make (``summary()['cu_calls']``): the control
+    plane's CPU goes with the number of calls, so this is its breakdown."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self: ControlUnit, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            self.calls[name] += 1
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +165,7 @@ class ControlUnit:
         self._failed_gus: set[int] = set()
         self._cursor = MetricsCursor()
         self.snapshots_superseded = 0
+        self.calls: Counter[str] = Counter()
         # Held around dispatch + outbox append so two threads cannot reorder one GU's assignments.
         self._lock = threading.RLock()
         # Signalled whenever a global batch may have become ready (completion, re-queue).
@@ -173,6 +192,7 @@ class ControlUnit:
             self._cpu_at_start = time.process_time()
             return self._changed()
 
+    @_counted
     def poll(self, gu_id: int, wait_s: float = 0.0) -> GuPoll:
         """What is new for ``gu_id``; blocks up to ``wait_s`` while nothing it would act on is new."""
         if not wait_s >= 0:
@@ -187,6 +207,7 @@ class ControlUnit:
                 self._news_moved.wait(remaining)
             return self._answer(gu_id)
 
+    @_counted
     def exchange(self, report: GuReport, *completions: CompletedMinibatch) -> GuPoll:
         """Take a GU's completions and reports, then its start request; answer with all its news.
 
@@ -214,6 +235,7 @@ class ControlUnit:
                 self._batch_may_be_ready.notify_all()
             return self._answer(g, decision)
 
+    @_counted
     def request_start(
         self, minibatch_id: int, *, attempt: int, gu_id: int, actor_id: int, policy_version: int
     ) -> StartDecision:
@@ -226,6 +248,7 @@ class ControlUnit:
                 self._changed()
             return decision
 
+    @_counted
     def on_minibatch_completed(self, completed: CompletedMinibatch) -> str:
         """One completion on its own (``exchange`` carries them in production)."""
         with self._lock:
@@ -235,6 +258,7 @@ class ControlUnit:
             self._batch_may_be_ready.notify_all()
             return outcome.value
 
+    @_counted
     def on_actor_failed(self, gu_id: int, actor_id: int) -> list[int]:
         with self._lock:
             requeued = self._loop.on_actor_failed(gu_id, actor_id)
@@ -245,6 +269,7 @@ class ControlUnit:
             self._batch_may_be_ready.notify_all()
             return requeued
 
+    @_counted
     def on_gu_failed(self, gu_id: int) -> list[int]:
         with self._lock:
             if gu_id in self._failed_gus:
@@ -300,7 +325,8 @@ class ControlUnit:
         if everyone or signals != before:
             self._signals = signals
             moved = set(self._news)
-            if everyone or (signals.latest_version, signals.finished) != (before.latest_version, before.finished):
+            new_snapshot = signals.latest_version != before.latest_version
+            if everyone or new_snapshot or signals.finished != before.finished:
                 for gu_id in moved:
                     self._urgent[gu_id] += 1
         for gu_id in moved:
@@ -310,6 +336,7 @@ class ControlUnit:
         return len(assignments)
 
     # ---- weight flow ---------------------------------------------------------------------------
+    @_counted
     def on_snapshot_published(self, snapshot: SnapshotInfo, save_seconds: float | None = None) -> bool:
         """Record a published snapshot; returns False if a newer one was announced first.
 
@@ -326,10 +353,12 @@ class ControlUnit:
             self._changed()
             return True
 
+    @_counted
     def on_snapshot_converted(self, gu_id: int, version: int, seconds: float) -> None:
         with self._lock:
             self._loop.on_snapshot_converted(gu_id, version, seconds)
 
+    @_counted
     def on_weights_loaded(
         self, gu_id: int, actor_id: int, version: int, seconds: float, started_at: float | None = None
     ) -> None:
@@ -337,6 +366,7 @@ class ControlUnit:
             self._loop.on_weights_loaded(gu_id, actor_id, version, seconds, started_at=started_at)
 
     # ---- training side -------------------------------------------------------------------------
+    @_counted
     def pop_global_batch(self, step: int) -> GlobalBatch | None:
         with self._lock:
             batch = self._loop.pop_global_batch(step)
@@ -344,6 +374,7 @@ class ControlUnit:
                 self._changed()
             return batch
 
+    @_counted
     def wait_global_batch(self, step: int, timeout_s: float) -> GlobalBatch | None:
         """``pop_global_batch``, blocking up to ``timeout_s`` for the batch to become ready.
 
@@ -362,11 +393,13 @@ class ControlUnit:
             self._changed()
             return batch
 
+    @_counted
     def on_train_step_done(self, step: int) -> None:
         with self._lock:
             self._loop.on_train_step_done(step)
             self._changed()
 
+    @_counted
     def step_metrics(self) -> dict[str, float]:
         """Observability digest since the previous call (one call per trainer step)."""
         with self._lock:
@@ -384,6 +417,7 @@ class ControlUnit:
         with self._lock:
             data = self._loop.summary().to_dict()
             data["snapshots_superseded"] = self.snapshots_superseded
+            data["cu_calls"] = dict(sorted(self.calls.items()))
             return data
 
     def cpu_seconds(self) -> float:

@@ -127,6 +127,16 @@ class GenerationActor:
             finished_at=time.time(),
         )
 
+    def generate_with_receipt(
+        self, minibatch: ScheduledMinibatch, *, attempt: int = 0, sent_at: float = 0.0
+    ) -> tuple[int, CompletedMinibatch]:
+        """``generate_minibatch`` for a caller that forwards the samples unopened: call it with
+        ``.options(num_returns=2)``. The first object (the minibatch id) is the receipt the Generation
+        Unit reads, which raises if this actor died; the samples' ObjectRef goes on to the Control
+        Unit, so they are deserialized once, there, instead of in the GU and again in the CU."""
+        completed = self.generate_minibatch(minibatch, attempt=attempt, sent_at=sent_at)
+        return completed.minibatch_id, completed
+
     def _generate(
         self, prompt_ids: Sequence[str], token_ids: list[tuple[int, ...]]
     ) -> list[list[Completion]]:

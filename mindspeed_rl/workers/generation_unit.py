@@ -12,17 +12,18 @@
       then: policy.next_conversion() ─► start converting (newest published only)
             policy.next_actions(paused, gate) ─► Reload / Start on idle actors, where
               gate = CU.exchange(queued reports + completions, start request) ─► decision + news
-            reports still queued (no start was asked) ─► CU.exchange(reports) without a request
+            reports still queued (no start was asked, no reload to wait for) ─► CU.exchange(reports)
 
 Every decision (reload / start / wait / drop, which snapshot to convert) is ``GuPolicy``'s,
 the same object the simulator and the tests drive; this class only moves calls and bytes, and
 as few of them as it can: the control plane's CPU is Ray's per-call cost, so what the CU must
-hear rides on the next call the GU makes anyway (``ControlUnit.exchange``). A completion is
-never held back: it goes with the start request of the actor that just freed up or, when the
-policy asks for no start (a reload comes first, the queue is empty, the pipeline is paused), on
-its own at once. The samples are not opened here: an actor returns a small receipt and the
-samples as two objects; the GU reads the receipt (which raises if the actor died) and hands the
-samples' ObjectRef to the CU, where Ray resolves it.
+hear rides on the next call the GU makes anyway (``ControlUnit.exchange``). A completion goes
+with the start request of the actor that just freed up. When that actor reloads first, it waits
+for the start request after the reload, at most ``completion_hold_seconds``; when the policy asks
+for no start (the queue is empty, the pipeline is paused), it goes on its own at once. The
+samples are not opened here: an actor returns a small receipt and the samples as two objects;
+the GU reads the receipt (which raises if the actor died) and hands the samples' ObjectRef to
+the CU, where Ray resolves it.
 
 Conversion runs beside the loop, so actors keep generating on the previous version and
 completions keep flowing while the next snapshot converts. The loop sleeps in one ``ray.wait``
@@ -39,12 +40,13 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.runtime.gu_policy import Drop, GuPolicy, Reload, Start
+from mindspeed_rl.runtime.gu_policy import Action, Drop, GuPolicy, Reload, Start
 from mindspeed_rl.runtime.records import Assignment, StartDecision
 from mindspeed_rl.workers.control_unit import ConversionReport, GuPoll, GuReport, ReloadReport, StartRequest
 
@@ -83,9 +85,16 @@ class GuSpec:
     poll_wait_seconds: float = 1.0
     """Longest a long-poll waits without news. Only a safety net: the CU answers as soon as
     anything this GU acts on changes, so a shorter wait would only add idle round trips."""
+    completion_hold_seconds: float = 0.05
+    """Longest a finished minibatch waits to ride with its actor's next start request while that
+    actor reloads first (a reload here takes ~10 ms): one CU call instead of two. A slower reload
+    (large models) sends the completion on its own once this has passed."""
     faults: FaultPlan = field(default_factory=FaultPlan)
     forced_lengths: Mapping[str, tuple[int, ...]] | None = None
     """Trace replay only: each prompt's per-sample response lengths (see GenerationActor)."""
+    per_actor_options: tuple[Mapping[str, Any], ...] = ()
+    """Actor ``a``'s options (its placement-group bundle: ``ray_setup.ReservedPlacement``);
+    empty = ``actor_options`` for every actor."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,6 +115,7 @@ class GenerationUnit:
         self._policy = GuPolicy(gu_id=spec.gu_id, actor_ids=())
         self._handles: dict[int, Any] = {}
         self._pending: dict[Any, tuple[str, int]] = {}  # ref -> ("generate" | "reload", actor id)
+        self._samples: dict[Any, Any] = {}  # generate receipt ref -> the samples' ref, not opened here
         self._reload_chosen_at: dict[int, float] = {}
         # version -> answer time of the poll it was chosen on: it was the newest published then.
         self._conversion_chosen_at: dict[int, float] = {}
@@ -113,7 +123,17 @@ class GenerationUnit:
         self._converter: Any = None
         self._paused = False
         self._answered_at = 0.0
+        self._seq = 0  # of the newest CU answer applied
+        self._ended = False  # a CU answer said the run is finished or this GU was failed
+        # What the CU has not heard yet; it rides on the next exchange (see the module docstring).
+        self._completions: list[tuple[int, Any]] = []  # (actor id, the samples' ref)
+        self._held_since: float | None = None  # when the oldest unreported completion came in
+        self._reloads: list[ReloadReport] = []
+        self._conversions: list[ConversionReport] = []
+        self._answers: list[GuPoll] = []  # exchange answers not applied yet
         self.num_forwarded = 0
+        self.calls: Counter[str] = Counter()
+        """Calls the control loop made (CU, actors, ``ray.wait``): the breakdown of its CPU."""
         self._cpu_at_start = time.process_time()
         self._convert_cpu = 0.0
 
@@ -126,9 +146,10 @@ class GenerationUnit:
         from mindspeed_rl.workers.resharding.layout import InferenceLayout
 
         s = self.spec
-        remote = ray.remote(GenerationActor).options(**s.actor_options, max_restarts=0)
+        actor_class = ray.remote(GenerationActor)
         for a in range(s.num_actors):
-            handle = remote.remote(
+            options = s.per_actor_options[a] if s.per_actor_options else s.actor_options
+            handle = actor_class.options(**options, max_restarts=0).remote(
                 s.rollout,
                 s.policy_path,
                 s.prompts,
@@ -160,27 +181,39 @@ class GenerationUnit:
         converting: Any = None
         # Beyond the long-poll's own wait: only reached if the CU stops answering.
         timeout = self.spec.poll_wait_seconds + 30.0
-        while not self._stop.is_set() and self._policy.slots:
+        while not self._stop.is_set() and self._policy.slots and not self._ended:
             waiting = [poll_ref, *self._pending] + ([converting] if converting is not None else [])
-            ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
-            ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0) if ready else (ready, None)
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=self._wait_timeout(timeout))
+            self.calls["ray.wait"] += 1
             for ref in ready:
                 if ref == poll_ref:
-                    poll: GuPoll = ray.get(ref)
-                    if not poll.gu_known or poll.finished:
-                        return self._counts()
-                    self._apply(poll)
-                    poll_ref = self._cu.poll.remote(self.gu_id, poll.news, self.spec.poll_wait_seconds)
+                    self._apply(ray.get(ref))
+                    if self._ended:
+                        break
+                    poll_ref = self._cu.poll.remote(self.gu_id, self.spec.poll_wait_seconds)
+                    self.calls["cu.poll"] += 1
                 elif ref == converting:
                     converting = None
                     self._on_converted(ray.get(ref))
                 else:
                     self._finish(ref)
+            if self._ended:
+                break
             if converting is None and (target := self._policy.next_conversion()) is not None:
                 converting = me.convert_snapshot.remote(target.version, target.path)
+                self.calls["convert_snapshot"] += 1
                 self._conversion_chosen_at[target.version] = self._answered_at
             self._act()
+        if not self._ended and (self._reloads or self._conversions):
+            self._exchange(None)  # stopped: the run's summary still gets the last timings
         return self._counts()
+
+    def _wait_timeout(self, longest: float) -> float:
+        """How long the loop may sleep: a held completion must go out when its hold ends."""
+        if self._held_since is None:
+            return longest
+        left = self._held_since + self.spec.completion_hold_seconds - time.monotonic()
+        return min(longest, max(0.0, left))
 
     def _counts(self) -> dict[str, int]:
         return {"forwarded": self.num_forwarded, "actors_alive": len(self._policy.slots)}
@@ -189,6 +222,9 @@ class GenerationUnit:
         """CPU of the control loop since ``run`` began: this process (all threads, Ray's
         included) less the conversion thread's share (``convert_cpu_seconds``)."""
         return time.process_time() - self._cpu_at_start - self._convert_cpu
+
+    def call_counts(self) -> dict[str, int]:
+        return dict(self.calls)
 
     def convert_cpu_seconds(self) -> float:
         """CPU the snapshot conversions used since ``run`` began (weight flow, not control)."""
@@ -222,90 +258,144 @@ class GenerationUnit:
         return ConversionDone(version=version, path=str(result.converted.path), seconds=result.total_seconds)
 
     def _on_converted(self, done: ConversionDone) -> None:
-        import ray
-
         self._policy.on_converted(done.version, path=done.path)
         if done.path is not None:
-            ray.get(self._cu.on_snapshot_converted.remote(self.gu_id, done.version, done.seconds))
+            self._conversions.append(
+                ConversionReport(version=done.version, seconds=done.seconds, finished_at=time.time())
+            )
 
-    def _apply(self, poll: GuPoll) -> None:
-        self._policy.add_assignments(poll.assignments)
+    def _apply(self, poll: GuPoll) -> bool:
+        """Take in one CU answer; returns whether it brought something an idle actor may act on."""
+        self._ended = self._ended or poll.finished or not poll.gu_known
+        newest = poll.seq > self._seq
+        # An older answer read late (a poll overtaken by an exchange) holds work issued earlier.
+        self._policy.add_assignments(poll.assignments, ahead=not newest)
         if poll.latest_snapshot is not None:
             self._policy.on_snapshot_published(poll.latest_snapshot)
-        self._paused, self._answered_at = poll.paused, poll.answered_at
+        resumed = False
+        if newest:
+            resumed = self._paused and not poll.paused
+            self._seq, self._paused, self._answered_at = poll.seq, poll.paused, poll.answered_at
+        return bool(poll.assignments) or resumed
 
     # ---- starting work -----------------------------------------------------------------------------
     def _act(self) -> None:
-        for action in self._policy.next_actions(paused=self._paused, request_start=self._request_start):
+        """Run the policy on the idle actors; report what the CU has not heard; repeat while the
+        CU's answers bring new work for actors left idle."""
+        while not self._ended:
+            self._launch(self._policy.next_actions(paused=self._paused, request_start=self._request_start))
+            if (self._completions or self._reloads) and not self._may_hold():
+                self._exchange(None)  # no start request carried them: send them now
+            answers, self._answers = self._answers, []
+            news = [self._apply(answer) for answer in answers]
+            if not (any(news) and any(slot.idle for slot in self._policy.slots.values())):
+                return
+
+    def _launch(self, actions: list[Action]) -> None:
+        for action in actions:
             if isinstance(action, Reload):
                 handle = self._handles[action.actor_id]
                 self._pending[handle.reload.remote(action.path, action.version)] = ("reload", action.actor_id)
+                self.calls["actor.reload"] += 1
                 # Judged against what was published when its conversion was chosen: a snapshot
                 # published while the previous one converted is picked up by the next reload.
                 self._reload_chosen_at[action.actor_id] = self._conversion_chosen_at[action.version]
             elif isinstance(action, Start):
                 a = action.assignment
-                ref = self._handles[action.actor_id].generate_minibatch.remote(
-                    a.minibatch, attempt=a.attempt, sent_at=a.issued_at
+                receipt, samples = (
+                    self._handles[action.actor_id]
+                    .generate_with_receipt.options(num_returns=2)
+                    .remote(a.minibatch, attempt=a.attempt, sent_at=a.issued_at)
                 )
-                self._pending[ref] = ("generate", action.actor_id)
+                self._pending[receipt] = ("generate", action.actor_id)
+                self.calls["actor.generate"] += 1
+                self._samples[receipt] = samples
             elif isinstance(action, Drop):
                 logger.info(
                     "GU %d: minibatch %d revoked", self.gu_id, action.assignment.minibatch.minibatch_id
                 )
 
-    def _request_start(self, assignment: Assignment, *, actor_id: int, policy_version: int) -> StartDecision:
-        import ray
+    def _may_hold(self) -> bool:
+        """Whether the unreported completions may wait for a start request: each one's actor is
+        reloading (its start comes right after), and the oldest has not waited its limit yet.
+        Meanwhile the CU counts the actor as busy, so news meant for idle actors does not wake
+        this GU either."""
+        if (
+            self._held_since is None
+            or time.monotonic() - self._held_since >= self.spec.completion_hold_seconds
+        ):
+            return False
+        slots = self._policy.slots
+        return all(a in slots and slots[a].reloading_to is not None for a, _ in self._completions)
 
-        decision: StartDecision = ray.get(
-            self._cu.request_start.remote(
-                assignment.minibatch.minibatch_id,
+    def _request_start(self, assignment: Assignment, *, actor_id: int, policy_version: int) -> StartDecision:
+        """The policy's start gate: one ``exchange`` that also carries everything queued for the CU.
+        Its news is applied once the policy's round is over (``_act``), not inside it."""
+        answer = self._exchange(
+            StartRequest(
+                minibatch_id=assignment.minibatch.minibatch_id,
                 attempt=assignment.attempt,
-                gu_id=self.gu_id,
                 actor_id=actor_id,
                 policy_version=policy_version,
             )
         )
-        return decision
+        assert answer.decision is not None, "the CU answers every start request"
+        return answer.decision
+
+    def _exchange(self, start: StartRequest | None) -> GuPoll:
+        import ray
+
+        report = GuReport(
+            gu_id=self.gu_id, reloads=tuple(self._reloads), conversions=tuple(self._conversions), start=start
+        )
+        completions = [samples for _, samples in self._completions]
+        self._completions, self._reloads, self._conversions, self._held_since = [], [], [], None
+        answer: GuPoll = ray.get(self._cu.exchange.remote(report, *completions))
+        self.calls["cu.exchange" if start is not None else "cu.exchange_report_only"] += 1
+        self._answers.append(answer)
+        before, self.num_forwarded = self.num_forwarded, self.num_forwarded + len(completions)
+        dies_after = self.spec.faults.gu_dies.get(self.gu_id)
+        if dies_after is not None and before < dies_after <= self.num_forwarded:
+            logger.error("fault injection: GU %d exits", self.gu_id)
+            os._exit(1)
+        return answer
 
     # ---- completions -------------------------------------------------------------------------------
     def _finish(self, ref: Any) -> None:
         import ray
 
         kind, actor_id = self._pending.pop(ref)
+        samples = self._samples.pop(ref, None)
         try:
-            result = ray.get(ref)
+            result = ray.get(ref)  # a receipt or a reload result: small, and raises if the actor died
         except ray.exceptions.RayActorError:
             lost = self._policy.on_actor_died(actor_id)
             what = f"minibatch {lost.minibatch.minibatch_id}" if lost else kind
             logger.error("GU %d: actor %d died during %s", self.gu_id, actor_id, what)
             self._handles.pop(actor_id, None)
+            if self._completions:  # the CU must not re-issue a minibatch that is done, only unreported
+                self._exchange(None)
             ray.get(self._cu.on_actor_failed.remote(self.gu_id, actor_id))
             return
         if kind == "reload":
             self._on_reloaded(actor_id, result)
             return
         self._policy.on_generation_done(actor_id)
-        ray.get(self._cu.on_minibatch_completed.remote(result))
-        self.num_forwarded += 1
-        if self.spec.faults.gu_dies.get(self.gu_id) == self.num_forwarded:
-            logger.error("fault injection: GU %d exits", self.gu_id)
-            os._exit(1)
+        self._completions.append((actor_id, samples))
+        if self._held_since is None:
+            self._held_since = time.monotonic()
 
     def _on_reloaded(self, actor_id: int, result: Any) -> None:
-        import ray
-
         target = self._policy.slots[actor_id].reloading_to
         assert target is not None, "a reload finished on an actor that was not reloading"
         if result.status == "loaded":
             self._policy.on_reloaded(actor_id, target, ok=True)
-            ray.get(
-                self._cu.on_weights_loaded.remote(
-                    self.gu_id,
-                    actor_id,
-                    result.version,
-                    result.load_seconds,
-                    self._reload_chosen_at[actor_id],
+            self._reloads.append(
+                ReloadReport(
+                    actor_id=actor_id,
+                    version=result.version,
+                    seconds=result.load_seconds,
+                    chosen_at=self._reload_chosen_at[actor_id],
                 )
             )
             return

@@ -72,6 +72,9 @@ class TrainingUnit:
                 policy_path,
                 micro_batch_size=spec.reference_micro_batch_size,
                 pad_token_id=spec.engine.pad_token_id,
+                device=spec.engine.device,
+                param_dtype=spec.engine.param_dtype,
+                chunk_tokens=spec.engine.log_prob_chunk_tokens,
             )
             if spec.reference_micro_batch_size is not None
             else None

@@ -252,3 +252,35 @@ def test_bf16_on_cpu_is_listed_inert_and_fit_is_checked(capsys: pytest.CaptureFi
     assert check_config.main(["--config-name", "grpo_tiny_asp", "--available", "CPU=0.5"]) == 2
     assert "actors need" in capsys.readouterr().err
     assert check_config.main(["--config-name", "grpo_tiny_asp", "--available", "CPU=2"]) == 0
+
+
+def test_cluster_prints_where_every_rank_and_actor_goes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_config.main(["--config-name", "grpo_qwen3_30b_a3b_asp_A3", "--cluster", "8x8"]) == 0
+    placement = json.loads(capsys.readouterr().out)
+    assert placement["device_kind"] == "NPU" and "num_npus" in placement["device_kind_from"]
+    assert placement["devices_used"] == 64 and len(placement["nodes"]) == 8
+    assert len(placement["trainer_ranks"]) == 32 and placement["trainer_ranks"][31] == {
+        "rank": 31, "node": 3, "devices": [7], "cpus": 4.0
+    }  # fmt: skip
+    actors = placement["generation_actors"]
+    assert len(actors) == 16 and actors[-1] == {
+        "gu": 3,
+        "actor": 3,
+        "node": 7,
+        "devices": [6, 7],
+        "cpus": 8.0,
+    }
+
+
+def test_cluster_too_small_exits_2_naming_the_shortfall(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_config.main(["--config-name", "grpo_qwen3_30b_a3b_asp_A3", "--cluster", "4x8"]) == 2
+    out, err = capsys.readouterr()
+    assert (
+        out == "" and "need 64 NPUs on nodes of 8; the cluster has 4 nodes x 8 = 32 NPUs: short by 32" in err
+    )
+    assert check_config.main(["--config-name", "grpo_qwen25_7b_A3", "--cluster", "2x8"]) == 0
+    hybrid = json.loads(capsys.readouterr().out)
+    assert {r["node"] for r in hybrid["trainer_ranks"]} == {0, 1} and hybrid["colocated"]
+    with pytest.raises(SystemExit):
+        check_config.main(["--config-name", "grpo_tiny_cpu", "--cluster", "eight"])
+    assert "write NODESxDEVICES" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from mindspeed_rl.models.rollout.base import (
     resolve_max_tokens,
 )
 from mindspeed_rl.models.rollout.sampling import SamplingStep, processed_log_probs, sample_tokens
+from mindspeed_rl.models.training.hf_names import checkpoint_names, to_model_state
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -97,7 +98,8 @@ class HFEngine:
         self._pad_id = int(config.pad_token_id if config.pad_token_id is not None else min(self._stop_ids))
         self._max_num_seqs = max_num_seqs
         self._generator = torch.Generator(device=self._device).manual_seed(seed)
-        self._weight_names = frozenset(self._model.state_dict().keys())
+        # Checkpoint names (tied lm_head left out, MoE experts per expert): what snapshots carry.
+        self._weight_names = checkpoint_names(self._model)
 
     @property
     def model(self) -> PreTrainedModel:
@@ -189,9 +191,9 @@ class HFEngine:
         return ids.to(self._device), mask.to(self._device)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        state = dict(named_tensors)
-        check_weight_names(state.keys(), self._weight_names)
-        self._model.load_state_dict(state, strict=True)
+        tensors = dict(named_tensors)
+        check_weight_names(tensors.keys(), self._weight_names)
+        self._model.load_state_dict(to_model_state(tensors, self._model), strict=True)
 
     def load_weights_from_path(self, path: str) -> None:
         from safetensors.torch import load_file

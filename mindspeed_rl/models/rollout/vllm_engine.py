@@ -3,8 +3,9 @@
 Log-probs come from vLLM's `processed_logprobs` mode — the distribution each token was sampled
 from (temperature and truncations applied), which is what `base.py` defines for every engine.
 Weights are reloaded in place through this vLLM family's adapter (`vllm_reload.py`; checkpoint-format
-names, so HF names work), then the prefix cache is reset: cached KV blocks were computed by the old
-weights.
+names, so HF names work), on CPU the layers the reload leaves stale are rebuilt
+(`vllm_cpu_reprocess.py`: tied lm_head, fused MoE experts), then the prefix cache is reset: cached
+KV blocks were computed by the old weights.
 """
 
 from __future__ import annotations
@@ -101,7 +102,11 @@ class VLLMEngine:
         with vllm_cpu_patches.keep_torch_set_num_threads():
             self._llm = LLM(**kwargs)
         self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
-        self._weight_names = _checkpoint_names(model_path)
+        self._on_cpu = on_cpu
+        self._tied = bool(_hf_config(model_path).get("tie_word_embeddings", False))
+        # Tied: vLLM's loader ignores lm_head.weight, so an update never carries it, even where the
+        # starting folder does (some tied checkpoints store the copy).
+        self._weight_names = _checkpoint_names(model_path) - ({"lm_head.weight"} if self._tied else set())
 
     def generate(
         self,
@@ -142,11 +147,18 @@ class VLLMEngine:
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         check_weight_names((name for name, _ in weights), self._weight_names)
         self._reloader.from_tensors(self._llm, weights)
-        self._llm.reset_prefix_cache()
+        self._after_reload()
 
     def load_weights_from_path(self, path: str) -> None:
         check_weight_names(_checkpoint_names(path), self._weight_names)
         self._reloader.from_path(self._llm, str(path))
+        self._after_reload()
+
+    def _after_reload(self) -> None:
+        if self._on_cpu:
+            from mindspeed_rl.models.rollout.vllm_cpu_reprocess import repack_after_reload
+
+            self._llm.collective_rpc(repack_after_reload, kwargs={"tied_lm_head": self._tied})
         self._llm.reset_prefix_cache()
 
     def shutdown(self) -> None:
@@ -168,8 +180,12 @@ def _completion(output: Any) -> Completion:
     return Completion(token_ids, log_probs, output.finish_reason)
 
 
+def _hf_config(model_path: str) -> dict[str, Any]:
+    return dict(json.loads((Path(model_path) / "config.json").read_text()))
+
+
 def _head_dim(model_path: str) -> int:
-    config = json.loads((Path(model_path) / "config.json").read_text())
+    config = _hf_config(model_path)
     head_dim = config.get("head_dim")
     return int(head_dim) if head_dim else int(config["hidden_size"]) // int(config["num_attention_heads"])
 

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
+from torch.utils.checkpoint import checkpoint
 
-from mindspeed_rl.models.loss.entropy import entropy_from_logits
 from mindspeed_rl.models.training.batch import PaddedBatch, TrainBatch, pad_batch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def check_temperature(temperature: float) -> None:
@@ -24,7 +29,10 @@ def check_temperature(temperature: float) -> None:
 
 
 def response_logits(model: torch.nn.Module, padded: PaddedBatch, temperature: float) -> torch.Tensor:
-    """Temperature-scaled logits ``[B, R, V]`` at the positions that score each response token."""
+    """Temperature-scaled logits ``[B, R, V]`` at the positions that score each response token.
+
+    The unchunked form (all ``B x R x V`` logits at once): SFT warm-up on short pairs uses it, and
+    tests check ``chunked_log_probs`` against it."""
     width = padded.input_ids.shape[1]
     # Only positions from the earliest response-scoring one onward need logits; logits_to_keep
     # spares the [B, T, V] tensor over long prompts while staying model-agnostic.
@@ -44,14 +52,86 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return torch.gather(torch.log_softmax(logits, dim=-1), -1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def scoring_hidden_states(model: PreTrainedModel, padded: PaddedBatch) -> torch.Tensor:
+    """Final hidden states ``[B, R, H]`` at the positions whose logits score each response token.
+
+    The decoder runs without its LM head, so no ``[B, T, V]`` logits exist; this assumes
+    ``logits = lm_head(hidden)`` (true of the Qwen/Llama families: no logit scaling or capping).
+    """
+    out = model.base_model(
+        input_ids=padded.input_ids, attention_mask=padded.attention_mask, use_cache=False
+    )
+    hidden = out.last_hidden_state
+    index = padded.logit_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+    return torch.gather(hidden, 1, index)
+
+
+def _chunk_terms(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    log_p = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+    logp = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    lp = log_p if entropy_grad else log_p.detach()
+    return logp, -(lp.exp() * lp).sum(dim=-1)
+
+
+def chunked_log_probs(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    padded: PaddedBatch,
+    temperature: float,
+    *,
+    chunk_tokens: int,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies ``[B, R]`` (0 at padded slots), ``chunk_tokens`` tokens at a time.
+
+    Only real response tokens are projected. With autograd on, each chunk runs under activation
+    checkpointing: its fp32 logits are freed after the forward and recomputed in the backward,
+    so peak memory is one chunk's ``chunk_tokens x V`` whatever the micro-batch length, and the
+    gradients are exactly those of the unchunked computation.
+    """
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    valid = padded.response_mask.reshape(-1).nonzero().squeeze(-1)
+    h, t = flat.index_select(0, valid), padded.targets.reshape(-1).index_select(0, valid)
+    logps, entropies = [], []
+    for start in range(0, h.shape[0], chunk_tokens):
+        piece = (h[start : start + chunk_tokens], t[start : start + chunk_tokens])
+        if torch.is_grad_enabled():
+            logp, entropy = checkpoint(
+                _chunk_terms, head, *piece, temperature, entropy_grad, use_reentrant=False
+            )
+        else:
+            logp, entropy = _chunk_terms(head, *piece, temperature, entropy_grad)
+        logps.append(logp)
+        entropies.append(entropy)
+    shape, size = padded.response_mask.shape, padded.response_mask.numel()
+
+    def scatter(values: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.zeros(size, dtype=torch.float32, device=hidden.device)
+        return out.index_put((valid,), torch.cat(values)).reshape(shape)
+
+    return scatter(logps), scatter(entropies)
+
+
 def forward_with_entropy(
-    model: torch.nn.Module, padded: PaddedBatch, temperature: float, *, entropy_grad: bool
+    model: PreTrainedModel,
+    padded: PaddedBatch,
+    temperature: float,
+    *,
+    entropy_grad: bool,
+    chunk_tokens: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs ``[B, R]`` (with grad) and per-token entropy (with grad only if ``entropy_grad``)."""
-    logits = response_logits(model, padded, temperature)
-    logp = token_log_probs(logits, padded.targets)
-    entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
-    return logp, entropy
+    hidden = scoring_hidden_states(model, padded)
+    return chunked_log_probs(
+        model.get_output_embeddings(),
+        hidden,
+        padded,
+        temperature,
+        chunk_tokens=chunk_tokens,
+        entropy_grad=entropy_grad,
+    )
 
 
 def micro_batches(batch: TrainBatch, size: int) -> Iterator[tuple[np.ndarray, TrainBatch]]:
@@ -70,13 +150,14 @@ def micro_batches(batch: TrainBatch, size: int) -> Iterator[tuple[np.ndarray, Tr
 
 @torch.no_grad()
 def compute_response_log_probs(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     batch: TrainBatch,
     *,
     temperature: float,
     micro_batch_size: int,
     pad_token_id: int,
     device: torch.device | str,
+    chunk_tokens: int = 1024,
 ) -> list[np.ndarray]:
     """One float32 array of response-token log-probs per sample, run ``micro_batch_size`` at a time."""
     check_temperature(temperature)
@@ -86,7 +167,9 @@ def compute_response_log_probs(
     try:
         for indices, micro in micro_batches(batch, micro_batch_size):
             padded = pad_batch(micro, pad_token_id=pad_token_id, device=device)
-            logp = token_log_probs(response_logits(model, padded, temperature), padded.targets).cpu()
+            hidden = scoring_hidden_states(model, padded)
+            head = model.get_output_embeddings()
+            logp = chunked_log_probs(head, hidden, padded, temperature, chunk_tokens=chunk_tokens)[0].cpu()
             for row, (i, r) in enumerate(zip(indices, micro.response_ids)):
                 result[int(i)] = logp[row, : r.size].numpy().copy()
     finally:

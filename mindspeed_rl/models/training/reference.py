@@ -9,23 +9,28 @@ import numpy as np
 import torch
 
 from mindspeed_rl.models.training.batch import TrainBatch
+from mindspeed_rl.models.training.device import resolve_device, torch_dtype
 from mindspeed_rl.models.training.log_probs import compute_response_log_probs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-def load_causal_lm(path: str | os.PathLike[str], device: torch.device | str) -> PreTrainedModel:
-    """Load an HF causal-LM folder in fp32 (exact log-prob agreement with fp32 rollout engines)."""
+def load_causal_lm(
+    path: str | os.PathLike[str], device: torch.device | str, dtype: torch.dtype = torch.float32
+) -> PreTrainedModel:
+    """Load an HF causal-LM folder (single file or sharded safetensors, any stored dtype) in
+    ``dtype``: fp32 by default, for exact log-prob agreement with fp32 rollout engines."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=dtype)
     torch.nn.Module.to(model, torch.device(device))  # HF wraps .to with a decorator mypy cannot read
     return model
 
 
 class ReferenceModel:
-    """Weights loaded once (the initial policy) and never updated."""
+    """Weights loaded once (the initial policy) and never updated; on the policy's device and in
+    its parameter dtype (bf16 runs keep no fp32 reference copy: it is never trained)."""
 
     def __init__(
         self,
@@ -34,13 +39,16 @@ class ReferenceModel:
         micro_batch_size: int,
         pad_token_id: int = 0,
         device: str = "cpu",
+        param_dtype: str = "float32",
+        chunk_tokens: int = 1024,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(
                 f"micro_batch_size must be >= 1; got {micro_batch_size}. Set rl_config.ref_forward_micro_batch_size."
             )
-        self._device = torch.device(device)
-        self._model = load_causal_lm(model_path, self._device)
+        self._device = resolve_device(device)
+        self._model = load_causal_lm(model_path, self._device, torch_dtype(param_dtype))
+        self._chunk_tokens = chunk_tokens
         self._model.eval()
         self._model.requires_grad_(False)
         self._micro_batch_size = micro_batch_size
@@ -54,4 +62,5 @@ class ReferenceModel:
             micro_batch_size=self._micro_batch_size,
             pad_token_id=self._pad_token_id,
             device=self._device,
+            chunk_tokens=self._chunk_tokens,
         )

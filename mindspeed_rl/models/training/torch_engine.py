@@ -1,4 +1,4 @@
-"""GRPO training engine for an HF causal-LM folder with plain torch (CPU by default).
+"""GRPO training engine for an HF causal-LM folder with plain torch, on CPU, CUDA or NPU.
 
 One ``update`` call consumes one global batch::
 
@@ -11,7 +11,10 @@ One ``update`` call consumes one global batch::
     kl_controller.update(mean kl, samples)          # adaptive KL: coefficient for the next update
 
 The engine carries the state that outlives one update: the optimizer step count (which drives the
-learning-rate schedule) and the KL coefficient (adaptive controller).
+learning-rate schedule) and the KL coefficient (adaptive controller). Precision (fp32, or bf16
+with fp32 masters) is the optimizer's business (``precision.py``); log-probs are projected to the
+vocabulary in chunks (``log_probs.chunked_log_probs``); weights leave in checkpoint names and the
+rollout dtype (``named_weights_for_inference``).
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ import torch
 from mindspeed_rl.models.loss.grpo import grpo_loss
 from mindspeed_rl.models.loss.kl_control import build_kl_controller
 from mindspeed_rl.models.training.batch import TrainBatch, pad_batch
+from mindspeed_rl.models.training.device import resolve_device, torch_dtype
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+from mindspeed_rl.models.training.hf_names import tied_targets, to_checkpoint_format
 from mindspeed_rl.models.training.log_probs import (
     check_temperature,
     compute_response_log_probs,
     forward_with_entropy,
     micro_batches,
 )
+from mindspeed_rl.models.training.precision import AdamWSettings, build_optimizer
 from mindspeed_rl.models.training.reference import load_causal_lm
 
 STEP_METRICS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm")
@@ -48,16 +54,19 @@ class TorchTrainingEngine:
         torch.manual_seed(config.seed)
         self.config = config
         self._source = Path(model_path)
-        self._device = torch.device(config.device)
-        self.model = load_causal_lm(model_path, self._device)
+        self._device = resolve_device(config.device)
+        self.model = load_causal_lm(model_path, self._device, torch_dtype(config.param_dtype))
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=config.schedule.lr_at(1),
-            weight_decay=config.weight_decay,
-            betas=(config.adam_beta1, config.adam_beta2),
-            eps=config.adam_eps,
+        self.optimizer = build_optimizer(
+            self.model,
+            AdamWSettings(
+                lr=config.schedule.lr_at(1),
+                weight_decay=config.weight_decay,
+                betas=(config.adam_beta1, config.adam_beta2),
+                eps=config.adam_eps,
+            ),
         )
+        self._export_dtype = torch_dtype(config.export_dtype or config.param_dtype)
         self.kl_controller = build_kl_controller(config.loss)
         self.num_optimizer_steps = 0
         self._num_updates = 0
@@ -70,6 +79,7 @@ class TorchTrainingEngine:
             micro_batch_size=self.config.forward_micro_batch_size,
             pad_token_id=self.config.pad_token_id,
             device=self._device,
+            chunk_tokens=self.config.log_prob_chunk_tokens,
         )
 
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
@@ -92,7 +102,7 @@ class TorchTrainingEngine:
                 )
         assert len(per_step) == num_steps
         metrics = {k: float(np.mean([m[k] for m in per_step])) for k in STEP_METRICS}
-        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["lr"] = self.optimizer.lr
         metrics["num_optimizer_steps"] = float(num_steps)
         metrics["kl_coef"] = kl_coef
         if self.config.loss.kl_in_loss:
@@ -131,12 +141,16 @@ class TorchTrainingEngine:
     def _optimizer_step(self, mini: TrainBatch, temperature: float, kl_coef: float) -> dict[str, float]:
         cfg = self.config
         num_tokens = mini.num_response_tokens
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         sums = dict.fromkeys(STEP_METRICS, 0.0)
         for _, micro in micro_batches(mini, cfg.micro_batch_size):
             padded = pad_batch(micro, pad_token_id=cfg.pad_token_id, device=self._device)
             logp, entropy = forward_with_entropy(
-                self.model, padded, temperature, entropy_grad=cfg.loss.entropy_coeff > 0
+                self.model,
+                padded,
+                temperature,
+                entropy_grad=cfg.loss.entropy_coeff > 0,
+                chunk_tokens=cfg.log_prob_chunk_tokens,
             )
             # Without old log-probs (one step only) the behaviour policy IS the current one: ratio == 1.
             old = padded.old_log_probs if padded.old_log_probs is not None else logp.detach()
@@ -153,26 +167,30 @@ class TorchTrainingEngine:
                 kl_coef=kl_coef,
             )
             terms.loss.backward()
+            self.optimizer.after_backward()
             for name in ("loss", "pg_loss", "kl", "entropy", "clip_frac"):
                 sums[name] += float(getattr(terms, name).item())
         max_norm = cfg.clip_grad if cfg.clip_grad > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, error_if_nonfinite=True)
-        lr = cfg.schedule.lr_at(self.num_optimizer_steps + 1)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
+        grad_norm = self.optimizer.clip_grad_norm(max_norm)
+        self.optimizer.step(cfg.schedule.lr_at(self.num_optimizer_steps + 1))
         self.num_optimizer_steps += 1
         sums["grad_norm"] = float(grad_norm.item())
         return sums
 
     def named_weights_for_inference(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self.model.state_dict().items():
-            yield name, tensor.detach().to("cpu")
+        """The working parameters (what this engine's log-probs are computed with) under checkpoint
+        names (tied copies left out, fused experts split per expert; ``hf_names``), as CPU tensors
+        of the rollout dtype: the bytes a snapshot writes are the bytes vLLM loads."""
+        state = self.model.state_dict()
+        for name, tensor in to_checkpoint_format(state.items(), tied=tied_targets(self.model)):
+            yield name, tensor.detach().to(device="cpu", dtype=self._export_dtype).contiguous()
 
-    def save_hf(self, path: str | os.PathLike[str]) -> None:
+    def save_hf(self, path: str | os.PathLike[str], *, max_shard_size: str | int = "5GB") -> None:
+        """An HF folder of the working parameters (bf16 runs write bf16, as HF releases do),
+        split into ``max_shard_size`` safetensors shards with an index when larger."""
         target = Path(path)
         target.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(target)
+        self.model.save_pretrained(target, max_shard_size=max_shard_size)
         if target.resolve() != self._source.resolve():
             for f in self._source.iterdir():
                 copyable = f.is_file() and f.suffix in _NON_WEIGHT_SUFFIXES and ".safetensors" not in f.name

@@ -1,4 +1,4 @@
-"""The tiny Qwen3 model and its character tokenizer, built locally."""
+"""The tiny Qwen-family models and their character tokenizer, built locally."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from mindspeed_rl.models.tiny import (
+    TINY_QWEN3_MOE_ARCH,
+    TINY_QWEN3_TIED_ARCH,
+    TINY_QWEN25_ARCH,
     TINY_TEST_ARCH,
     build_char_tokenizer,
+    config_from_arch,
     create_tiny_model,
     ensure_model,
-    qwen3_config_from_arch,
 )
 
 PRINTABLE = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")
@@ -46,21 +49,23 @@ def test_unknown_character_is_an_error_not_a_silent_token() -> None:
 
 
 def test_arch_keys_map_to_qwen3_config() -> None:
-    cfg = qwen3_config_from_arch(TINY_TEST_ARCH)
+    cfg = config_from_arch(TINY_TEST_ARCH)
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size) == (2, 64, 128)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (4, 2, 32)
     assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.tie_word_embeddings) == (128, 512, False)
     assert cfg.rope_parameters is not None and cfg.rope_parameters["rope_theta"] == 1e6
     no_vocab = {k: v for k, v in TINY_TEST_ARCH.items() if k != "padded_vocab_size"}
-    assert qwen3_config_from_arch({**no_vocab, "make_vocab_size_divisible_by": 64}).vocab_size == 128
+    assert config_from_arch({**no_vocab, "make_vocab_size_divisible_by": 64}).vocab_size == 128
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"untie_embeddings_and_output_weights": False}, "untie_embeddings_and_output_weights must be true"),
-        ({"num_experts": 8}, "dense"),
-        ({"qk_layernorm": False}, "qk_layernorm: True"),
+        ({"num_experts": 8}, "moe_ffn_hidden_size"),
+        ({"num_experts": 8, "moe_ffn_hidden_size": 32, "n_shared_experts": 1}, "shared expert"),
+        ({"qk_layernorm": False}, "no Qwen architecture"),
+        ({"add_qkv_bias": True, "qk_layernorm": False}, "head_dim from hidden_size"),
+        ({"disable_bias_linear": False}, "disable_bias_linear: True"),
         ({"num_query_groups": 3}, "multiple of num_query_groups"),
         ({"num_layer": 2}, r"unknown keys \['num_layer'\]"),
         ({"num_layers": 0}, "missing"),
@@ -69,7 +74,7 @@ def test_arch_keys_map_to_qwen3_config() -> None:
 )
 def test_bad_architecture_is_rejected(override: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        qwen3_config_from_arch({**TINY_TEST_ARCH, **override})
+        config_from_arch({**TINY_TEST_ARCH, **override})
 
 
 def test_create_saves_a_loadable_seeded_hf_folder(tmp_path: Path) -> None:
@@ -98,4 +103,42 @@ def test_ensure_model_creates_once_and_checks_the_architecture(tmp_path: Path) -
         ensure_model(path, {**TINY_TEST_ARCH, "num_layers": 3})
     (path / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="lacks"):
+        ensure_model(path, TINY_TEST_ARCH)
+
+
+def test_family_is_picked_from_the_architecture_keys() -> None:
+    tied, qwen25, moe = (
+        config_from_arch(a) for a in (TINY_QWEN3_TIED_ARCH, TINY_QWEN25_ARCH, TINY_QWEN3_MOE_ARCH)
+    )
+    assert (tied.model_type, tied.tie_word_embeddings) == ("qwen3", True)
+    assert (qwen25.model_type, qwen25.num_attention_heads, qwen25.hidden_size) == ("qwen2", 2, 64)
+    assert (moe.model_type, moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size) == (
+        "qwen3_moe",
+        4,
+        2,
+        32,
+    )
+    assert moe.head_dim == 32 and moe.mlp_only_layers == [] and moe.norm_topk_prob
+
+
+@pytest.mark.parametrize(
+    ("arch", "present", "absent"),
+    [
+        (TINY_QWEN3_TIED_ARCH, "model.embed_tokens.weight", "lm_head.weight"),
+        (TINY_QWEN25_ARCH, "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.q_norm.weight"),
+        (
+            TINY_QWEN3_MOE_ARCH,
+            "model.layers.1.mlp.experts.3.up_proj.weight",
+            "model.layers.0.mlp.experts.gate_up_proj",
+        ),
+    ],
+)
+def test_real_checkpoint_shapes_are_saved_in_checkpoint_names(
+    tmp_path: Path, arch: dict[str, object], present: str, absent: str
+) -> None:
+    path = create_tiny_model(tmp_path / "m", arch, seed=0)
+    names = set(load_file(path / "model.safetensors"))
+    assert present in names and absent not in names
+    assert ensure_model(path, arch) == path
+    with pytest.raises(ValueError, match="differs"):
         ensure_model(path, TINY_TEST_ARCH)

@@ -204,3 +204,14 @@ def test_a_dead_actor_hands_back_its_minibatch() -> None:
     lost = policy.on_actor_died(0)
     assert lost is not None and lost.minibatch.minibatch_id == 0
     assert list(policy.slots) == [1]
+
+
+def test_work_received_late_from_an_older_answer_is_queued_ahead() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    older, newer = _assignments(4)[:2], _assignments(4)[2:]
+    policy.add_assignments(newer)
+    policy.add_assignments(older, ahead=True)
+    assert list(policy.queue) == [*older, *newer]
+    assert policy.next_actions(paused=False, request_start=Gate())[0] == Start(
+        actor_id=0, assignment=older[0], policy_version=0
+    )

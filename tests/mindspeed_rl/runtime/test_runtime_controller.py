@@ -206,3 +206,27 @@ def test_schedule_with_unadmittable_minibatches_is_rejected() -> None:
             schedule=make_schedule(2, prompts_per_minibatch=(3, 3)),
             clock=FakeClock(),
         )
+
+
+def test_has_idle_actor_counts_granted_minibatches_against_live_actors() -> None:
+    loop, _ = _loop(6)
+    work = loop.on_gu_capacity(0, num_actors=2)
+    assert loop.has_idle_actor(0) and not loop.has_idle_actor(7)  # an unknown GU has none
+    assert _start(loop, work[0], 0) is None and loop.has_idle_actor(0)
+    assert _start(loop, work[1], 1) is None and not loop.has_idle_actor(0)
+    _finish(loop, work[0], 0)
+    assert loop.has_idle_actor(0)
+
+
+def test_a_conversion_reported_late_is_logged_at_the_time_it_ended() -> None:
+    loop, clock = _loop(2, num_prompts_per_global_batch=2)
+    work = loop.on_gu_capacity(0, num_actors=1)
+    assert _start(loop, work[0], 0) is None
+    _finish(loop, work[0], 0)
+    assert loop.pop_global_batch(0) is not None
+    loop.on_train_step_done(0, SnapshotInfo(version=1, path="/s/1", created_at=0.0))
+    clock.advance(3.0)
+    loop.on_snapshot_converted(0, 1, 0.5, at=1.0)
+    loop.on_snapshot_converted(0, 1, 0.5)
+    times = [e.time for e in loop.events if e.__class__.__name__ == "SnapshotConverted"]
+    assert times == [1.0, 3.0]

@@ -10,6 +10,7 @@ import pytest
 
 from mindspeed_rl.config_cls import ActorResources
 from mindspeed_rl.utils import ray_setup
+from mindspeed_rl.utils.placement import ClusterSpec, PlacementRequest, RoleRequest, plan_placement
 
 
 @pytest.fixture
@@ -77,13 +78,72 @@ def test_actor_options_come_from_config() -> None:
     assert npu == {"num_cpus": 4, "num_gpus": 0.0, "resources": {"NPU": 2}}
 
 
-def test_requests_that_cannot_all_be_placed_fail_with_the_arithmetic() -> None:
-    gen, trainer = ActorResources(num_cpus=0.5), ActorResources(num_cpus=1.0)
-    ray_setup.check_requests_fit([("generation actor", gen, 2), ("trainer", trainer, 1)], {"CPU": 2.0})
-    with pytest.raises(ValueError, match=r"actors need 3 CPU \(4 generation actor x 0.5 \+ 1 trainer x 1\)"):
-        ray_setup.check_requests_fit([("generation actor", gen, 4), ("trainer", trainer, 1)], {"CPU": 2.0})
-    with pytest.raises(ValueError, match="need 2 NPU"):
-        ray_setup.check_requests_fit([("actor", ActorResources(num_npus=2), 1)], {"CPU": 8.0})
+def _node(node_id: str, alive: bool = True, **resources: float) -> dict[str, object]:
+    return {"NodeID": node_id, "Alive": alive, "Resources": resources}
+
+
+def test_live_cluster_view_keeps_alive_nodes_and_the_run_s_device_kind() -> None:
+    nodes = [
+        _node("a", CPU=64.0, NPU=8.0),
+        _node("dead", alive=False, CPU=64.0, NPU=8.0),
+        _node("b", CPU=32.0),
+    ]
+    cluster = ray_setup.cluster_from_nodes(nodes, "NPU")
+    assert [(n.node_id, n.num_devices, n.num_cpus) for n in cluster.nodes] == [("a", 8, 64.0), ("b", 0, 32.0)]
+    assert [n.num_devices for n in ray_setup.cluster_from_nodes(nodes, None).nodes] == [0, 0]
+    with pytest.raises(ValueError, match="no alive node"):
+        ray_setup.cluster_from_nodes([_node("dead", alive=False, CPU=1.0)], None)
+
+
+def _request(**kw: object) -> PlacementRequest:
+    base: dict[str, object] = dict(
+        device_kind="NPU", device_kind_reason="test", actors_per_unit=2, colocated=False,
+        trainer=RoleRequest(name="trainer rank", count=3, num_devices=1, num_cpus=2.0),
+        generation=RoleRequest(name="generation actor", count=2, num_devices=2, num_cpus=1.0),
+        control=(RoleRequest(name="control unit", count=1, num_devices=0, num_cpus=1.0),),
+    )  # fmt: skip
+    return PlacementRequest(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_bundles_follow_the_plan_order_and_pin_nodes() -> None:
+    cluster = ClusterSpec.uniform(2, 4, 16.0)
+    bundles = ray_setup.placement_bundles(plan_placement(_request(), cluster))
+    assert bundles.resources == (
+        {"NPU": 1.0, "CPU": 2.0}, {"NPU": 1.0, "CPU": 2.0}, {"NPU": 1.0, "CPU": 2.0},
+        {"NPU": 2.0, "CPU": 1.0}, {"NPU": 2.0, "CPU": 1.0},
+    )  # fmt: skip
+    # 3 ranks on node 0 leave 1 NPU there: both 2-NPU actors go to node 1.
+    assert bundles.nodes == (0, 0, 0, 1, 1)
+    assert (bundles.trainer, bundles.generation) == ((0, 1, 2), (3, 4))
+
+
+def test_colocated_engines_share_their_first_rank_s_bundle() -> None:
+    request = _request(
+        colocated=True,
+        actors_per_unit=None,
+        control=(),
+        trainer=RoleRequest(name="trainer rank", count=4, num_devices=1, num_cpus=1.0),
+        generation=RoleRequest(name="rollout engine", count=2, num_devices=2, num_cpus=0.5),
+    )
+    bundles = ray_setup.placement_bundles(plan_placement(request, ClusterSpec.uniform(1, 4, 8.0)))
+    assert bundles.generation == (0, 2) and len(bundles.resources) == 4
+    assert bundles.resources[0] == {"NPU": 1.0, "CPU": 1.5} and bundles.resources[1] == {
+        "NPU": 1.0,
+        "CPU": 1.0,
+    }
+
+
+def test_cpu_only_runs_reserve_nothing_and_keep_the_configured_options() -> None:
+    request = _request(
+        device_kind=None,
+        trainer=RoleRequest(name="trainer rank", count=1, num_devices=0, num_cpus=0.5),
+        generation=RoleRequest(name="generation actor", count=2, num_devices=0, num_cpus=0.2),
+    )
+    reserved = ray_setup.reserve(plan_placement(request, ClusterSpec.uniform(1, 0, 2.0)))
+    assert reserved.group is None
+    configured = ActorResources(num_cpus=0.2)
+    assert reserved.generation_actor_options(1, configured) == ray_setup.ray_actor_options(configured)
+    reserved.release()  # nothing to release: must not need Ray
 
 
 @pytest.mark.integration

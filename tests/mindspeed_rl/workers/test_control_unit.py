@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -15,9 +16,17 @@ from mindspeed_rl.runtime.records import (
     Sample,
     ScheduledMinibatch,
     SnapshotInfo,
+    StartDecision,
     StartRefusal,
 )
-from mindspeed_rl.workers.control_unit import ControlUnit, GuPoll
+from mindspeed_rl.workers.control_unit import (
+    ControlUnit,
+    ConversionReport,
+    GuPoll,
+    GuReport,
+    ReloadReport,
+    StartRequest,
+)
 
 N = 2  # samples per prompt
 
@@ -273,9 +282,9 @@ def test_unknown_gu_assignment_is_an_internal_error() -> None:
         cu.register_gu(0, 0)
 
 
-def _poll_in_thread(cu: ControlUnit, gu_id: int, seen: int) -> tuple[threading.Thread, list[object]]:
+def _poll_in_thread(cu: ControlUnit, gu_id: int) -> tuple[threading.Thread, list[object]]:
     got: list[object] = []
-    waiter = threading.Thread(target=lambda: got.append(cu.poll(gu_id, seen, wait_s=30.0)))
+    waiter = threading.Thread(target=lambda: got.append(cu.poll(gu_id, wait_s=30.0)))
     waiter.start()
     return waiter, got
 
@@ -287,16 +296,16 @@ def test_long_poll_waits_for_news_and_returns_when_the_pause_flips() -> None:
     cu.start()
     first = cu.poll(1)
     started = time.monotonic()
-    quiet = cu.poll(1, first.news, wait_s=0.05)  # nothing changed: returns at the timeout
-    assert time.monotonic() - started >= 0.05 and quiet.news == first.news and not quiet.assignments
-    waiter, got = _poll_in_thread(cu, 1, first.news)
+    quiet = cu.poll(1, wait_s=0.05)  # nothing changed: returns at the timeout
+    assert time.monotonic() - started >= 0.05 and quiet.seq == first.seq + 1 and not quiet.assignments
+    waiter, got = _poll_in_thread(cu, 1)
     waiter.join(timeout=0.2)
     assert waiter.is_alive()  # no news yet: still waiting, and not holding the lock:
     _complete_on_actors(cu, 3)  # GU 0's completions go through and pause the pipeline
     waiter.join(timeout=10.0)
     assert not waiter.is_alive()
     answer = got[0]
-    assert isinstance(answer, GuPoll) and answer.paused and answer.news > first.news
+    assert isinstance(answer, GuPoll) and answer.paused and answer.seq > first.seq
 
 
 def test_news_for_one_gu_does_not_wake_the_other() -> None:
@@ -305,15 +314,111 @@ def test_news_for_one_gu_does_not_wake_the_other() -> None:
     cu.register_gu(1, 1)
     cu.start()
     polls = {g: cu.poll(g) for g in (0, 1)}
-    waiter = threading.Thread(target=lambda: cu.poll(1, polls[1].news, wait_s=0.6))
+    waiter = threading.Thread(target=lambda: cu.poll(1, wait_s=0.6))
     waiter.start()
     head = polls[0].assignments[0]
     assert cu.request_start(
         head.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=0, policy_version=0
     ).granted
     cu.on_minibatch_completed(completed(head.minibatch, gu=0, actor=0))
-    refill = cu.poll(0, polls[0].news, wait_s=0.0)
-    assert refill.news > polls[0].news and refill.assignments  # GU 0's queue was refilled
+    refill = cu.poll(0, wait_s=0.0)
+    assert refill.assignments  # GU 0's queue was refilled
     waiter.join(timeout=0.3)
     assert waiter.is_alive()  # GU 1's view did not change: it keeps waiting
     waiter.join(timeout=10.0)
+
+
+def _report(gu: int, a: Assignment | None = None, *, actor: int = 0, **fields: Any) -> GuReport:
+    start = None
+    if a is not None:
+        mb_id = a.minibatch.minibatch_id
+        start = StartRequest(minibatch_id=mb_id, attempt=a.attempt, actor_id=actor, policy_version=0)
+    return GuReport(gu_id=gu, start=start, **fields)
+
+
+def test_exchange_ingests_the_completion_then_starts_the_freed_actor_and_refills_in_one_call() -> None:
+    cu = make_cu(num_minibatches=8)
+    cu.register_gu(0, 1)
+    cu.start()
+    queue = list(cu.poll(0).assignments)
+    running = queue.pop(0)
+    first = cu.exchange(_report(0, running))
+    assert first.decision is not None and first.decision.granted
+    assert first.assignments  # the start shrank the GU's queue to its low mark: refilled in the answer
+    queue += first.assignments
+    nxt = queue.pop(0)
+    answer = cu.exchange(_report(0, nxt), completed(running.minibatch, gu=0, actor=0))
+    assert answer.decision is not None and answer.decision.granted, answer.decision
+    assert answer.seq == first.seq + 1
+    log = [(e["event"], e["minibatch_id"]) for e in cu.event_records() if e["event"] != "MinibatchIssued"]
+    # The completion is in the log before the start of the actor it freed.
+    assert log[-2:] == [
+        ("MinibatchReceived", running.minibatch.minibatch_id),
+        ("MinibatchStarted", nxt.minibatch.minibatch_id),
+    ]
+    cu.check_invariants()
+
+
+def test_exchange_reports_reloads_and_conversions_at_the_time_they_ended() -> None:
+    cu = make_cu()
+    cu.register_gu(0, 1)
+    cu.start()
+    _consume_steps(cu, 1)
+    cu.on_snapshot_published(SnapshotInfo(version=1, path="/s/v1", created_at=0.0), 0.1)
+    ended = time.time() - 5.0  # converted a while ago, reported with the GU's next call
+    reports = {
+        "conversions": (ConversionReport(version=1, seconds=0.3, finished_at=ended),),
+        "reloads": (ReloadReport(actor_id=0, version=1, seconds=0.2, chosen_at=time.time()),),
+    }
+    answer = cu.exchange(_report(0, **reports))
+    assert answer.decision is None  # nothing was asked
+    events = {e["event"]: e for e in cu.event_records()}
+    assert events["SnapshotConverted"]["time"] == ended and events["SnapshotConverted"]["seconds"] == 0.3
+    assert events["WeightsLoaded"]["version"] == 1 and events["WeightsLoaded"]["newest_at_start"] == 1
+    assert cu.summary()["reloads_not_newest"] == 0
+
+
+def test_a_busy_gu_is_woken_only_by_a_snapshot_and_an_idle_one_by_any_news() -> None:
+    cu = make_cu(num_minibatches=8, queue_max_samples=8, queue_resume_samples=6)
+    cu.register_gu(0, 3)
+    cu.register_gu(1, 1)
+    cu.start()
+    head = cu.poll(1).assignments[0]
+    assert cu.exchange(_report(1, head)).decision == StartDecision(granted=True)  # GU 1's actor runs
+    busy, got_busy = _poll_in_thread(cu, 1)
+    _complete_on_actors(cu, 3)  # on GU 0: 12 samples queued, over Q_max = 8
+    assert cu.poll(0).paused
+    assert cu.pop_global_batch(0) is not None  # drained to 4: resumed
+    cu.on_train_step_done(0)
+    busy.join(timeout=0.3)
+    # Its only actor is busy: pause flips and trainer steps wait for its next exchange.
+    assert busy.is_alive() and not got_busy
+    cu.on_snapshot_published(SnapshotInfo(version=1, path="/s/v1", created_at=0.0))
+    busy.join(timeout=10.0)  # a snapshot wakes it: it converts while its actor generates
+    assert not busy.is_alive()
+    assert isinstance(got_busy[0], GuPoll) and got_busy[0].latest_snapshot is not None
+    cu.poll(0)  # GU 0 catches up; its actors are idle, so ordinary news now wakes it
+    idle, got_idle = _poll_in_thread(cu, 0)
+    idle.join(timeout=0.2)
+    assert idle.is_alive()
+    cu.exchange(_report(1), completed(head.minibatch, gu=1, actor=0))
+    assert cu.pop_global_batch(1) is not None  # a trainer step: ordinary news
+    idle.join(timeout=10.0)
+    assert not idle.is_alive()
+    assert isinstance(got_idle[0], GuPoll) and got_idle[0].latest_snapshot == got_busy[0].latest_snapshot
+
+
+def test_news_an_exchange_answer_delivered_does_not_wake_the_outstanding_poll() -> None:
+    cu = make_cu(num_minibatches=8)
+    cu.register_gu(0, 2)
+    cu.start()
+    queue = list(cu.poll(0).assignments)
+    waiter, got = _poll_in_thread(cu, 0)  # an actor is idle: any news would wake it
+    waiter.join(timeout=0.1)
+    answer = cu.exchange(_report(0, queue[0]))  # the start shrinks the queue: the refill is in the answer
+    assert answer.assignments
+    waiter.join(timeout=0.3)
+    assert waiter.is_alive() and not got  # it was told already: the poll keeps waiting
+    cu.on_actor_failed(0, 1)  # real news
+    waiter.join(timeout=10.0)
+    assert not waiter.is_alive() and isinstance(got[0], GuPoll) and got[0].seq == answer.seq + 1

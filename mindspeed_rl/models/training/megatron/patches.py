@@ -8,8 +8,9 @@ are all that GPTModel (local layer spec), its DDP wrapper and the pipeline sched
 - the model-parallel RNG tracker forks CUDA generator states: on CPU use the inference tracker,
   which keeps no per-device state (:func:`seed_model_parallel_rng`);
 - the default causal mask is built on "cuda": pass an explicit one (:func:`causal_attention_mask`);
-- the pipeline schedules and p2p code create small tensors with ``device="cuda"`` and call
-  ``torch.cuda.synchronize`` (:class:`CudaDeviceToCpu`, :func:`cpu_pipeline_mode`).
+- the pipeline schedules, p2p code and the tied output layer of a last PP stage create small tensors with ``device="cuda"`` and call
+  ``torch.cuda.synchronize``; DDP's gradient all-reduce asks ``torch.cuda.current_stream()`` for
+  CUDA-graph events (:class:`CudaDeviceToCpu`, :class:`NullStream`, :func:`cpu_runtime_mode`).
 
 On accelerators every function here is a no-op (or the plain megatron call). Importing megatron goes
 through :func:`import_megatron` so that MindSpeed patches megatron first on Ascend, as it requires.
@@ -79,7 +80,9 @@ def seed_model_parallel_rng(seed: int) -> None:
     from megatron.core import tensor_parallel
 
     if on_cpu():
-        tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)
+        tensor_parallel.model_parallel_cuda_manual_seed(
+            seed, inference_rng_tracker=True, force_reset_rng=True
+        )
     else:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
@@ -102,10 +105,12 @@ def _is_cuda(device: object) -> bool:
 
 
 class CudaDeviceToCpu(TorchFunctionMode):
-    """Rewrites ``device="cuda"`` (or a cuda ``torch.device``) keyword arguments to the CPU.
+    """Rewrites ``device="cuda"`` (or a cuda ``torch.device``) keyword arguments to the CPU, and
+    makes ``Tensor.cuda()`` the identity.
 
     Only keyword arguments: the schedules and p2p helpers pass ``device=`` by keyword, and the
     tensors they build are shapes and flags whose placement does not matter on a CPU host.
+    ``Tensor.cuda()`` is what GPTModel calls on the tied output weight of the last PP stage.
     """
 
     def __torch_function__(
@@ -115,22 +120,49 @@ class CudaDeviceToCpu(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if func is torch.Tensor.cuda:
+            return args[0]
         kwargs = dict(kwargs or {})
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = torch.device("cpu")
         return func(*args, **kwargs)
 
 
+class NullStream:
+    """Stands in for ``torch.cuda.current_stream()`` on CPU: there is one stream, nothing to wait for."""
+
+    def wait_event(self, event: object) -> None:
+        return None
+
+    def wait_stream(self, stream: object) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
+def _null_stream(device: object = None) -> NullStream:
+    return NullStream()
+
+
+def _no_sync(device: object = None) -> None:
+    return None  # nothing is asynchronous on CPU
+
+
 @contextlib.contextmanager
-def cpu_pipeline_mode() -> Iterator[None]:
-    """Context for megatron's forward-backward schedules on CPU; a no-op on accelerators."""
+def cpu_runtime_mode() -> Iterator[None]:
+    """Context for megatron's schedules and gradient sync on CPU; a no-op on accelerators.
+
+    Scoped (not a global patch) so that code outside megatron still sees the real torch.cuda.
+    """
     if not on_cpu():
         yield
         return
-    original_sync = torch.cuda.synchronize
-    torch.cuda.synchronize = lambda device=None: None  # nothing is asynchronous on CPU
+    original = (torch.cuda.synchronize, torch.cuda.current_stream)
+    torch.cuda.synchronize = _no_sync
+    torch.cuda.current_stream = _null_stream  # type: ignore[assignment]
     try:
         with CudaDeviceToCpu():
             yield
     finally:
-        torch.cuda.synchronize = original_sync
+        torch.cuda.synchronize, torch.cuda.current_stream = original

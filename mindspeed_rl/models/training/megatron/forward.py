@@ -1,0 +1,182 @@
+"""Micro-batches through megatron's forward-backward schedule, and log-probs from its logits.
+
+Shared by the policy (update, compute_log_probs) and the frozen reference. The data each rank sees::
+
+    TrainBatch (every rank gets the whole batch)
+      └─ DP rank d takes its slice (samples sorted by length, dealt in contiguous parts)
+           └─ micro-batches, all padded to one width (PP sends fixed-shape activations)
+                └─ forward_backward_func(forward_step, iter(micros), model, ...)
+                     └─ last stage: vocab-parallel logits -> log-probs at the response tokens
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from mindspeed_rl.models.training.batch import PaddedBatch, TrainBatch, pad_batch
+from mindspeed_rl.models.training.megatron import patches
+from mindspeed_rl.models.training.megatron.vocab_parallel import vocab_parallel_log_probs
+
+LossFn = Callable[["Micro", torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+"""``loss_fn(micro, logits) -> (loss, num_tokens, stats)``, called on the last pipeline stage."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Micro:
+    """One micro-batch: its rows' indices in the caller's batch and the padded tensors."""
+
+    indices: np.ndarray
+    batch: TrainBatch
+    padded: PaddedBatch
+
+
+def plan_micros(
+    batch: TrainBatch,
+    *,
+    dp_rank: int,
+    dp_size: int,
+    micro_batch_size: int,
+    pad_token_id: int,
+    device: torch.device,
+) -> list[Micro]:
+    """This DP rank's micro-batches; every rank gets the same count and the same ``[rows, width]``.
+
+    Samples are sorted by length and dealt in contiguous runs (similar widths per rank). Uniform
+    shapes are required, not cosmetic: PP sends fixed-shape activations between stages, and the
+    MoE allgather dispatcher gathers equal token counts across EP ranks. Ranks short of rows fill
+    with one-token dummy rows, which :func:`real_rows` drops before the loss.
+    """
+    lengths = np.array([p.size + r.size for p, r in zip(batch.prompt_ids, batch.response_ids)])
+    parts = np.array_split(np.argsort(lengths, kind="stable"), dp_size)
+    longest = max(part.size for part in parts)
+    rows = min(micro_batch_size, longest)
+    width = int(lengths.max())
+    mine = parts[dp_rank]
+    micros = []
+    for k in range(-(-longest // rows)):
+        indices = mine[k * rows : (k + 1) * rows]
+        sub = _fill_rows(batch.select(indices), rows, pad_token_id)
+        padded = _widen(pad_batch(sub, pad_token_id=pad_token_id, device=device), width, pad_token_id)
+        micros.append(Micro(indices=indices, batch=sub, padded=padded))
+    return micros
+
+
+def _fill_rows(batch: TrainBatch, rows: int, pad_token_id: int) -> TrainBatch:
+    missing = rows - batch.num_samples
+    if missing == 0:
+        return batch
+    one = np.full(1, pad_token_id, dtype=np.int64)
+    zero = np.zeros(1, dtype=np.float32)
+
+    def more(values: tuple[np.ndarray, ...] | None, filler: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        return None if values is None else values + (filler,) * missing
+
+    return TrainBatch(
+        prompt_ids=batch.prompt_ids + (one,) * missing,
+        response_ids=batch.response_ids + (one,) * missing,
+        advantages=np.concatenate([batch.advantages, np.zeros(missing, dtype=np.float32)]),
+        old_log_probs=more(batch.old_log_probs, zero),
+        ref_log_probs=more(batch.ref_log_probs, zero),
+    )
+
+
+def real_rows(padded: PaddedBatch, count: int) -> PaddedBatch:
+    """The first ``count`` rows (the real samples; the rest are :func:`plan_micros` fillers)."""
+
+    def head(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[:count]
+
+    return PaddedBatch(
+        input_ids=padded.input_ids[:count],
+        attention_mask=padded.attention_mask[:count],
+        logit_index=padded.logit_index[:count],
+        targets=padded.targets[:count],
+        response_mask=padded.response_mask[:count],
+        advantages=padded.advantages[:count],
+        old_log_probs=head(padded.old_log_probs),
+        ref_log_probs=head(padded.ref_log_probs),
+    )
+
+
+def _widen(padded: PaddedBatch, width: int, pad_token_id: int) -> PaddedBatch:
+    """Right-pad the sequence axis to ``width`` (the response-aligned tensors stay as they are)."""
+    extra = width - padded.input_ids.shape[1]
+    if extra == 0:
+        return padded
+    return replace(
+        padded,
+        input_ids=torch.nn.functional.pad(padded.input_ids, (0, extra), value=pad_token_id),
+        attention_mask=torch.nn.functional.pad(padded.attention_mask, (0, extra), value=0),
+    )
+
+
+def response_log_probs(
+    logits: torch.Tensor,
+    padded: PaddedBatch,
+    temperature: float,
+    *,
+    vocab_size: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[B, R]`` log-probs (and entropy) of the response tokens from ``[B, S, V/tp]`` logits."""
+    from megatron.core import parallel_state as ps
+
+    index = padded.logit_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    picked = torch.gather(logits, 1, index).float() / temperature
+    return vocab_parallel_log_probs(
+        picked,
+        padded.targets,
+        vocab_start=ps.get_tensor_model_parallel_rank() * logits.shape[-1],
+        vocab_size=vocab_size,
+        group=ps.get_tensor_model_parallel_group(),
+        with_entropy=with_entropy,
+    )
+
+
+def _forward_step(
+    loss_fn: LossFn,
+    data: Any,
+    model: torch.nn.Module,
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+    micro: Micro = next(data)
+    ids = micro.padded.input_ids
+    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    output = model(ids, positions, patches.causal_attention_mask(ids.shape[1], ids.device))
+    return output, partial(loss_fn, micro)
+
+
+def run_micros(
+    model: torch.nn.Module,
+    micros: Sequence[Micro],
+    loss_fn: LossFn,
+    *,
+    forward_only: bool,
+) -> list[dict[str, torch.Tensor]]:
+    """Run megatron's schedule over ``micros``; returns ``loss_fn``'s dicts (last stage only).
+
+    ``loss_fn(micro, logits)`` returns ``(loss, num_tokens, stats)``; with
+    ``calculate_per_token_loss`` the schedule back-propagates ``loss`` unscaled.
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if not micros:
+        return []
+    rows, width = micros[0].padded.input_ids.shape
+    with patches.cpu_runtime_mode():
+        return list(
+            get_forward_backward_func()(
+                forward_step_func=partial(_forward_step, loss_fn),
+                data_iterator=iter(micros),
+                model=[model],
+                num_microbatches=len(micros),
+                seq_length=width,
+                micro_batch_size=rows,
+                forward_only=forward_only,
+            )
+        )

@@ -1,0 +1,221 @@
+"""Parity of the megatron engine with HF / the torch engine on the same weights and batch.
+
+One case = one model folder x one layout, run over gloo in ``world_size`` spawned processes::
+
+    parent: batch, HF log-probs, torch-engine update           workers (gloo, one per rank):
+            │                                                   MegatronTrainingEngine(layout)
+            └── spawn ─────────────────────────────────────►    log-probs, HF weights (round trip),
+                                                                one update, HF weights after it
+    parent: compare -> ParityResult
+
+Used by the gloo integration tests and ``benchmarks/megatron_parity.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mindspeed_rl.models.loss.config import GRPOLossConfig
+from mindspeed_rl.models.training.batch import TrainBatch
+from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+from mindspeed_rl.models.training.megatron.layout import MegatronLayout
+
+LAYOUTS: dict[str, MegatronLayout] = {
+    "tp2": MegatronLayout(tensor_model_parallel_size=2),
+    "pp2": MegatronLayout(pipeline_model_parallel_size=2),
+    "dp2": MegatronLayout(),
+    "ep2": MegatronLayout(expert_model_parallel_size=2),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParityResult:
+    model: str
+    layout: str
+    logprob_max_abs_diff: float
+    update_max_rel_diff: float
+    roundtrip_max_abs_diff: float
+    """HF weights -> megatron shards -> HF weights, before any update (0 when the mapping is exact)."""
+    loss_abs_diff: float
+    grad_norm_rel_diff: float
+
+
+def parity_engine_config(*, num_samples: int) -> TorchEngineConfig:
+    """One optimizer step over the whole batch, every loss term active, fp32."""
+    return TorchEngineConfig(
+        lr=1e-3,
+        clip_grad=1e9,
+        micro_batch_size=2,
+        forward_micro_batch_size=3,
+        mini_batch_size=num_samples,
+        n_samples_per_prompt=1,
+        loss=GRPOLossConfig(init_kl_coef=0.05, kl_penalty="low_var_kl", entropy_coeff=0.01),
+        seed=3,
+    )
+
+
+def parity_batch(vocab_size: int, *, num_samples: int = 8, seed: int = 0) -> TrainBatch:
+    """Ragged prompts and responses (lengths differ, so padding and masking are exercised)."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, vocab_size, size=int(rng.integers(3, 9))) for _ in range(num_samples)]
+    responses = [rng.integers(0, vocab_size, size=int(rng.integers(2, 12))) for _ in range(num_samples)]
+    return TrainBatch.from_lists(
+        prompt_ids=prompts, response_ids=responses, advantages=rng.normal(size=num_samples).astype(np.float32)
+    )
+
+
+def with_behaviour_log_probs(batch: TrainBatch, log_probs: list[np.ndarray], seed: int = 1) -> TrainBatch:
+    """Old log-probs = the current policy's plus noise (ratios != 1, some clipped); ref likewise."""
+    rng = np.random.default_rng(seed)
+    old = [lp + rng.normal(scale=0.2, size=lp.shape).astype(np.float32) for lp in log_probs]
+    ref = [lp + rng.normal(scale=0.3, size=lp.shape).astype(np.float32) for lp in log_probs]
+    return batch.with_log_probs(old=old, ref=ref)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(
+    rank: int, world_size: int, port: int, model_dir: str, layout: MegatronLayout, out_dir: str
+) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
+
+        batch: TrainBatch = torch.load(Path(out_dir) / "batch.pt", weights_only=False)
+        engine = MegatronTrainingEngine(
+            model_dir, parity_engine_config(num_samples=batch.num_samples), layout
+        )
+        result: dict[str, Any] = {"log_probs": engine.compute_log_probs(batch, temperature=0.7)}
+        result["weights_before"] = dict(engine.named_weights_for_inference())
+        result["metrics"] = engine.update(batch, temperature=0.7)
+        result["weights_after"] = dict(engine.named_weights_for_inference())
+        if rank == 0:
+            torch.save(result, Path(out_dir) / "result.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_megatron_side(
+    model_dir: str | os.PathLike[str], layout: MegatronLayout, batch: TrainBatch
+) -> dict[str, Any]:
+    """Run the megatron engine over gloo in 2 spawned processes; return rank 0's results."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="megatron-parity-") as tmp:
+        torch.save(batch, Path(tmp) / "batch.pt")
+        mp.spawn(_worker, args=(2, _free_port(), os.fspath(model_dir), layout, tmp), nprocs=2, join=True)
+        return dict(torch.load(Path(tmp) / "result.pt", weights_only=False))
+
+
+def update_rel_diffs(
+    before: dict[str, torch.Tensor], got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """Per tensor ``||got - want|| / ||want - before||`` (L2): the error relative to the step taken.
+
+    L2 rather than elementwise: Adam's first step is about ``lr * sign(g)``, so an element whose
+    gradient is ~0 (round-off in both engines) can flip sign without the update being wrong.
+    """
+    out: dict[str, float] = {}
+    for name, ref in want.items():
+        step = float((ref - before[name]).norm())
+        err = float((got[name] - ref).norm())
+        out[name] = err / step if step > 0 else (0.0 if err == 0 else float("inf"))
+    return out
+
+
+def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> ParityResult:
+    """Compare the megatron engine at ``layout_name`` with HF log-probs and the torch engine's update."""
+    from safetensors.torch import load_file
+
+    from mindspeed_rl.models.training.megatron.hf_mapping import load_dims
+    from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+
+    if layout_name not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout_name!r}; choose from {sorted(LAYOUTS)}")
+    dims = load_dims(model_dir)
+    batch = parity_batch(dims.vocab_size)
+    torch_engine = TorchTrainingEngine(model_dir, parity_engine_config(num_samples=batch.num_samples))
+    hf_log_probs = torch_engine.compute_log_probs(batch, temperature=0.7)
+    batch = with_behaviour_log_probs(batch, hf_log_probs)
+    before = {k: v.clone() for k, v in torch_engine.named_weights_for_inference()}
+    torch_metrics = torch_engine.update(batch, temperature=0.7)
+    want = dict(torch_engine.named_weights_for_inference())
+    meg = run_megatron_side(model_dir, LAYOUTS[layout_name], batch)
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    original = {k: v for f in files for k, v in load_file(str(f)).items()}
+    if dims.tied_embeddings:
+        original.pop("lm_head.weight", None)
+    roundtrip = max(float((meg["weights_before"][k] - v.float()).abs().max()) for k, v in original.items())
+    if set(meg["weights_before"]) != set(original):
+        raise AssertionError(
+            f"HF names differ after the round trip: {set(meg['weights_before']) ^ set(original)}"
+        )
+    want = {k: v for k, v in want.items() if k in original}
+    return ParityResult(
+        model=Path(model_dir).name,
+        layout=layout_name,
+        logprob_max_abs_diff=max(float(np.abs(a - b).max()) for a, b in zip(meg["log_probs"], hf_log_probs)),
+        update_max_rel_diff=max(update_rel_diffs(before, meg["weights_after"], want).values()),
+        roundtrip_max_abs_diff=roundtrip,
+        loss_abs_diff=abs(meg["metrics"]["loss"] - torch_metrics["loss"]),
+        grad_norm_rel_diff=abs(meg["metrics"]["grad_norm"] / torch_metrics["grad_norm"] - 1.0),
+    )
+
+
+def build_parity_model(
+    path: str | os.PathLike[str], family: str, *, tied: bool = False, seed: int = 0
+) -> Path:
+    """A random tiny HF checkpoint of ``family`` (qwen2 | qwen3 | qwen3_moe), shaped to exercise the
+    mapping: GQA (4 heads, 2 groups), a vocabulary (100) that megatron must pad, and, for qwen2,
+    QKV bias. Weights are scaled up so log-probs are far from uniform."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+
+    common: dict[str, Any] = {
+        "vocab_size": 100,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": tied,
+        "rms_norm_eps": 1e-6,
+    }
+    configs: dict[str, Any] = {
+        "qwen2": lambda: Qwen2Config(**common),
+        "qwen3": lambda: Qwen3Config(**common),
+        "qwen3_moe": lambda: Qwen3MoeConfig(
+            **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
+        ),
+    }
+    if family not in configs:
+        raise ValueError(f"unknown family {family!r}; choose from {sorted(configs)}")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(configs[family](), dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.8, 1.2)  # non-trivial norm weights: a swapped q/k norm would show
+            else:
+                p.normal_(0.0, 0.15)
+    target = Path(path)
+    model.save_pretrained(target)
+    return target

@@ -1,0 +1,137 @@
+"""The optimizer step at the engine's parameter precision: plain fp32, or bf16 with fp32 masters.
+
+bf16 scheme (``param_dtype: bfloat16``; the simplest correct one, as in Megatron's
+``Float16OptimizerWithFloat16Params`` without the loss scaler that bf16 does not need)::
+
+    model params (bf16)  ── forward / backward ──►  param.grad (bf16, one micro-batch)
+           ▲                                             │ after_backward: master.grad += grad.float()
+           │ step: copy (round to bf16)                  ▼                 param.grad = None
+    master params (fp32) ◄── AdamW (fp32 exp_avg / exp_avg_sq) ── clip on the fp32 grads
+
+Gradients are summed across micro-batches in fp32 (each micro-batch's gradient is rounded to
+bf16 once, by the backward pass itself), so accumulation error does not grow with the number of
+micro-batches; updates smaller than a bf16 ulp of a weight still accumulate in its master copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdamWSettings:
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    eps: float
+
+
+class ParamOptimizer(Protocol):
+    """One optimizer step over a model's parameters, whatever precision they are held in."""
+
+    def zero_grad(self) -> None: ...
+
+    def after_backward(self) -> None:
+        """Called after every micro-batch's ``backward``."""
+        ...
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip the accumulated gradients in place; returns their global norm (before clipping)."""
+        ...
+
+    def step(self, lr: float) -> None: ...
+
+    @property
+    def lr(self) -> float: ...
+
+
+def _adamw(params: Sequence[torch.Tensor], settings: AdamWSettings) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        params, lr=settings.lr, weight_decay=settings.weight_decay, betas=settings.betas, eps=settings.eps
+    )
+
+
+class FullPrecisionOptimizer:
+    """AdamW directly on fp32 parameters."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], settings: AdamWSettings) -> None:
+        self._params = [p for p in params if p.requires_grad]
+        self._optimizer = _adamw(self._params, settings)
+
+    def zero_grad(self) -> None:
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def after_backward(self) -> None:
+        pass
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(self._params, max_norm, error_if_nonfinite=True)
+
+    def step(self, lr: float) -> None:
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+        self._optimizer.step()
+
+    @property
+    def lr(self) -> float:
+        return float(self._optimizer.param_groups[0]["lr"])
+
+
+class MasterWeightOptimizer:
+    """AdamW on fp32 master copies of low-precision parameters (see the module docstring)."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], settings: AdamWSettings) -> None:
+        self._params = [p for p in params if p.requires_grad]
+        # Parameters, so AdamW keeps its state in their dtype (fp32) and device.
+        self.masters = [torch.nn.Parameter(p.detach().float().clone()) for p in self._params]
+        self._optimizer = _adamw(self.masters, settings)
+
+    def zero_grad(self) -> None:
+        self._optimizer.zero_grad(set_to_none=True)
+        for p in self._params:
+            p.grad = None
+
+    @torch.no_grad()
+    def after_backward(self) -> None:
+        for param, master in zip(self._params, self.masters, strict=True):
+            if param.grad is None:
+                continue
+            if master.grad is None:
+                master.grad = param.grad.float()
+            else:
+                master.grad.add_(param.grad)
+            param.grad = None
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(self.masters, max_norm, error_if_nonfinite=True)
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+        self._optimizer.step()
+        for param, master in zip(self._params, self.masters, strict=True):
+            param.copy_(master)
+
+    @property
+    def lr(self) -> float:
+        return float(self._optimizer.param_groups[0]["lr"])
+
+
+def build_optimizer(model: torch.nn.Module, settings: AdamWSettings) -> ParamOptimizer:
+    """fp32 parameters: plain AdamW; bf16 parameters: fp32 masters. Anything else is refused (fp16
+    would need loss scaling, which is not implemented)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    dtypes = {p.dtype for p in params}
+    if dtypes == {torch.float32}:
+        return FullPrecisionOptimizer(params, settings)
+    if dtypes == {torch.bfloat16}:
+        return MasterWeightOptimizer(params, settings)
+    raise ValueError(
+        f"trainable parameters have dtypes {sorted(map(str, dtypes))}; load the model in one dtype "
+        "in float32 or bfloat16 (megatron_training.bf16 picks one)"
+    )
