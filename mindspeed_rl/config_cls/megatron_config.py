@@ -80,9 +80,11 @@ class TrainingKeys:
     )
     dataset_additional_keys: tuple[str, ...] = opt((), "Extra dataset columns carried (e.g. labels).")
     bf16: bool = opt(
-        False, "Train in bfloat16; the CPU torch engine keeps fp32 (listed as inert there, with the reason)."
+        False,
+        "bf16 parameters with fp32 master weights, fp32 grad accumulation and fp32 optimizer state, on "
+        "every device (CPU too: the tiny CPU configs keep false so log-probs match the fp32 rollout).",
     )
-    fp16: bool = opt(False, "Train in float16; the CPU torch engine keeps fp32 (as bf16).")
+    fp16: bool = opt(False, "Train in float16: not implemented by the torch engine (needs loss scaling).")
     load: str | None = opt(
         None,
         "HF folder the policy and reference start from; needs finetune: true (resume is not "

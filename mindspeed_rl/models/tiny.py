@@ -316,9 +316,10 @@ def config_from_arch(arch: Mapping[str, Any]) -> PretrainedConfig:
         return Qwen3Config(
             **common, head_dim=a.kv_channels, attention_bias=False, architectures=["Qwen3ForCausalLM"]
         )
+    # head_dim is not in Qwen3MoeConfig's signature, but its attention reads it (as Qwen3's does).
+    common["head_dim"] = a.kv_channels
     return Qwen3MoeConfig(
         **common,
-        head_dim=a.kv_channels,
         attention_bias=False,
         num_experts=int(arch["num_experts"]),
         num_experts_per_tok=int(arch.get("moe_router_topk", 2)),

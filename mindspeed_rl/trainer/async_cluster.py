@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.runtime.records import GlobalBatch
     from mindspeed_rl.trainer.run_plan import RunPlan
+    from mindspeed_rl.utils.placement import Placement
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
 
 logger = logging.getLogger(__name__)
@@ -53,19 +54,26 @@ class AsyncCluster:
 
     @classmethod
     def start(
-        cls, config: GRPOConfig, plan: RunPlan, policy_path: str, inputs: PipelineInputs, run_dir: Path
+        cls,
+        config: GRPOConfig,
+        plan: RunPlan,
+        placement: Placement,
+        policy_path: str,
+        inputs: PipelineInputs,
+        run_dir: Path,
     ) -> AsyncCluster:
+        """``placement`` is ``plan.check_fits`` of the live cluster (the trainer checks it before
+        any data work); on a GPU/NPU run one placement group pins every bundle to its node."""
         import ray
 
-        from mindspeed_rl.utils.ray_setup import live_cluster, ray_actor_options, reserve
+        from mindspeed_rl.utils.ray_setup import ray_actor_options, reserve
         from mindspeed_rl.workers.control_unit import ControlUnit
         from mindspeed_rl.workers.generation_unit import GenerationUnit
         from mindspeed_rl.workers.training_unit import TrainingUnit
 
         a = plan.async_spec
         assert a is not None and plan.runtime is not None, "an async plan carries async_spec and runtime"
-        # Per node, on the live cluster; on a GPU/NPU run one placement group pins every bundle.
-        reserved = reserve(plan.check_fits(live_cluster(plan.placement.device_kind)))
+        reserved = reserve(placement)
         prompts = ray.put({r.prompt_id: r for r in inputs.prompts})
         control = ray_actor_options(a.control_resources)
         cu: Any = (

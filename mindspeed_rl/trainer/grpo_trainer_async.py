@@ -40,13 +40,14 @@ CONSOLE_KEYS = (
 def train(config: GRPOConfig, run_dir: Path, inputs: PipelineInputs | None = None) -> None:
     """One async run. ``inputs`` (trace replay, fault tests; built in ``cli/``) replaces the
     prompts and schedule the config would give."""
-    import ray
+    from mindspeed_rl.utils.ray_setup import live_cluster
 
     plan = build_run_plan(config)
-    plan.check_fits(ray.available_resources())  # before any model, data or scheduling work
+    # Per node, on the live cluster, before any model, data or scheduling work.
+    placement = plan.check_fits(live_cluster(plan.placement.device_kind))
     policy_path = str(components.prepare_policy_model(config))
     inputs = inputs or setup.asp_inputs(config, policy_path, run_dir)
-    cluster = AsyncCluster.start(config, plan, policy_path, inputs, run_dir)
+    cluster = AsyncCluster.start(config, plan, placement, policy_path, inputs, run_dir)
     with IterationReport(run_dir, plan, inputs.held_out, CONSOLE_KEYS) as report:
         for step in range(plan.data.train_iters):
             start = time.perf_counter()

@@ -124,7 +124,7 @@ class Slot:
 
     name: str
     index: int
-    """Trainer rank, global generation-actor index, or control-actor index."""
+    """Trainer rank, global generation-actor index, or the index within a control role."""
     node: int
     """Index into ``ClusterSpec.nodes``."""
     devices: tuple[int, ...]
@@ -165,7 +165,7 @@ class Placement:
             "devices_used": _devices_used(self),
             "trainer_ranks": [_slot_dict(s, rank=s.index) for s in self.trainer_ranks],
             "generation_actors": generation,
-            "control_actors": [_slot_dict(s, name=s.name) for s in self.control_actors],
+            "control_actors": [_slot_dict(s, name=s.name, index=s.index) for s in self.control_actors],
         }
 
 
@@ -182,12 +182,12 @@ def plan_placement(request: PlacementRequest, cluster: ClusterSpec) -> Placement
             _first_fit(request.generation, i, free, request.device_kind, after=_after(request.trainer))
             for i in range(request.generation.count)
         )
-    control: list[Slot] = []
-    for role in request.control:
-        control.extend(
-            _first_fit(role, len(control) + i, free, None, after="the trainer ranks and generation actors")
-            for i in range(role.count)
-        )
+    # Control actors are numbered within their role (control unit 0, generation unit 0..G-1).
+    control = [
+        _first_fit(role, i, free, None, after="the trainer ranks and generation actors")
+        for role in request.control
+        for i in range(role.count)
+    ]
     return Placement(
         request=request,
         cluster=cluster,
@@ -298,6 +298,11 @@ def _colocate(
 def _check_sizes(request: PlacementRequest, cluster: ClusterSpec) -> None:
     """One actor bigger than every node: say so before any packing arithmetic."""
     kind = request.device_kind
+    if kind is not None and cluster.total_devices == 0:
+        raise ValueError(
+            f"the config asks for {kind}s ({request.device_kind_reason}) but the cluster's nodes have none; "
+            f"run on {kind} nodes, or remove the device requests for a CPU-only run"
+        )
     biggest = max(n.num_devices for n in cluster.nodes)
     cpus = [n.num_cpus for n in cluster.nodes if n.num_cpus is not None]
     for role in _roles(request):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
-
 from typing import TYPE_CHECKING
 
 import torch
@@ -63,9 +62,7 @@ def checkpoint_names(model: PreTrainedModel) -> frozenset[str]:
     return frozenset(name for name, _ in to_checkpoint_format(state.items(), tied=tied_targets(model)))
 
 
-def to_model_state(
-    tensors: Mapping[str, torch.Tensor], model: PreTrainedModel
-) -> dict[str, torch.Tensor]:
+def to_model_state(tensors: Mapping[str, torch.Tensor], model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """A full ``state_dict`` for ``model`` from checkpoint-named ``tensors`` (fused, ties filled).
 
     Raises a ValueError naming the missing checkpoint tensors; extra ones are passed through for

@@ -7,7 +7,6 @@ the sampled token, with top_p = 1 / top_k = -1, i.e. no truncation of the distri
 from __future__ import annotations
 
 from collections.abc import Iterator
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -58,9 +57,7 @@ def scoring_hidden_states(model: PreTrainedModel, padded: PaddedBatch) -> torch.
     The decoder runs without its LM head, so no ``[B, T, V]`` logits exist; this assumes
     ``logits = lm_head(hidden)`` (true of the Qwen/Llama families: no logit scaling or capping).
     """
-    out = model.base_model(
-        input_ids=padded.input_ids, attention_mask=padded.attention_mask, use_cache=False
-    )
+    out = model.base_model(input_ids=padded.input_ids, attention_mask=padded.attention_mask, use_cache=False)
     hidden = out.last_hidden_state
     index = padded.logit_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
     return torch.gather(hidden, 1, index)

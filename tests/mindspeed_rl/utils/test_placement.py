@@ -37,6 +37,9 @@ def test_qwen3_30b_fills_eight_nodes_of_eight_exactly() -> None:
     # One GU's 4 actors of TP2 fill one node: GU g on node 4 + g (the config's "one GU per node").
     assert [(a.node, a.devices) for a in actors[:4]] == [(4, (0, 1)), (4, (2, 3)), (4, (4, 5)), (4, (6, 7))]
     assert [a.node for a in actors] == [4 + g for g in range(4) for _ in range(4)]
+    assert [(c.name, c.index) for c in placement.control_actors] == [("control unit", 0)] + [
+        ("generation unit", g) for g in range(4)
+    ]
     used = {(s.node, d) for s in (*ranks, *actors) for d in s.devices}
     assert len(used) == 64  # every device once
     as_json = placement.to_dict()
@@ -132,6 +135,10 @@ def test_one_device_kind_per_run_and_whole_devices() -> None:
         _place("grpo_qwen3_30b_a3b_asp_A3", "8x8", "async_config.actor_resources.num_gpus=1")
     with pytest.raises(ValueError, match="num_gpus=0.5: placement hands out whole devices"):
         _place("grpo_tiny_cpu", "1x1", "rl_config.actor_resource.num_gpus=0.5")
+    with pytest.raises(
+        ValueError, match=r"asks for NPUs \(num_npus in rl_config.actor_resource\) but the cluster's"
+    ):
+        _place("grpo_qwen25_7b_A3", "2x0")
     gpu = _place("grpo_tiny_asp", "1x4", "async_config.actor_resources.num_gpus=1")
     assert gpu.request.device_kind == "GPU" and [a.devices for a in gpu.generation_actors] == [
         (0,),

@@ -327,6 +327,37 @@ def megatron_shard(name: str, dims: GPTDims, coords: ShardCoords, source: Tensor
     raise ValueError(f"megatron parameter {name!r} has no HF mapping; extend hf_mapping for it")
 
 
+def megatron_names(dims: GPTDims, coords: ShardCoords) -> list[str]:
+    """The weight names of this rank's GPTModel stage (local layer spec), ``_extra_state`` excluded.
+
+    What a snapshot manifest promises per rank; the gloo tests check it against the real
+    ``GPTModel.state_dict()`` of every layout.
+    """
+    first, last = coords.pp_rank == 0, coords.pp_rank == coords.pp_size - 1
+    names = ["embedding.word_embeddings.weight"] if first else []
+    for layer in range(dims.num_layers // coords.pp_size):
+        p = f"decoder.layers.{layer}."
+        names += [p + "input_layernorm.weight", p + "self_attention.linear_qkv.weight"]
+        if dims.qkv_bias:
+            names.append(p + "self_attention.linear_qkv.bias")
+        names.append(p + "self_attention.linear_proj.weight")
+        if dims.qk_layernorm:
+            names += [p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight"]
+        names.append(p + "pre_mlp_layernorm.weight")
+        if dims.is_moe:
+            names.append(p + "mlp.router.weight")
+            for e in range(coords.local_experts(dims)):
+                names += [f"{p}mlp.experts.local_experts.{e}.linear_fc{i}.weight" for i in (1, 2)]
+        else:
+            names += [p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
+    if last:
+        names.append("decoder.final_layernorm.weight")
+        # Tied embeddings: a single stage reuses the embedding; a last stage keeps its own copy.
+        if not dims.tied_embeddings or not first:
+            names.append("output_layer.weight")
+    return names
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HFPiece:
     """Part of an HF tensor: concatenated with its siblings along ``dim`` in ``index`` order.

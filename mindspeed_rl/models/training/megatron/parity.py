@@ -44,6 +44,8 @@ class ParityResult:
     update_max_rel_diff: float
     roundtrip_max_abs_diff: float
     """HF weights -> megatron shards -> HF weights, before any update (0 when the mapping is exact)."""
+    name_mismatches: tuple[str, ...]
+    """Differences between ``megatron_names`` and the real state_dict of each rank (empty)."""
     loss_abs_diff: float
     grad_norm_rel_diff: float
 
@@ -102,6 +104,7 @@ def _worker(
             model_dir, parity_engine_config(num_samples=batch.num_samples), layout
         )
         result: dict[str, Any] = {"log_probs": engine.compute_log_probs(batch, temperature=0.7)}
+        result["name_mismatches"] = _gather_name_mismatches(engine)
         result["weights_before"] = dict(engine.named_weights_for_inference())
         result["metrics"] = engine.update(batch, temperature=0.7)
         result["weights_after"] = dict(engine.named_weights_for_inference())
@@ -110,6 +113,21 @@ def _worker(
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _gather_name_mismatches(engine: Any) -> list[str]:
+    """Per rank, names in the real ``state_dict`` but not in ``megatron_names`` and vice versa."""
+    import torch.distributed as dist
+
+    from mindspeed_rl.models.training.megatron.hf_mapping import is_weight_name, megatron_names
+    from mindspeed_rl.models.training.megatron.model import rank_coords
+
+    real = {n for n in engine.model.module.state_dict() if is_weight_name(n)}
+    expected = set(megatron_names(engine.dims, rank_coords(engine.layout)))
+    mine = [f"rank {dist.get_rank()}: {n}" for n in sorted(real ^ expected)]
+    gathered: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return [m for part in gathered for m in part or []]
 
 
 def run_megatron_side(
@@ -174,6 +192,7 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
         logprob_max_abs_diff=max(float(np.abs(a - b).max()) for a, b in zip(meg["log_probs"], hf_log_probs)),
         update_max_rel_diff=max(update_rel_diffs(before, meg["weights_after"], want).values()),
         roundtrip_max_abs_diff=roundtrip,
+        name_mismatches=tuple(meg["name_mismatches"]),
         loss_abs_diff=abs(meg["metrics"]["loss"] - torch_metrics["loss"]),
         grad_norm_rel_diff=abs(meg["metrics"]["grad_norm"] / torch_metrics["grad_norm"] - 1.0),
     )

@@ -25,7 +25,9 @@ def _batch() -> TrainBatch:
     return TrainBatch.from_lists(prompt_ids=prompts, response_ids=responses, advantages=[0.0, 0.0, 0.0])
 
 
-def _unchunked(model: torch.nn.Module, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _unchunked(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     padded = pad_batch(batch, pad_token_id=0)
     logits = response_logits(model, padded, temperature)
     log_p = torch.log_softmax(logits, dim=-1)
@@ -53,9 +55,17 @@ def test_chunked_values_and_gradients_equal_the_unchunked_path(tiny_model_path: 
     torch.testing.assert_close(entropy, ref_entropy, rtol=0, atol=1e-5)
     assert grads.keys() == ref_grads.keys() and "lm_head.weight" in grads
     for name, grad in grads.items():
-        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            grad, ref_grads[name], rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}"
+        )
     rows = compute_response_log_probs(
-        model, batch, temperature=temperature, micro_batch_size=2, pad_token_id=0, device="cpu", chunk_tokens=3
+        model,
+        batch,
+        temperature=temperature,
+        micro_batch_size=2,
+        pad_token_id=0,
+        device="cpu",
+        chunk_tokens=3,
     )
     for i, row in enumerate(rows):
         np.testing.assert_allclose(row, ref_logp[i, : row.size].detach().numpy(), atol=1e-5)

@@ -12,7 +12,12 @@ from safetensors.torch import load_file
 from mindspeed_rl.models.loss import GRPOLossConfig
 from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.rollout.hf_engine import HFEngine
-from mindspeed_rl.models.tiny import TINY_QWEN3_MOE_ARCH, TINY_QWEN3_TIED_ARCH, TINY_QWEN25_ARCH, create_tiny_model
+from mindspeed_rl.models.tiny import (
+    TINY_QWEN3_MOE_ARCH,
+    TINY_QWEN3_TIED_ARCH,
+    TINY_QWEN25_ARCH,
+    create_tiny_model,
+)
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.hf_names import to_model_state
 from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
@@ -46,7 +51,9 @@ def test_hf_engine_reloads_an_export_into_its_fused_tied_model(model_dir: Path) 
     out = rollout.generate([[5, 6, 7]], SamplingConfig(max_tokens=4, temperature=1.0, seed=0), n=1)[0][0]
     from mindspeed_rl.models.training.batch import TrainBatch
 
-    batch = TrainBatch.from_lists(prompt_ids=[[5, 6, 7]], response_ids=[list(out.token_ids)], advantages=[0.0])
+    batch = TrainBatch.from_lists(
+        prompt_ids=[[5, 6, 7]], response_ids=[list(out.token_ids)], advantages=[0.0]
+    )
     np.testing.assert_allclose(engine.compute_log_probs(batch, 1.0)[0], out.log_probs, atol=1e-5)
 
 

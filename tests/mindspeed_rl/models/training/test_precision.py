@@ -45,7 +45,9 @@ def test_micro_batch_gradients_are_summed_in_fp32() -> None:
 
 
 def test_build_optimizer_picks_by_parameter_dtype() -> None:
-    assert isinstance(build_optimizer(torch.nn.Linear(2, 2).to(torch.bfloat16), SETTINGS), MasterWeightOptimizer)
+    assert isinstance(
+        build_optimizer(torch.nn.Linear(2, 2).to(torch.bfloat16), SETTINGS), MasterWeightOptimizer
+    )
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         build_optimizer(torch.nn.Linear(2, 2).to(torch.float16), SETTINGS)
 
@@ -54,7 +56,9 @@ def _batch() -> TrainBatch:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(4, 100, size=4).tolist() for _ in range(4)]
     responses = [rng.integers(4, 100, size=6).tolist() for _ in range(4)]
-    return TrainBatch.from_lists(prompt_ids=prompts, response_ids=responses, advantages=[1.0, -1.0, 0.5, -0.5])
+    return TrainBatch.from_lists(
+        prompt_ids=prompts, response_ids=responses, advantages=[1.0, -1.0, 0.5, -0.5]
+    )
 
 
 def _engine(path: Path, **overrides: object) -> TorchTrainingEngine:
@@ -84,6 +88,23 @@ def test_bf16_engine_on_cpu_trains_bf16_params_and_exports_the_rollout_dtype(tin
 def test_bf16_save_hf_writes_a_bf16_folder(tiny_model_path: Path, tmp_path: Path) -> None:
     _engine(tiny_model_path).save_hf(tmp_path / "out")
     with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as f:
-        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (safe_open is not iterable)
     reloaded = _engine(tmp_path / "out", param_dtype="float32")  # a bf16 folder loads into fp32 too
     assert {p.dtype for p in reloaded.model.parameters()} == {torch.float32}
+
+
+def test_bf16_snapshot_is_bf16_on_disk(tiny_model_path: Path, tmp_path: Path) -> None:
+    from mindspeed_rl.workers.resharding.export import SnapshotWriter
+    from mindspeed_rl.workers.resharding.layout import TrainingLayout
+    from mindspeed_rl.workers.resharding.manifest import SnapshotManifest
+
+    writer = SnapshotWriter(tmp_path / "snapshots", keep_last=2)
+    engine = _engine(tiny_model_path, export_dtype="bfloat16")
+    result = writer.export(1, engine.named_weights_for_inference(), TrainingLayout()).result()
+    writer.close()
+    assert result.published is not None
+    manifest = SnapshotManifest.load(result.published.path)
+    assert {t.dtype for t in manifest.tensors} == {"bfloat16"}
+    (shard,) = result.published.path.glob("*.safetensors")
+    with safe_open(str(shard), framework="pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (safe_open is not iterable)
