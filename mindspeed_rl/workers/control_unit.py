@@ -27,7 +27,7 @@ assignments are simply discarded (the ControlLoop re-queues them when the GU is 
 act on now (or ``wait_s`` passes). A new snapshot, the end of the run and failures always count
 (the GU converts while its actors generate); new assignments, a pause flip or a trainer step only
 while one of the GU's actors runs no granted minibatch, because a busy GU hears them anyway in the
-``exchange`` answer to its next completion. Every answer records what it told the GU, so news an
+``exchange`` answer to its next completion, and while paused only the resume counts. Every answer records what it told the GU, so news an
 ``exchange`` answer delivered does not wake the GU's outstanding poll a second time. Polling
 instead costs CPU that, on a small host, the rollout engines are using, and rounds every wait up
 to its period.
@@ -160,7 +160,7 @@ class ControlUnit:
         # counters, what its last answer told it, and how many answers it got.
         self._news: dict[int, int] = {}
         self._urgent: dict[int, int] = {}
-        self._told: dict[int, tuple[int, int]] = {}
+        self._told: dict[int, tuple[int, int, bool]] = {}
         self._seq: dict[int, int] = {}
         self._failed_gus: set[int] = set()
         self._cursor = MetricsCursor()
@@ -182,7 +182,7 @@ class ControlUnit:
             self._outbox.setdefault(gu_id, [])
             self._news.setdefault(gu_id, 0)
             self._urgent.setdefault(gu_id, 0)
-            self._told.setdefault(gu_id, (-1, -1))  # its first poll answers at once
+            self._told.setdefault(gu_id, (-1, -1, False))  # its first poll answers at once
 
     def start(self) -> int:
         """First dispatch, once every GU has registered; returns the number of assignments."""
@@ -290,8 +290,14 @@ class ControlUnit:
         if gu_id not in self._outbox or self._loop.is_finished():
             return True  # failed, never registered, or done: it must hear it to stop
         news, urgent = self._news[gu_id], self._urgent[gu_id]
-        told_news, told_urgent = self._told[gu_id]
-        return urgent != told_urgent or (news != told_news and self._loop.has_idle_actor(gu_id))
+        told_news, told_urgent, told_paused = self._told[gu_id]
+        if urgent != told_urgent:
+            return True
+        if news == told_news or not self._loop.has_idle_actor(gu_id):
+            return False
+        # Told it is paused and still paused: no start can be granted, so new work and trainer
+        # steps wait for the resume (which is news of its own).
+        return not (told_paused and self._loop.pause_signal())
 
     def _answer(self, gu_id: int, decision: StartDecision | None = None) -> GuPoll:
         """Hand ``gu_id`` its outbox and the signals, and note what it has been told (lock held)."""
@@ -299,7 +305,7 @@ class ControlUnit:
         work = tuple(self._outbox[gu_id]) if known else ()
         if known:
             self._outbox[gu_id] = []
-            self._told[gu_id] = (self._news[gu_id], self._urgent[gu_id])
+            self._told[gu_id] = (self._news[gu_id], self._urgent[gu_id], self._loop.pause_signal())
         self._seq[gu_id] = seq = self._seq.get(gu_id, 0) + 1
         return GuPoll(
             assignments=work,

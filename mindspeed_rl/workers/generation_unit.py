@@ -85,9 +85,9 @@ class GuSpec:
     poll_wait_seconds: float = 1.0
     """Longest a long-poll waits without news. Only a safety net: the CU answers as soon as
     anything this GU acts on changes, so a shorter wait would only add idle round trips."""
-    completion_hold_seconds: float = 0.05
+    completion_hold_seconds: float = 0.1
     """Longest a finished minibatch waits to ride with its actor's next start request while that
-    actor reloads first (a reload here takes ~10 ms): one CU call instead of two. A slower reload
+    actor reloads first (30-60 ms in the CPU demo): one CU call instead of two. A slower reload
     (large models) sends the completion on its own once this has passed."""
     faults: FaultPlan = field(default_factory=FaultPlan)
     forced_lengths: Mapping[str, tuple[int, ...]] | None = None

@@ -422,3 +422,23 @@ def test_news_an_exchange_answer_delivered_does_not_wake_the_outstanding_poll() 
     cu.on_actor_failed(0, 1)  # real news
     waiter.join(timeout=10.0)
     assert not waiter.is_alive() and isinstance(got[0], GuPoll) and got[0].seq == answer.seq + 1
+
+
+def test_a_paused_gu_is_woken_by_the_resume_not_by_trainer_steps_before_it() -> None:
+    cu = make_cu(num_minibatches=8, queue_max_samples=8, queue_resume_samples=6)
+    cu.register_gu(0, 4)
+    cu.register_gu(1, 1)
+    cu.start()
+    head = cu.poll(1).assignments[0]
+    assert cu.exchange(_report(1, head)).decision == StartDecision(granted=True)
+    _complete_on_actors(cu, 3)  # 12 samples on GU 0: paused
+    told = cu.exchange(_report(1), completed(head.minibatch, gu=1, actor=0))  # 16 samples
+    assert told.paused
+    waiter, got = _poll_in_thread(cu, 1)  # its actor is idle, and it knows the pipeline is paused
+    assert cu.pop_global_batch(0) is not None  # a trainer step, but 8 samples > resume level 6
+    waiter.join(timeout=0.3)
+    assert waiter.is_alive() and not got
+    cu.on_train_step_done(0)
+    assert cu.pop_global_batch(1) is not None  # drained: resumed
+    waiter.join(timeout=10.0)
+    assert not waiter.is_alive() and isinstance(got[0], GuPoll) and not got[0].paused

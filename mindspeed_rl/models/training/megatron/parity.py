@@ -44,6 +44,8 @@ class ParityResult:
     update_max_rel_diff: float
     roundtrip_max_abs_diff: float
     """HF weights -> megatron shards -> HF weights, before any update (0 when the mapping is exact)."""
+    convert_logit_max_abs_diff: float
+    """Logits of the exported HF folder loaded in transformers vs the megatron model's, after the update."""
     name_mismatches: tuple[str, ...]
     """Differences between ``megatron_names`` and the real state_dict of each rank (empty)."""
     loss_abs_diff: float
@@ -108,11 +110,57 @@ def _worker(
         result["weights_before"] = dict(engine.named_weights_for_inference())
         result["metrics"] = engine.update(batch, temperature=0.7)
         result["weights_after"] = dict(engine.named_weights_for_inference())
+        result["logits"] = _full_logits(engine, convert_check_ids(engine.dims.vocab_size))
+        engine.save_hf(Path(out_dir) / "converted")
         if rank == 0:
             torch.save(result, Path(out_dir) / "result.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def convert_check_ids(vocab_size: int) -> torch.Tensor:
+    """Fixed token ids ``[3, 10]`` for comparing full logits of megatron and transformers."""
+    return torch.from_numpy(np.random.default_rng(7).integers(0, vocab_size, size=(3, 10)))
+
+
+def _full_logits(engine: Any, ids: torch.Tensor) -> torch.Tensor:
+    """``[B, S, vocab]`` logits of the megatron model (TP-gathered: a check, not a training path)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from mindspeed_rl.models.training.megatron.forward import Micro, plan_micros, run_micros
+
+    rows = [r.numpy() for r in ids]
+    batch = TrainBatch.from_lists(
+        prompt_ids=[r[:-1] for r in rows], response_ids=[r[-1:] for r in rows], advantages=np.zeros(len(rows))
+    )
+    micros = plan_micros(
+        batch,
+        dp_rank=ps.get_data_parallel_rank(),
+        dp_size=ps.get_data_parallel_world_size(),
+        micro_batch_size=len(rows),
+        pad_token_id=0,
+        device=torch.device("cpu"),
+    )
+
+    def loss_fn(
+        micro: Micro, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        full = gather_from_tensor_model_parallel_region(logits)[..., : engine.dims.vocab_size]
+        return logits.sum() * 0.0, torch.tensor(1), {"logits": full.detach()}
+
+    with torch.no_grad():
+        outputs = run_micros(engine.model, micros, loss_fn, forward_only=True)
+    local = {}
+    if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
+        for micro, out in zip(micros, outputs, strict=True):
+            local.update({int(i): out["logits"][row] for row, i in enumerate(micro.indices)})
+    gathered: list[dict[int, torch.Tensor] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    merged = {k: v for part in gathered for k, v in (part or {}).items()}
+    return torch.stack([merged[i] for i in range(len(rows))])
 
 
 def _gather_name_mismatches(engine: Any) -> list[str]:
@@ -139,7 +187,19 @@ def run_megatron_side(
     with tempfile.TemporaryDirectory(prefix="megatron-parity-") as tmp:
         torch.save(batch, Path(tmp) / "batch.pt")
         mp.spawn(_worker, args=(2, _free_port(), os.fspath(model_dir), layout, tmp), nprocs=2, join=True)
-        return dict(torch.load(Path(tmp) / "result.pt", weights_only=False))
+        result = dict(torch.load(Path(tmp) / "result.pt", weights_only=False))
+        result["hf_logits"] = _transformers_logits(Path(tmp) / "converted", result["logits"].shape[-1])
+        return result
+
+
+def _transformers_logits(model_dir: Path, vocab_size: int) -> torch.Tensor:
+    """Logits of the converted HF folder, loaded the way every consumer loads it."""
+    from mindspeed_rl.models.training.reference import load_causal_lm
+
+    model = load_causal_lm(model_dir, "cpu")
+    with torch.no_grad():
+        out = model(input_ids=convert_check_ids(vocab_size), use_cache=False)
+    return out.logits[..., :vocab_size].float()
 
 
 def update_rel_diffs(
@@ -176,6 +236,7 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
     torch_metrics = torch_engine.update(batch, temperature=0.7)
     want = dict(torch_engine.named_weights_for_inference())
     meg = run_megatron_side(model_dir, LAYOUTS[layout_name], batch)
+    convert_diff = float((meg["hf_logits"] - meg["logits"]).abs().max())
     files = sorted(Path(model_dir).glob("*.safetensors"))
     original = {k: v for f in files for k, v in load_file(str(f)).items()}
     if dims.tied_embeddings:
@@ -192,6 +253,7 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
         logprob_max_abs_diff=max(float(np.abs(a - b).max()) for a, b in zip(meg["log_probs"], hf_log_probs)),
         update_max_rel_diff=max(update_rel_diffs(before, meg["weights_after"], want).values()),
         roundtrip_max_abs_diff=roundtrip,
+        convert_logit_max_abs_diff=convert_diff,
         name_mismatches=tuple(meg["name_mismatches"]),
         loss_abs_diff=abs(meg["metrics"]["loss"] - torch_metrics["loss"]),
         grad_norm_rel_diff=abs(meg["metrics"]["grad_norm"] / torch_metrics["grad_norm"] - 1.0),

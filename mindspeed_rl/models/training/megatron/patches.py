@@ -64,7 +64,7 @@ def _cpu_current_device() -> torch.device:
 def patch_current_device() -> None:
     """Make ``torch.cuda.current_device()`` answer the CPU device (CPU hosts only; idempotent)."""
     if on_cpu():
-        torch.cuda.current_device = _cpu_current_device
+        torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
 
 
 def unpatch_current_device() -> None:

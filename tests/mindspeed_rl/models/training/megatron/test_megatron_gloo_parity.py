@@ -44,5 +44,6 @@ def test_megatron_engine_matches_hf_and_torch_engine(
     assert result.roundtrip_max_abs_diff == 0.0
     assert result.logprob_max_abs_diff <= 1e-4, result
     assert result.update_max_rel_diff <= 1e-3, result
+    assert result.convert_logit_max_abs_diff <= 1e-4, result
     assert result.loss_abs_diff <= 1e-5, result
     assert result.grad_norm_rel_diff <= 1e-4, result
