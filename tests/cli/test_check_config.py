@@ -243,12 +243,12 @@ def test_unsupported_keys_are_errors_naming_them(capsys: pytest.CaptureFixture[s
         assert expected in capsys.readouterr().err
 
 
-def test_bf16_on_cpu_is_listed_inert_and_fit_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bf16_is_honoured_not_inert_and_fit_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert (
         check_config.main(["--config-name", "grpo_tiny_cpu", "megatron_training.bf16=true", "--list-inert"])
         == 0
     )
-    assert "megatron_training.bf16: bf16 is kept fp32 on CPU" in capsys.readouterr().out
+    assert "bf16" not in capsys.readouterr().out
     assert check_config.main(["--config-name", "grpo_tiny_asp", "--available", "CPU=0.5"]) == 2
     assert "actors need" in capsys.readouterr().err
     assert check_config.main(["--config-name", "grpo_tiny_asp", "--available", "CPU=2"]) == 0

@@ -231,7 +231,7 @@ _LAYER = re.compile(r"decoder\.layers\.(?P<layer>\d+)\.(?P<rest>.+)")
 _EXPERT = re.compile(r"mlp\.experts\.local_experts\.(?P<expert>\d+)\.(?P<fc>linear_fc[12])\.weight")
 # Replicated per-layer tensors: megatron suffix -> HF suffix. The TE-spec names (layer norm fused
 # into the next linear) are listed too so checkpoints of accelerator runs map the same way.
-_LAYER_COPIES = {
+LAYER_COPIES = {
     "input_layernorm.weight": "input_layernorm.weight",
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
     "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
@@ -301,8 +301,8 @@ def megatron_shard(name: str, dims: GPTDims, coords: ShardCoords, source: Tensor
         raise ValueError(f"megatron parameter {name!r} has no HF mapping; extend hf_mapping for it")
     prefix = f"model.layers.{coords.layer_offset(dims) + int(match['layer'])}."
     rest = match["rest"]
-    if rest in _LAYER_COPIES:
-        return source.read(prefix + _LAYER_COPIES[rest])
+    if rest in LAYER_COPIES:
+        return source.read(prefix + LAYER_COPIES[rest])
     if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
         return _qkv_rows(source, prefix, rest.rsplit(".", 1)[1], dims, coords)
     if rest == "self_attention.linear_proj.weight":
@@ -410,8 +410,8 @@ def hf_pieces(name: str, tensor: torch.Tensor, dims: GPTDims, coords: ShardCoord
         raise ValueError(f"megatron parameter {name!r} has no HF mapping; extend hf_mapping for it")
     prefix = f"model.layers.{coords.layer_offset(dims) + int(match['layer'])}."
     rest = match["rest"]
-    if rest in _LAYER_COPIES:
-        return [HFPiece(name=prefix + _LAYER_COPIES[rest], tensor=tensor)]
+    if rest in LAYER_COPIES:
+        return [HFPiece(name=prefix + LAYER_COPIES[rest], tensor=tensor)]
     if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
         return _split_qkv(tensor, prefix, rest.rsplit(".", 1)[1], dims, coords.tp_rank)
     if rest == "self_attention.linear_proj.weight":
