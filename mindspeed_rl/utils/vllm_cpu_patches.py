@@ -13,6 +13,12 @@
    answers `__dict__` with a C-function wrapper, so the scan raises AttributeError in any process
    that imported numba first (our scheduler does). We hide llvmlite's modules during that scan
    only; they cannot hold vLLM kernels.
+5. An in-place weight reload (``reload_weights``) leaves two CPU layers in their start-up form
+   (measured on a tiny Qwen3 / Qwen3-MoE: log-probs 0.9 and 0.2 off after one refresh, growing
+   with each; 1e-6 with the repair): a tied ``lm_head`` shares ``embed_tokens.weight`` but no
+   checkpoint tensor names it, so its pre-packed GEMM copy is not rebuilt; and fused MoE experts
+   run their CPU grouped-GEMM pre-pack on the first load only, so reloaded ``w13``/``w2`` stay in
+   checkpoint layout. ``repack_after_reload`` redoes both inside each worker after every reload.
 
 Nothing in this module imports vllm at import time.
 """
@@ -100,3 +106,26 @@ def guard_kernel_scan() -> None:
 
     dispatcher._rebind_kernels = rebind_without_llvmlite
     _patched_rebind[:] = [rebind_without_llvmlite]
+
+
+def repack_after_reload(worker: Any, *, tied_lm_head: bool) -> int:
+    """Quirk 5: rebuild the stale CPU layers of ``worker``'s model; returns how many were rebuilt.
+
+    Runs inside each worker (``collective_rpc`` passes the worker first); module-level so a
+    multiprocessing executor pickles it by reference. GPU layers have no pre-pack: CPU only.
+    """
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+
+    model = worker.model_runner.model
+    count = 0
+    if tied_lm_head:
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+        count += 1
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedFusedMoEMethod) and method.moe_kernel is not None:
+            method.moe_kernel.fused_experts.process_weights_after_loading(module)
+            count += 1
+    return count

@@ -4,7 +4,7 @@ Log-probs come from vLLM's `processed_logprobs` mode — the distribution each t
 from (temperature and truncations applied), which is what `base.py` defines for every engine.
 Weights are reloaded in place through this vLLM family's adapter (`vllm_reload.py`; checkpoint-format
 names, so HF names work), on CPU the layers the reload leaves stale are rebuilt
-(`vllm_cpu_reprocess.py`: tied lm_head, fused MoE experts), then the prefix cache is reset: cached
+(`utils/vllm_cpu_patches.py`, quirk 5: tied lm_head, fused MoE experts), then the prefix cache is reset: cached
 KV blocks were computed by the old weights.
 """
 
@@ -156,7 +156,7 @@ class VLLMEngine:
 
     def _after_reload(self) -> None:
         if self._on_cpu:
-            from mindspeed_rl.models.rollout.vllm_cpu_reprocess import repack_after_reload
+            from mindspeed_rl.utils.vllm_cpu_patches import repack_after_reload
 
             self._llm.collective_rpc(repack_after_reload, kwargs={"tied_lm_head": self._tied})
         self._llm.reset_prefix_cache()

@@ -76,6 +76,14 @@ def transformer_config(dims: GPTDims, layout: MegatronLayout, *, param_dtype: st
 
     dtype = _DTYPES[param_dtype]
     cpu = patches.on_cpu()
+    if cpu and dims.is_moe and layout.tensor_model_parallel_size > 1:
+        # MoELayer.forward refuses TP > 1 in training without sequence parallelism, and the local
+        # spec's torch RMSNorm refuses sequence parallelism (it needs TransformerEngine's norm).
+        raise ValueError(
+            "a MoE model at tensor_model_parallel_size > 1 needs sequence parallelism, which the "
+            "CPU (local spec) build cannot run; on CPU shard MoE models with expert_model_parallel_size "
+            "(and data/pipeline parallel) and keep tensor_model_parallel_size: 1"
+        )
     moe: dict[str, Any] = {}
     if dims.is_moe:
         moe = {
