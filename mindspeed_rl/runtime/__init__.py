@@ -11,8 +11,14 @@ The Ray workers (``mindspeed_rl.workers``) and the simulator (``mindspeed_rl.sim
 * When an actor finishes: ``on_minibatch_completed(...)``, then ``dispatch()`` again.
 * Faults: ``on_actor_failed`` / ``on_gu_failed`` (once per death), then ``dispatch()``.
 * Trainer: ``pop_global_batch(step)`` until it returns a batch, train, then
-  ``on_train_step_done(step, snapshot)``; weight-flow timings via ``on_snapshot_converted`` and
-  ``on_weights_loaded``. Read-outs: ``observe()`` (a ``LoopObservation``), ``summary()``.
+  ``on_train_step_done(step, snapshot)``; weight-flow timings via ``on_snapshot_converted`` (with
+  ``at=`` the time the conversion ended, if it is reported later) and ``on_weights_loaded``.
+  Read-outs: ``observe()`` (a ``LoopObservation``), ``summary()``, ``has_idle_actor(gu)``.
+
+An adapter may batch these calls, as the Ray ControlUnit does (``ControlUnit.exchange``: one
+GU's completions, then its reload and conversion reports, then one ``request_start``), as long
+as it applies them in that order: an actor's completion before its reload, both before its next
+start.
 """
 
 from mindspeed_rl.runtime.clock import Clock, FakeClock, MonotonicClock, WallClock

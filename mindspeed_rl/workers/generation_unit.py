@@ -204,8 +204,8 @@ class GenerationUnit:
                 self.calls["convert_snapshot"] += 1
                 self._conversion_chosen_at[target.version] = self._answered_at
             self._act()
-        if not self._ended and (self._reloads or self._conversions):
-            self._exchange(None)  # stopped: the run's summary still gets the last timings
+        if not self._ended and (self._completions or self._reloads or self._conversions):
+            self._exchange(None)  # stopped: the run's summary still gets what this GU last did
         return self._counts()
 
     def _wait_timeout(self, longest: float) -> float:

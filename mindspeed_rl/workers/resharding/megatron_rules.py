@@ -2,7 +2,7 @@
 
 What one training rank exports and what the GU's convert does with it::
 
-    rank (tp, ep, pp): GPTModel.state_dict() ──export_shard──► global megatron names, this rank's shapes
+    rank (tp, ep, pp): GPTModel.state_dict() ──hf_mapping.export_shard──► global megatron names, this rank's shapes
         decoder.layers.<local>          -> decoder.layers.<pp offset + local>
         mlp.experts.local_experts.<i>   -> mlp.experts.<ep_rank x E/ep + i>   (one EP rank owns it)
         output_layer (tied, last stage) -> not exported (the embedding is the weight)
@@ -24,43 +24,11 @@ from mindspeed_rl.models.training.megatron.hf_mapping import (
     LAYER_COPIES,
     GPTDims,
     ShardCoords,
-    is_weight_name,
 )
 from mindspeed_rl.workers.resharding.layout import PartitionRule, PartitionSpec, RankCoords, TrainingLayout
 from mindspeed_rl.workers.resharding.merge import NameMap, UnfuseRule
 
-_LOCAL_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
-_LOCAL_EXPERT = re.compile(r"mlp\.experts\.local_experts\.(\d+)\.(.+)")
-
-
-def export_name(name: str, dims: GPTDims, coords: ShardCoords) -> str | None:
-    """The snapshot name of one rank's megatron tensor (global layer and expert ids), or None
-    for a tensor that is not exported."""
-    if name == "output_layer.weight" and dims.tied_embeddings:
-        return None
-    match = _LOCAL_LAYER.fullmatch(name)
-    if match is None:
-        return name
-    layer = coords.layer_offset(dims) + int(match[1])
-    rest = match[2]
-    expert = _LOCAL_EXPERT.fullmatch(rest)
-    if expert is not None:
-        rest = f"mlp.experts.{coords.ep_rank * coords.local_experts(dims) + int(expert[1])}.{expert[2]}"
-    return f"decoder.layers.{layer}.{rest}"
-
-
-def export_shard(
-    state: Mapping[str, torch.Tensor], dims: GPTDims, coords: ShardCoords
-) -> dict[str, torch.Tensor]:
-    """This rank's tensors under their snapshot names (``_extra_state`` and tied copies dropped)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        if not is_weight_name(name) or not isinstance(tensor, torch.Tensor):
-            continue
-        exported = export_name(name, dims, coords)
-        if exported is not None:
-            out[exported] = tensor
-    return out
+_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 
 
 def rank_coords(coords: ShardCoords) -> RankCoords:
@@ -163,7 +131,7 @@ def hf_name(name: str) -> str:
     """HF name of an exported (and unfused) megatron tensor."""
     if name in _TOP_LEVEL:
         return _TOP_LEVEL[name]
-    match = _LOCAL_LAYER.fullmatch(name)
+    match = _LAYER.fullmatch(name)
     if match is not None:
         prefix, rest = f"model.layers.{match[1]}.", match[2]
         if rest in LAYER_COPIES:

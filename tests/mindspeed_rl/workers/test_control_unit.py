@@ -350,6 +350,7 @@ def test_exchange_ingests_the_completion_then_starts_the_freed_actor_and_refills
     answer = cu.exchange(_report(0, nxt), completed(running.minibatch, gu=0, actor=0))
     assert answer.decision is not None and answer.decision.granted, answer.decision
     assert answer.seq == first.seq + 1
+    assert cu.summary()["cu_calls"] == {"exchange": 2, "poll": 1}  # the breakdown summary.json gets
     log = [(e["event"], e["minibatch_id"]) for e in cu.event_records() if e["event"] != "MinibatchIssued"]
     # The completion is in the log before the start of the actor it freed.
     assert log[-2:] == [

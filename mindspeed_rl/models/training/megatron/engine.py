@@ -43,7 +43,9 @@ from mindspeed_rl.models.training.megatron.forward import (
 )
 from mindspeed_rl.models.training.megatron.hf_mapping import (
     GPTDims,
+    ShardCoords,
     assemble_hf,
+    export_shard,
     hf_pieces,
     is_weight_name,
     load_dims,
@@ -361,6 +363,12 @@ class MegatronTrainingEngine:
                 if p.requires_grad:
                     p.main_grad.mul_(coef)
         return norm
+
+    def snapshot_shard(self) -> tuple[dict[str, torch.Tensor], ShardCoords]:
+        """This rank's weights in the training layout (global megatron names, this rank's shapes):
+        what the rank writes into a snapshot for the GU's convert (``resharding.megatron_rules``)."""
+        coords = rank_coords(self.layout)
+        return export_shard(_shard_weights(self.model.module), self.dims, coords), coords
 
     def named_weights_for_inference(self) -> Iterator[tuple[str, torch.Tensor]]:
         yield from gather_hf_weights(self.model.module, self.dims, self.layout).items()

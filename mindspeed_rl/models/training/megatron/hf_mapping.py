@@ -56,6 +56,8 @@ class GPTDims:
     tied_embeddings: bool
     qkv_bias: bool
     qk_layernorm: bool
+    pad_token_id: int | None = None
+    """HF embeds with ``padding_idx=pad_token_id``: that row gets no gradient from lookups."""
     num_experts: int | None = None
     moe_ffn_hidden_size: int | None = None
     moe_topk: int | None = None
@@ -128,6 +130,7 @@ def dims_from_hf_config(config: Mapping[str, Any]) -> GPTDims:
         # Qwen2 hard-wires bias on q/k/v; Qwen3 reads attention_bias.
         qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
         qk_layernorm=family != "qwen2",
+        pad_token_id=None if config.get("pad_token_id") is None else int(config["pad_token_id"]),
         **moe,
     )
 
@@ -228,6 +231,7 @@ class SafetensorsSource:
 
 
 _LAYER = re.compile(r"decoder\.layers\.(?P<layer>\d+)\.(?P<rest>.+)")
+_LOCAL_EXPERT = re.compile(r"mlp\.experts\.local_experts\.(\d+)\.(.+)")
 _EXPERT = re.compile(r"mlp\.experts\.local_experts\.(?P<expert>\d+)\.(?P<fc>linear_fc[12])\.weight")
 # Replicated per-layer tensors: megatron suffix -> HF suffix. The TE-spec names (layer norm fused
 # into the next linear) are listed too so checkpoints of accelerator runs map the same way.
@@ -447,4 +451,37 @@ def assemble_hf(pieces: Iterable[HFPiece], dims: GPTDims) -> dict[str, torch.Ten
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         if name in out:
             out[name] = out[name][: dims.vocab_size].contiguous()
+    return out
+
+
+_LOCAL_EXPERT = re.compile(r"mlp\.experts\.local_experts\.(\d+)\.(.+)")
+
+
+def export_name(name: str, dims: GPTDims, coords: ShardCoords) -> str | None:
+    """The snapshot name of one rank's megatron tensor (global layer and expert ids), or None
+    for a tensor that is not exported."""
+    if name == "output_layer.weight" and dims.tied_embeddings:
+        return None
+    match = _LAYER.fullmatch(name)
+    if match is None:
+        return name
+    layer = coords.layer_offset(dims) + int(match["layer"])
+    rest = match["rest"]
+    expert = _LOCAL_EXPERT.fullmatch(rest)
+    if expert is not None:
+        rest = f"mlp.experts.{coords.ep_rank * coords.local_experts(dims) + int(expert[1])}.{expert[2]}"
+    return f"decoder.layers.{layer}.{rest}"
+
+
+def export_shard(
+    state: Mapping[str, torch.Tensor], dims: GPTDims, coords: ShardCoords
+) -> dict[str, torch.Tensor]:
+    """This rank's tensors under their snapshot names (``_extra_state`` and tied copies dropped)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if not is_weight_name(name) or not isinstance(tensor, torch.Tensor):
+            continue
+        exported = export_name(name, dims, coords)
+        if exported is not None:
+            out[exported] = tensor
     return out

@@ -184,6 +184,22 @@ def load_hf_weights(model: torch.nn.Module, dims: GPTDims, coords: ShardCoords, 
             target.copy_(shard.to(target.dtype))
 
 
+def freeze_pad_embedding(model: Any, pad_token_id: int) -> None:
+    """Match HF's ``nn.Embedding(padding_idx=pad_token_id)``: lookups of the pad token give the
+    usual vector but send no gradient into its row (megatron's embedding has no padding_idx).
+
+    A forward hook keeps the forward bit-identical and only detaches the pad positions; a tied
+    output layer still trains that row through the logits, exactly as in HF.
+    """
+    embedding: Any = model.embedding.word_embeddings
+
+    def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+        is_pad = (inputs[0] == pad_token_id).unsqueeze(-1)
+        return torch.where(is_pad, output.detach(), output)
+
+    embedding.register_forward_hook(hook)
+
+
 def load_model(
     model_path: str | os.PathLike[str], dims: GPTDims, layout: MegatronLayout, *, param_dtype: str
 ) -> Any:
@@ -192,4 +208,6 @@ def load_model(
     coords.check(dims)
     model = build_gpt_model(dims, layout, param_dtype=param_dtype)
     load_hf_weights(model, dims, coords, SafetensorsSource(model_path))
+    if False:
+        freeze_pad_embedding(model, dims.pad_token_id)
     return model

@@ -46,6 +46,8 @@ class ParityResult:
     """HF weights -> megatron shards -> HF weights, before any update (0 when the mapping is exact)."""
     convert_logit_max_abs_diff: float
     """Logits of the exported HF folder loaded in transformers vs the megatron model's, after the update."""
+    snapshot_merge_max_abs_diff: float
+    """Every rank's ``snapshot_shard`` merged by the GU's rules vs the gathered HF weights (0)."""
     name_mismatches: tuple[str, ...]
     """Differences between ``megatron_names`` and the real state_dict of each rank (empty)."""
     loss_abs_diff: float
@@ -53,9 +55,16 @@ class ParityResult:
 
 
 def parity_engine_config(*, num_samples: int) -> TorchEngineConfig:
-    """One optimizer step over the whole batch, every loss term active, fp32."""
+    """One optimizer step over the whole batch, every loss term active, fp32.
+
+    ``adam_eps`` 1e-6 rather than 1e-8: Adam's first step is ``lr * g / (|g| + eps)``, so an
+    element whose gradient is at fp32 round-off level (~1e-9, e.g. a trained model's lm_head row
+    of a token it never predicts) turns summation-order noise into an O(lr) difference. Measured
+    on the warmed-up tiny model at TP2: one such element, 17% of its step, everything else < 1e-5.
+    """
     return TorchEngineConfig(
         lr=1e-3,
+        adam_eps=1e-6,
         clip_grad=1e9,
         micro_batch_size=2,
         forward_micro_batch_size=3,
@@ -111,6 +120,9 @@ def _worker(
         result["metrics"] = engine.update(batch, temperature=0.7)
         result["weights_after"] = dict(engine.named_weights_for_inference())
         result["logits"] = _full_logits(engine, convert_check_ids(engine.dims.vocab_size))
+        shards: list[Any] = [None] * world_size
+        dist.all_gather_object(shards, engine.snapshot_shard())
+        result["snapshot_shards"] = shards
         engine.save_hf(Path(out_dir) / "converted")
         if rank == 0:
             torch.save(result, Path(out_dir) / "result.pt")
@@ -218,6 +230,32 @@ def update_rel_diffs(
     return out
 
 
+def merge_snapshot_shards(shards: list[Any], dims: Any, layout: MegatronLayout) -> dict[str, torch.Tensor]:
+    """What the GU's convert does with the per-rank snapshot shards of one layout (DP rank 0's)."""
+    from mindspeed_rl.workers.resharding import megatron_rules
+    from mindspeed_rl.workers.resharding.merge import Piece, apply_name_map, merge_pieces
+
+    tl = megatron_rules.training_layout(
+        tp_size=layout.tensor_model_parallel_size,
+        pp_size=layout.pipeline_model_parallel_size,
+        ep_size=layout.expert_model_parallel_size,
+    )
+    pieces, seen = [], set()
+    for tensors, coords in shards:
+        rank = megatron_rules.rank_coords(coords)
+        if rank in seen:  # another DP replica of the same shard
+            continue
+        seen.add(rank)
+        for name, tensor in tensors.items():
+            spec = tl.spec_for(name)
+            if tl.writes(spec, rank):
+                pieces.append(Piece(name=name, tensor=tensor, spec=spec, coords=rank))
+    renamed = apply_name_map(pieces, megatron_rules.name_map(dims, tp_size=tl.tp_size))
+    return megatron_rules.trim_vocab_padding(
+        merge_pieces(renamed, tp_size=tl.tp_size, ep_size=tl.ep_size), dims
+    )
+
+
 def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> ParityResult:
     """Compare the megatron engine at ``layout_name`` with HF log-probs and the torch engine's update."""
     from safetensors.torch import load_file
@@ -237,6 +275,10 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
     want = dict(torch_engine.named_weights_for_inference())
     meg = run_megatron_side(model_dir, LAYOUTS[layout_name], batch)
     convert_diff = float((meg["hf_logits"] - meg["logits"]).abs().max())
+    merged = merge_snapshot_shards(meg["snapshot_shards"], dims, LAYOUTS[layout_name])
+    snapshot_diff = max(float((merged[k] - v).abs().max()) for k, v in meg["weights_after"].items())
+    if set(merged) != set(meg["weights_after"]):
+        raise AssertionError(f"snapshot merge names differ: {set(merged) ^ set(meg['weights_after'])}")
     files = sorted(Path(model_dir).glob("*.safetensors"))
     original = {k: v for f in files for k, v in load_file(str(f)).items()}
     if dims.tied_embeddings:
@@ -254,6 +296,7 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
         update_max_rel_diff=max(update_rel_diffs(before, meg["weights_after"], want).values()),
         roundtrip_max_abs_diff=roundtrip,
         convert_logit_max_abs_diff=convert_diff,
+        snapshot_merge_max_abs_diff=snapshot_diff,
         name_mismatches=tuple(meg["name_mismatches"]),
         loss_abs_diff=abs(meg["metrics"]["loss"] - torch_metrics["loss"]),
         grad_norm_rel_diff=abs(meg["metrics"]["grad_norm"] / torch_metrics["grad_norm"] - 1.0),
@@ -264,8 +307,8 @@ def build_parity_model(
     path: str | os.PathLike[str], family: str, *, tied: bool = False, seed: int = 0
 ) -> Path:
     """A random tiny HF checkpoint of ``family`` (qwen2 | qwen3 | qwen3_moe), shaped to exercise the
-    mapping: GQA (4 heads, 2 groups), a vocabulary (100) that megatron must pad, and, for qwen2,
-    QKV bias. Weights are scaled up so log-probs are far from uniform."""
+    mapping: GQA (4 heads, 2 groups), a vocabulary (100) that megatron must pad, a pad token
+    (HF's embedding padding_idx) and, for qwen2, QKV bias. Weights are scaled up so log-probs are far from uniform."""
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     common: dict[str, Any] = {
@@ -279,6 +322,8 @@ def build_parity_model(
         "max_position_embeddings": 256,
         "tie_word_embeddings": tied,
         "rms_norm_eps": 1e-6,
+        # HF then embeds with padding_idx=0 (no gradient into row 0), which the megatron engine mirrors.
+        "pad_token_id": 0,
     }
     configs: dict[str, Any] = {
         "qwen2": lambda: Qwen2Config(**common),

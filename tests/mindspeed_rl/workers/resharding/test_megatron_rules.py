@@ -15,6 +15,8 @@ import torch
 from mindspeed_rl.models.training.megatron.hf_mapping import (
     DictSource,
     ShardCoords,
+    export_name,
+    export_shard,
     load_dims,
     megatron_names,
     megatron_shard,
@@ -50,7 +52,7 @@ def _snapshot_pieces(path: Path, tp: int, pp: int, ep: int) -> tuple[list[Piece]
             for t in range(tp):
                 coords = ShardCoords(tp_rank=t, tp_size=tp, pp_rank=p, pp_size=pp, ep_rank=e, ep_size=ep)
                 state = {n: megatron_shard(n, dims, coords, source) for n in megatron_names(dims, coords)}
-                for name, tensor in megatron_rules.export_shard(state, dims, coords).items():
+                for name, tensor in export_shard(state, dims, coords).items():
                     spec, rank = layout.spec_for(name), megatron_rules.rank_coords(coords)
                     if layout.writes(spec, rank):
                         pieces.append(Piece(name=name, tensor=tensor, spec=spec, coords=rank))
@@ -86,11 +88,9 @@ def test_export_names_are_global_and_tied_copies_dropped(models: dict[str, Path]
     dims = load_dims(models["moe"])
     coords = ShardCoords(pp_rank=1, pp_size=2, ep_rank=1, ep_size=2)
     name = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight"
-    assert (
-        megatron_rules.export_name(name, dims, coords) == "decoder.layers.1.mlp.experts.3.linear_fc2.weight"
-    )
+    assert export_name(name, dims, coords) == "decoder.layers.1.mlp.experts.3.linear_fc2.weight"
     tied = load_dims(models["qwen2_tied"])
-    assert megatron_rules.export_name("output_layer.weight", tied, ShardCoords(pp_rank=1, pp_size=2)) is None
+    assert export_name("output_layer.weight", tied, ShardCoords(pp_rank=1, pp_size=2)) is None
 
 
 def test_replicated_tensors_are_written_once_per_layout(models: dict[str, Path]) -> None:

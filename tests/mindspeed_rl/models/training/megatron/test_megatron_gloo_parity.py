@@ -42,6 +42,7 @@ def test_megatron_engine_matches_hf_and_torch_engine(
     result = run_parity_case(model_dir, layout)
     assert result.name_mismatches == ()
     assert result.roundtrip_max_abs_diff == 0.0
+    assert result.snapshot_merge_max_abs_diff == 0.0
     assert result.logprob_max_abs_diff <= 1e-4, result
     assert result.update_max_rel_diff <= 1e-3, result
     assert result.convert_logit_max_abs_diff <= 1e-4, result
