@@ -137,8 +137,7 @@ class AsyncCluster:
         """Tell the CU the step is trained; returns its pipeline digest since the last step."""
         import ray
 
-        ray.get(self.cu.on_train_step_done.remote(step))
-        digest: dict[str, float] = ray.get(self.cu.step_metrics.remote())
+        digest: dict[str, float] = ray.get(self.cu.on_train_step_done.remote(step))
         return digest
 
     def save(self, path: Path) -> None:

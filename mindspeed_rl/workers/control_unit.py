@@ -400,19 +400,25 @@ class ControlUnit:
             return batch
 
     @_counted
-    def on_train_step_done(self, step: int) -> None:
+    def on_train_step_done(self, step: int) -> dict[str, float]:
+        """Record the trained step and return the pipeline digest since the previous step (one
+        round trip per step: the driver needs both)."""
         with self._lock:
             self._loop.on_train_step_done(step)
             self._changed()
+            return self._digest()
 
     @_counted
     def step_metrics(self) -> dict[str, float]:
-        """Observability digest since the previous call (one call per trainer step)."""
+        """Observability digest since the previous digest."""
         with self._lock:
-            seen = self._loop.observe(
-                arrivals_since=self._cursor.num_arrivals, lag_steps_since=self._cursor.num_lag_steps
-            )
-            return step_metrics(seen, self._events, self._cursor)
+            return self._digest()
+
+    def _digest(self) -> dict[str, float]:
+        seen = self._loop.observe(
+            arrivals_since=self._cursor.num_arrivals, lag_steps_since=self._cursor.num_lag_steps
+        )
+        return step_metrics(seen, self._events, self._cursor)
 
     # ---- state -------------------------------------------------------------------------------
     def is_finished(self) -> bool:

@@ -146,8 +146,7 @@ def test_completion_flows_to_a_global_batch_with_metrics_and_summary() -> None:
     assert cu.on_minibatch_completed(completed(work[0].minibatch, gu=0, actor=0)) == "duplicate"
     batch = cu.pop_global_batch(0)
     assert batch is not None and batch.num_prompts == 4
-    cu.on_train_step_done(0)
-    metrics = cu.step_metrics()
+    metrics = cu.on_train_step_done(0)
     for key in (
         "queue/depth_samples_max",
         "lag/d_off_mean",
@@ -171,13 +170,11 @@ def test_a_step_served_from_earlier_samples_reports_its_starting_queue_depth() -
     cu.start()
     _complete_on_actors(cu, 4)
     assert cu.pop_global_batch(0) is not None
-    cu.on_train_step_done(0)
-    first = cu.step_metrics()
+    first = cu.on_train_step_done(0)
     assert first["queue/depth_samples_max"] == 16 and first["queue/depth_samples_now"] == 8
     # Step 1 trains on the 8 samples left over: no arrivals, but the queue held 8 at its start.
     assert cu.pop_global_batch(1) is not None
-    cu.on_train_step_done(1)
-    second = cu.step_metrics()
+    second = cu.on_train_step_done(1)
     assert second["queue/arrivals"] == 0
     assert second["queue/depth_samples_max"] == 8 and second["queue/depth_samples_now"] == 0
     assert "queue/depth_samples_mean" not in second  # a mean over no arrivals is not reported

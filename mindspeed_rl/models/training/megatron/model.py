@@ -208,6 +208,6 @@ def load_model(
     coords.check(dims)
     model = build_gpt_model(dims, layout, param_dtype=param_dtype)
     load_hf_weights(model, dims, coords, SafetensorsSource(model_path))
-    if False:
+    if dims.pad_token_id is not None and coords.pp_rank == 0:
         freeze_pad_embedding(model, dims.pad_token_id)
     return model
