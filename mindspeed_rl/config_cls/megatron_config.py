@@ -18,8 +18,6 @@ from mindspeed_rl.config_cls.megatron_only import MegatronOnlyKeys, ParallelKeys
 from mindspeed_rl.config_cls.model_arch import ModelArchitecture
 from mindspeed_rl.config_cls.parse import Problems, check_keys, field_names, parse_fields
 
-_WEIGHTS_ONLY_LOAD = "load (with finetune) reads HF weights only; there is no optimizer/RNG state to skip"
-_WEIGHTS_ONLY_SAVE = "checkpoints are HF weight folders; optimizer and RNG state are never saved"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,15 +85,17 @@ class TrainingKeys:
     fp16: bool = opt(False, "Train in float16: not implemented by the torch engine (needs loss scaling).")
     load: str | None = opt(
         None,
-        "HF folder the policy and reference start from; needs finetune: true (resume is not "
-        "implemented yet: load without finetune is an error).",
+        "Without finetune: resume from the newest complete checkpoint in this folder (a save folder). "
+        "With finetune: true: the HF folder the policy and reference start from.",
     )
-    save: str | None = opt(None, "Folder of the periodic HF checkpoints; null = <run dir>/checkpoints.")
+    save: str | None = opt(
+        None, "Folder of the periodic checkpoints (iter_<N>/, HF-loadable); null = <run dir>/checkpoints."
+    )
     finetune: bool = opt(False, "With load: weights only, iteration count and optimizer start fresh.")
-    no_load_optim: bool = opt(False, "Do not load optimizer state.", inert=_WEIGHTS_ONLY_LOAD)
-    no_load_rng: bool = opt(False, "Do not load RNG state.", inert=_WEIGHTS_ONLY_LOAD)
-    no_save_optim: bool = opt(False, "Do not save optimizer state.", inert=_WEIGHTS_ONLY_SAVE)
-    no_save_rng: bool = opt(False, "Do not save RNG state.", inert=_WEIGHTS_ONLY_SAVE)
+    no_load_optim: bool = opt(False, "Resume with fresh optimizer state (AdamW moments).")
+    no_load_rng: bool = opt(False, "Resume without restoring the RNG states.")
+    no_save_optim: bool = opt(False, "Checkpoints leave out the optimizer state.")
+    no_save_rng: bool = opt(False, "Checkpoints leave out the RNG states.")
     attention_dropout: float = opt(0.0, "Attention dropout (RL: keep 0).")
     hidden_dropout: float = opt(0.0, "Hidden dropout (RL: keep 0).")
     init_method_std: float = opt(0.02, "Weight init std for a freshly built model.")

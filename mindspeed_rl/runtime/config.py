@@ -37,7 +37,26 @@ class RuntimeConfig:
     """Trainer steps between weight snapshots; actors can be up to ``snapshot_interval - 1``
     versions behind even right after a reload, which the lag bound must leave room for."""
 
+    minibatch_timeout_s: float | None = None
+    """Longest one minibatch may generate before its GU kills the actor, re-issues the minibatch
+    and starts a replacement; ``None`` disables it (a hung engine is then caught only by the
+    stall detector, which fails the run instead of recovering)."""
+
+    actor_max_restarts: int = 3
+    """Replacements per actor slot after it raised, timed out or died; beyond that the slot is
+    retired and its GU carries on with the actors it has left."""
+
+    minibatch_max_attempts: int = 3
+    """Failed attempts (error, timeout, death) after which a minibatch is poison: the run stops
+    with an error naming it and its prompts instead of cascading through every actor."""
+
+    stall_timeout_s: float | None = 900.0
+    """The driver's wait fails with a diagnosis (stuck unit and reason) after this long without
+    progress (an accepted completion, a popped batch, a trained step, a snapshot); ``None``
+    waits forever."""
+
     def __post_init__(self) -> None:
+        self._check_fault_settings()
         for name in ("num_prompts_per_global_batch", "num_samples_per_prompt", "gu_queue_high"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
@@ -72,6 +91,23 @@ class RuntimeConfig:
                 f"max_policy_lag={self.max_policy_lag} is below snapshot_interval - 1 = "
                 f"{self.snapshot_interval - 1}: freshly reloaded actors would already be too stale; "
                 "raise max_policy_lag or export snapshots more often."
+            )
+
+    def _check_fault_settings(self) -> None:
+        for name in ("minibatch_timeout_s", "stall_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"async_config.{name} must be > 0 seconds or null (off), got {value}.")
+        if self.actor_max_restarts < 0 or self.minibatch_max_attempts < 1:
+            raise ValueError(
+                f"need actor_max_restarts >= 0 and minibatch_max_attempts >= 1, got "
+                f"{self.actor_max_restarts} and {self.minibatch_max_attempts}."
+            )
+        timeout, stall = self.minibatch_timeout_s, self.stall_timeout_s
+        if timeout is not None and stall is not None and stall <= timeout:
+            raise ValueError(
+                f"async_config.stall_timeout_s={stall:g} must exceed minibatch_timeout_s={timeout:g}: "
+                "a hung minibatch must be re-issued before the run is declared stalled."
             )
 
     @property

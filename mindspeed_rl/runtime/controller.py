@@ -40,6 +40,16 @@ from mindspeed_rl.runtime.clock import Clock, WallClock
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.database import Database, InFlight, MinibatchState
 from mindspeed_rl.runtime.errors import ProtocolError
+from mindspeed_rl.runtime.faults import (
+    FailedAttempt,
+    FaultKind,
+    FaultLedger,
+    PipelineFailure,
+    RunningMinibatch,
+    StalledPipeline,
+    StallView,
+    diagnose_stall,
+)
 from mindspeed_rl.runtime.ingestor import Ingestor, IngestOutcome
 from mindspeed_rl.runtime.lag import LagTracker
 from mindspeed_rl.runtime.lag_budget import LagBudget
@@ -61,6 +71,12 @@ from mindspeed_rl.runtime.training_queue import TrainingQueue
 from mindspeed_rl.runtime.weight_flow import WeightFlowLedger
 
 P = ParamSpec("P")
+# MinibatchRequeued.reason per fault (a death keeps the name it had before restarts existed).
+_REQUEUE_REASON = {
+    FaultKind.DIED: "actor_failed",
+    FaultKind.ERROR: "actor_error",
+    FaultKind.TIMEOUT: "actor_timeout",
+}
 R = TypeVar("R")
 
 
@@ -117,6 +133,13 @@ class ControlLoop:
             timings=self.timings, activity=self.activity, events=self.events, clock=self.clock
         )
         self.prompts_consumed = 0
+        self.faults = FaultLedger(max_attempts=config.minibatch_max_attempts)
+        self.fatal: PipelineFailure | None = None
+        """Set once the run cannot go on (a poison minibatch); nothing is dispatched after it."""
+        self.actor_restarts = 0
+        self.last_progress = self.clock.now()
+        self._last_refusal: dict[int, str] = {}  # gu -> its latest refused start's reason
+        self._actors_registered: dict[int, int] = {}
         self._running_on: dict[tuple[int, int], int] = {}  # (gu, actor) -> minibatch id
         self._step_in_progress: tuple[int, float] | None = None  # (step, popped at)
         self._lock = threading.RLock()
@@ -127,6 +150,7 @@ class ControlLoop:
         """Make a GU known without dispatching yet (register all GUs, then ``dispatch()``, so the
         first batch groups spread over every GU instead of filling whichever came up first)."""
         self.sender.register_gu(gu_id, num_actors)
+        self._actors_registered[gu_id] = max(num_actors, self._actors_registered.get(gu_id, 0))
 
     @_serialized
     def has_gu(self, gu_id: int) -> bool:
@@ -145,6 +169,8 @@ class ControlLoop:
         return self._dispatch()
 
     def _dispatch(self) -> list[Assignment]:
+        if self.fatal is not None:
+            return []
         assignments = self.sender.dispatch()
         for a in assignments:
             self.events.append(
@@ -187,6 +213,8 @@ class ControlLoop:
         refusal = self._start_refusal(minibatch_id, attempt, gu_id, actor_id, policy_version)
         if refusal is not None:
             self.starts_refused[refusal.value] += 1
+            if refusal is not StartRefusal.REVOKED:
+                self._last_refusal[gu_id] = refusal.value
             return StartDecision(granted=False, refusal=refusal)
         mb = self.database.minibatch(minibatch_id)
         now = self.clock.now()
@@ -194,6 +222,7 @@ class ControlLoop:
         self.sender.on_started(minibatch_id, gu_id)
         self.budget.reserve(mb.num_prompts, policy_version)
         self._running_on[(gu_id, actor_id)] = minibatch_id
+        self._last_refusal.pop(gu_id, None)
         self.events.append(
             ev.MinibatchStarted(
                 time=now,
@@ -230,14 +259,17 @@ class ControlLoop:
     def on_minibatch_completed(self, completed: CompletedMinibatch) -> IngestOutcome:
         deadline = self.budget.deadline(completed.policy_version)
         outcome, record, arrival = self.ingestor.receive(completed, deadline=deadline)
-        self.activity.on_generated(
-            completed.gu_id,
-            completed.actor_id,
-            started_at=completed.started_at,
-            finished_at=completed.finished_at,
-        )
         if outcome is IngestOutcome.ACCEPTED:
             assert record is not None and arrival is not None
+            # Only accepted work counts as generation: a dropped reply's time produced nothing.
+            self.activity.on_generated(
+                completed.gu_id,
+                completed.actor_id,
+                started_at=completed.started_at,
+                finished_at=completed.finished_at,
+            )
+            self.faults.forget(completed.minibatch_id)
+            self.last_progress = self.clock.now()
             self._running_on.pop((completed.gu_id, completed.actor_id))
             self.sender.on_finished(completed.minibatch_id, completed.gu_id)
             self.timings.gen.add(completed.generation_seconds)
@@ -269,6 +301,83 @@ class ControlLoop:
         if self.sender.gu(gu_id) is not None and self.sender.lose_actor(gu_id) == 0:
             requeued += self._fail_gu(gu_id, "gu_without_actors")
         return requeued
+
+    @_serialized
+    def on_actor_fault(
+        self, gu_id: int, actor_id: int, kind: FaultKind, detail: str, *, retire: bool
+    ) -> list[int]:
+        """An actor raised, hung past the timeout or died; its GU is replacing it (``retire``
+        False) or gave up on it (its restarts are spent). Re-queues what it ran, counts the failed
+        attempt, and sets ``fatal`` once that minibatch has failed ``minibatch_max_attempts`` times."""
+        running = self._running_on.get((gu_id, actor_id))
+        self.events.append(
+            ev.ActorFaulted(
+                time=self.clock.now(),
+                gu_id=gu_id,
+                actor_id=actor_id,
+                kind=kind.value,
+                detail=detail[:300],
+                replaced=not retire,
+            )
+        )
+        if kind is FaultKind.DIED:
+            self.faults.by_kind[kind] += running is None  # a death between minibatches is counted too
+        if running is not None:
+            attempt = FailedAttempt(
+                minibatch_id=running, gu_id=gu_id, actor_id=actor_id, kind=kind, detail=detail[:300]
+            )
+            poison = self.faults.record(attempt, self.database.minibatch(running).prompt_ids)
+            if poison is not None and self.fatal is None:
+                self.fatal = poison
+        if retire:
+            return self.on_actor_failed(gu_id, actor_id)
+        self.actor_restarts += 1
+        victims = self._take_in_flight(lambda rec: rec.gu_id == gu_id and rec.actor_id == actor_id)
+        requeued = self.database.fail_actor(gu_id, actor_id)
+        self._after_requeue(victims, requeued, _REQUEUE_REASON[kind])
+        return requeued
+
+    @_serialized
+    def failure(self) -> PipelineFailure | None:
+        """Why the run cannot go on, if it cannot: a poison minibatch, no GU left with work left,
+        or (``stall_timeout_s``) no progress for that long. The driver raises it."""
+        if self.fatal is not None or self.is_finished():
+            return self.fatal
+        if not self.sender.gu_ids:
+            return StalledPipeline(
+                "no Generation Unit is left and "
+                f"{self.database.num_prompts - self.prompts_consumed} prompts are not consumed; "
+                "see the GU errors above (each GU's actors died or its process exited)."
+            )
+        timeout, now = self.config.stall_timeout_s, self.clock.now()
+        if timeout is None or now - self.last_progress < timeout:
+            return None
+        return diagnose_stall(self._stall_view(now), stall_timeout_s=timeout)
+
+    def _stall_view(self, now: float) -> StallView:
+        items = self.database.in_flight_items()
+        running = [
+            RunningMinibatch(minibatch_id=i, gu_id=r.gu_id, actor_id=r.actor_id, started_at=r.started_at)
+            for i, r in items
+            if r.actor_id is not None and r.started_at is not None
+        ]
+        num_unsent = sum(
+            self.database.state(i) in (MinibatchState.PENDING, MinibatchState.REQUEUED)
+            for i in self.database.minibatch_ids()
+        )
+        return StallView(
+            idle_seconds=now - self.last_progress,
+            live_gus=self.sender.gu_ids,
+            running=running,
+            num_issued_not_started=len(items) - len(running),
+            num_unsent=num_unsent,
+            paused=self.backpressure.paused,
+            queue_depth_samples=self.queue.depth_samples,
+            latest_version=self.latest_version,
+            next_step=self.budget.next_step,
+            last_refusal=dict(self._last_refusal),
+            now=now,
+        )
 
     @_serialized
     def on_gu_failed(self, gu_id: int) -> list[int]:
@@ -316,6 +425,7 @@ class ControlLoop:
     def on_snapshot_published(self, snapshot: SnapshotInfo, *, save_seconds: float | None = None) -> None:
         """A snapshot is complete on storage; GUs should be told (the adapter notifies them)."""
         self.weights.published(snapshot, save_seconds=save_seconds, steps_done=self.budget.next_step)
+        self.last_progress = self.clock.now()
 
     @_serialized
     def on_snapshot_converted(
@@ -357,6 +467,7 @@ class ControlLoop:
         self.prompts_consumed += batch.num_prompts
         now = self.clock.now()
         self._step_in_progress = (step, now)
+        self.last_progress = now
         self._update_backpressure()
         self.events.append(
             ev.GlobalBatchPopped(
@@ -379,6 +490,7 @@ class ControlLoop:
         now = self.clock.now()
         train_seconds = now - self._step_in_progress[1]
         self._step_in_progress = None
+        self.last_progress = now
         self.timings.train.add(train_seconds)
         self.events.append(ev.TrainStepDone(time=now, step=step, train_seconds=train_seconds))
         if snapshot is not None:
@@ -452,7 +564,19 @@ class ControlLoop:
                 )
                 for (gu_id, actor_id), a in sorted(self.activity.actors.items())
             ),
+            queue_bound_samples=self.queue_bound_samples,
+            minibatches_timed_out=self.faults.by_kind[FaultKind.TIMEOUT],
+            minibatch_errors=self.faults.by_kind[FaultKind.ERROR],
+            actor_deaths=self.faults.by_kind[FaultKind.DIED],
+            actor_restarts=self.actor_restarts,
         )
+
+    @property
+    def queue_bound_samples(self) -> int:
+        """``Q_max`` + what the in-flight cap can still add once paused: every registered actor
+        may land one minibatch it started before the pause (the largest the schedule has)."""
+        in_flight = sum(self._actors_registered.values()) * self.database.max_minibatch_prompts
+        return self.config.queue_max_samples + in_flight * self.config.num_samples_per_prompt
 
     @_serialized
     def check_invariants(self) -> None:

@@ -7,9 +7,10 @@ across Ray or written out as JSON lines (``asdict`` plus the class name).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +106,19 @@ class WeightsLoaded:
     """Newest published version when the GU chose the reload target; a reload should pick it."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActorFaulted:
+    """An actor raised, hung past the minibatch timeout or died; ``replaced``: a fresh actor
+    takes its slot (holding the initial weights until it reloads), else the slot is retired."""
+
+    time: float
+    gu_id: int
+    actor_id: int
+    kind: str
+    detail: str
+    replaced: bool
+
+
 Event = (
     MinibatchIssued
     | MinibatchStarted
@@ -116,24 +130,33 @@ Event = (
     | SnapshotPublished
     | SnapshotConverted
     | WeightsLoaded
+    | ActorFaulted
 )
 
 E = TypeVar("E")
 
 
 class EventLog:
-    """Append-only list of events, in the order they were appended."""
+    """Append-only log of events, in the order they were appended.
+
+    Positions are absolute (``len`` counts every event ever appended). A long run streams the log
+    to a JSON-lines file (``write_new``) and drops what both the file and the metric digest have
+    read (``trim``), so memory holds about one trainer step of events, not the whole run.
+    """
 
     def __init__(self) -> None:
         self._events: list[Event] = []
+        self._offset = 0  # absolute position of self._events[0]
+        self._written = 0  # absolute position up to which write_new has written
 
     def append(self, event: Event) -> None:
         self._events.append(event)
 
     def __len__(self) -> int:
-        return len(self._events)
+        return self._offset + len(self._events)
 
     def __iter__(self) -> Iterator[Event]:
+        """The events still held (all of them unless ``trim`` dropped some)."""
         return iter(self._events)
 
     def of_type(self, kind: type[E]) -> list[E]:
@@ -141,7 +164,24 @@ class EventLog:
 
     def since(self, index: int) -> list[Event]:
         """Events appended at or after position ``index`` (for incremental metric sinks)."""
-        return self._events[index:]
+        if index < self._offset:
+            raise ValueError(f"events before position {self._offset} were trimmed; asked from {index}.")
+        return self._events[index - self._offset :]
+
+    def write_new(self, handle: TextIO) -> int:
+        """Append the events not written yet to ``handle`` as JSON lines; returns how many."""
+        new = self.since(self._written)
+        handle.writelines(json.dumps(self.to_json_dict(e)) + "\n" for e in new)
+        handle.flush()
+        self._written += len(new)
+        return len(new)
+
+    def trim(self, before: int) -> None:
+        """Forget events before position ``before`` that are already written (readers past them)."""
+        cut = min(before, self._written) - self._offset
+        if cut > 0:
+            del self._events[:cut]
+            self._offset += cut
 
     @staticmethod
     def to_json_dict(event: Event) -> dict[str, Any]:

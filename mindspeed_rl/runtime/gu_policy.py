@@ -280,6 +280,13 @@ class GuPolicy:
         else:
             slot.rejected_version = version
 
+    def add_actor(self, actor_id: int) -> None:
+        """A replacement actor is up in a freed slot; it holds the initial weights."""
+        if actor_id in self.slots:
+            raise ValueError(f"GU {self.gu_id} already has a live actor {actor_id}; replace only a dead one.")
+        self.slots[actor_id] = ActorSlot(actor_id=actor_id, version=self._initial_version)
+        self.slots = dict(sorted(self.slots.items()))
+
     def on_actor_died(self, actor_id: int) -> Assignment | None:
         """Forget a dead actor; returns the minibatch it was running (the CU re-issues it)."""
         return self.slots.pop(actor_id).running

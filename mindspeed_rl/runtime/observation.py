@@ -80,4 +80,12 @@ class LoopObservation:
     """Mean durations of Eq. 4's terms; ``None`` until a generation and a train step are measured."""
     mean_train_seconds: float | None
     actors: tuple[ActorObservation, ...]
+    queue_bound_samples: int = 0
+    """The queue's provable worst case: ``Q_max`` plus one largest minibatch (all its samples)
+    per registered actor, since backpressure stops new starts but not the ones already running."""
+    minibatches_timed_out: int = 0
+    minibatch_errors: int = 0
+    """Attempts whose engine raised inside generate."""
+    actor_deaths: int = 0
+    actor_restarts: int = 0
     """Every actor that did work, ordered by (GU, actor)."""

@@ -51,6 +51,12 @@ class RuntimeSummary:
     stay 0 on a real GU; the simulator does not report the choice time and counts every reload
     overtaken by a newer snapshot)."""
     minibatches_per_gu: dict[int, int]
+    queue_bound_samples: int
+    """``Q_max`` + GUs x actors x largest minibatch x n: ``max_queue_depth_samples`` never exceeds it."""
+    minibatches_timed_out: int
+    minibatch_errors: int
+    actor_deaths: int
+    actor_restarts: int
     actors: tuple[ActorSummary, ...]
     mean_duty_cycle: float | None
 
@@ -99,6 +105,11 @@ def build_summary(seen: LoopObservation) -> RuntimeSummary:
         trainer_lag_holds=seen.trainer_lag_holds,
         reloads_not_newest=seen.reloads_not_newest,
         minibatches_per_gu=dict(seen.minibatches_per_gu),
+        queue_bound_samples=seen.queue_bound_samples,
+        minibatches_timed_out=seen.minibatches_timed_out,
+        minibatch_errors=seen.minibatch_errors,
+        actor_deaths=seen.actor_deaths,
+        actor_restarts=seen.actor_restarts,
         actors=actors,
         mean_duty_cycle=sum(cycles) / len(cycles) if cycles else None,
     )

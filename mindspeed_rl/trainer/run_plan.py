@@ -108,7 +108,13 @@ class CheckpointSpec:
     save_interval: int | None
     """Iterations between HF checkpoints; None = only the final model."""
     save_dir: str | None
-    """Folder of the periodic HF checkpoints (``save``); None = <run dir>/checkpoints."""
+    """Folder of the periodic checkpoints (``save``); None = <run dir>/checkpoints."""
+    resume_dir: str | None = None
+    """``load`` without ``finetune``: resume from the newest complete checkpoint in this folder."""
+    save_optim: bool = True
+    save_rng: bool = True
+    load_optim: bool = True
+    load_rng: bool = True
 
     def is_save_iteration(self, iteration: int) -> bool:
         """True after every ``save_interval``-th iteration (0-based ``iteration``)."""
@@ -181,10 +187,7 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         rollout=rollout_spec(config),
         logging=parts.logging_config(config),
         evaluation=parts.eval_config(config),
-        checkpoint=CheckpointSpec(
-            save_interval=config.actor_config.training.save_interval,
-            save_dir=config.actor_config.training.save,
-        ),
+        checkpoint=parts.checkpoint_spec(config),
         resources=resource_requests(config),
         runtime_env_path=config.rl_config.runtime_env_path,
         warmup=parts.warmup_spec(config),

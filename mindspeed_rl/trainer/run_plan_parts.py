@@ -30,10 +30,9 @@ from mindspeed_rl.utils.placement import DeviceKind, PlacementRequest, RoleReque
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.runtime.config import RuntimeConfig
-    from mindspeed_rl.trainer.run_plan import RunPlan
+    from mindspeed_rl.trainer.run_plan import CheckpointSpec, RunPlan
 
 T = TypeVar("T")
-RESUME_ISSUE = "resume is not implemented yet (issue: lossless resume)"
 # generate_config keys handed to the rollout factory (it maps them to vLLM / HF engine options).
 ENGINE_KEYS = (
     "trust_remote_code", "infer_pipeline_parallel_size", "enable_expert_parallel", "max_num_seqs",
@@ -93,15 +92,11 @@ def refuse_unsupported(config: GRPOConfig) -> None:
 
 
 def initial_weights(config: GRPOConfig) -> str | None:
-    """``load`` with ``finetune: true`` = the policy (and reference) start from that HF folder."""
+    """``load`` with ``finetune: true`` = the policy (and reference) start from that HF folder;
+    without ``finetune`` it is a resume (``checkpoint_spec``), the initial weights stay the model's."""
     t = config.actor_config.training
-    if t.load is None:
+    if t.load is None or not t.finetune:
         return None
-    if not t.finetune:
-        raise ValueError(
-            f"actor_config.load={t.load!r}: {RESUME_ISSUE}. Set finetune: true to start from the HF "
-            "weights in that folder (iteration count and optimizer start fresh), or remove load"
-        )
     ref = config.ref_config.training.load
     if ref is not None and ref != t.load:
         raise ValueError(
@@ -109,6 +104,22 @@ def initial_weights(config: GRPOConfig) -> str | None:
             "initial policy; give both the same folder, or leave ref_config.load unset"
         )
     return t.load
+
+
+def checkpoint_spec(config: GRPOConfig) -> CheckpointSpec:
+    """``save_interval`` / ``save`` / ``load`` / ``no_{save,load}_{optim,rng}`` (``trainer/checkpointing.py``)."""
+    from mindspeed_rl.trainer.run_plan import CheckpointSpec
+
+    t = config.actor_config.training
+    return CheckpointSpec(
+        save_interval=t.save_interval,
+        save_dir=t.save,
+        resume_dir=None if t.finetune else t.load,
+        save_optim=not t.no_save_optim,
+        save_rng=not t.no_save_rng,
+        load_optim=not t.no_load_optim,
+        load_rng=not t.no_load_rng,
+    )
 
 
 def build_arch(config: GRPOConfig) -> Mapping[str, Any]:
@@ -303,6 +314,12 @@ def resources(r: ActorResources) -> ActorResources:
 def plan_inert_keys(config: GRPOConfig, engine: TorchEngineConfig) -> tuple[InertKey, ...]:
     # bf16 is honoured on every device (engine.param_dtype) and fp16 refused, so neither is inert.
     found = list(config.inert_keys)
+    t = config.actor_config.training
+    if t.finetune:
+        for key in ("no_load_optim", "no_load_rng"):
+            if getattr(t, key):
+                found.append(InertKey(section="actor_config", key=key,
+                                      reason="finetune: true loads weights only; there is no state to skip"))  # fmt: skip
     if config.critic_config is not None:
         found.append(InertKey(section="critic_config", key="*", reason="GRPO has no critic"))
     return dedupe(found)

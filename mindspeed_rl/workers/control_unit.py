@@ -56,6 +56,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.controller import ControlLoop
+from mindspeed_rl.runtime.faults import FaultKind
 from mindspeed_rl.runtime.records import (
     Assignment,
     CompletedMinibatch,
@@ -151,9 +152,26 @@ class GuReport:
     """Applied after the completions and reports, so a just-freed actor may start at once."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuFaultSettings:
+    """What ``register_gu`` tells a GU about handling its actors' faults (``RuntimeConfig``)."""
+
+    minibatch_timeout_s: float | None
+    actor_max_restarts: int
+
+
 class ControlUnit:
-    def __init__(self, config: RuntimeConfig, schedule: Sequence[ScheduledMinibatch]) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        schedule: Sequence[ScheduledMinibatch],
+        events_path: str | None = None,
+    ) -> None:
+        """``events_path``: the run's ``events.jsonl``, appended to once per trainer step (and at
+        ``close_events``), so the event log never crosses one giant RPC nor grows with the run."""
+        self._config = config
         self._events = ev.EventLog()
+        self._events_file = open(events_path, "a", encoding="utf-8") if events_path else None  # noqa: SIM115
         self._loop = ControlLoop(config=config, schedule=schedule, events=self._events)
         self._outbox: dict[int, list[Assignment]] = {}
         # Per GU: news (anything it may act on) and urgent news (a snapshot, the end, a failure)
@@ -176,13 +194,17 @@ class ControlUnit:
         self._cpu_at_start = time.process_time()
 
     # ---- generation side ---------------------------------------------------------------------
-    def register_gu(self, gu_id: int, num_actors: int) -> None:
+    def register_gu(self, gu_id: int, num_actors: int) -> GuFaultSettings:
         with self._lock:
             self._loop.register_gu(gu_id, num_actors=num_actors)
             self._outbox.setdefault(gu_id, [])
             self._news.setdefault(gu_id, 0)
             self._urgent.setdefault(gu_id, 0)
             self._told.setdefault(gu_id, (-1, -1, False))  # its first poll answers at once
+            c = self._config
+            return GuFaultSettings(
+                minibatch_timeout_s=c.minibatch_timeout_s, actor_max_restarts=c.actor_max_restarts
+            )
 
     def start(self) -> int:
         """First dispatch, once every GU has registered; returns the number of assignments."""
@@ -267,6 +289,21 @@ class ControlUnit:
             logger.warning("GU %d actor %d failed; re-queued minibatches %s", gu_id, actor_id, requeued)
             self._changed(everyone=True)  # released lag reservations may admit other GUs' starts
             self._batch_may_be_ready.notify_all()
+            return requeued
+
+    @_counted
+    def on_actor_fault(self, gu_id: int, actor_id: int, kind: str, detail: str, retire: bool) -> list[int]:
+        """An actor raised (``kind="error"``), hung (``"timeout"``) or died (``"died"``); its GU
+        replaces it unless ``retire``. Its minibatch is re-issued, or the run fails if poison."""
+        with self._lock:
+            requeued = self._loop.on_actor_fault(gu_id, actor_id, FaultKind(kind), detail, retire=retire)
+            if not self._loop.has_gu(gu_id):  # it was the GU's last actor
+                self._forget_gu(gu_id)
+            logger.warning(
+                "GU %d actor %d %s (%s); re-queued minibatches %s", gu_id, actor_id, kind, detail, requeued
+            )
+            self._changed(everyone=True)  # released lag reservations may admit other GUs' starts
+            self._batch_may_be_ready.notify_all()  # a poison minibatch fails the driver's wait
             return requeued
 
     @_counted
@@ -384,18 +421,21 @@ class ControlUnit:
     def wait_global_batch(self, step: int, timeout_s: float) -> GlobalBatch | None:
         """``pop_global_batch``, blocking up to ``timeout_s`` for the batch to become ready.
 
-        Returns ``None`` on timeout so the caller can check on the GUs (a dead GU's work is
-        re-queued only once the driver declares it failed) and call again.
+        Returns ``None`` on timeout; raises ``PipelineFailure`` (a poison minibatch, no GU left,
+        no progress for ``stall_timeout_s``) as soon as the run cannot go on. The stall check
+        wakes only at the stall deadline: no periodic polling.
         """
         if not timeout_s >= 0:
             raise ValueError(f"timeout_s must be >= 0, got {timeout_s}.")
         deadline = time.monotonic() + timeout_s
         with self._batch_may_be_ready:
             while (batch := self._loop.pop_global_batch(step)) is None:
+                if (failure := self._loop.failure()) is not None:
+                    raise failure
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                self._batch_may_be_ready.wait(remaining)
+                self._batch_may_be_ready.wait(min(remaining, self._until_stall()))
             self._changed()
             return batch
 
@@ -406,7 +446,32 @@ class ControlUnit:
         with self._lock:
             self._loop.on_train_step_done(step)
             self._changed()
-            return self._digest()
+            digest = self._digest()
+            self._stream_events()
+            return digest
+
+    def _until_stall(self) -> float:
+        """Seconds until the stall deadline (lock held); a little past it, so it has expired."""
+        stall = self._config.stall_timeout_s
+        if stall is None:
+            return float("inf")
+        idle = self._loop.clock.now() - self._loop.last_progress
+        return max(0.05, stall - idle + 0.05)
+
+    def _stream_events(self) -> None:
+        """Append the new events to events.jsonl and forget what the digest has read too."""
+        if self._events_file is not None:
+            self._events.write_new(self._events_file)
+            self._events.trim(self._cursor.num_events)
+
+    def close_events(self) -> int:
+        """Write the events not written yet and close events.jsonl; returns the events logged."""
+        with self._lock:
+            if self._events_file is not None:
+                self._events.write_new(self._events_file)
+                self._events_file.close()
+                self._events_file = None
+            return len(self._events)
 
     @_counted
     def step_metrics(self) -> dict[str, float]:
@@ -441,6 +506,6 @@ class ControlUnit:
             self._loop.check_invariants()
 
     def event_records(self) -> list[dict[str, Any]]:
-        """The whole control-plane event log as JSON-ready dicts (written to ``events.jsonl``)."""
+        """The events still held as JSON-ready dicts (all of them unless streamed to a file)."""
         with self._lock:
             return [ev.EventLog.to_json_dict(e) for e in self._events]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -47,7 +48,6 @@ class GenerationActor:
         gu_id: int = 0,
         actor_id: int = 0,
         seed: int | None = None,
-        die_on_minibatch: int | None = None,
         forced_lengths: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         """``seed`` overrides ``spec.seed`` (the GU gives each of its actors its own)."""
@@ -72,10 +72,6 @@ class GenerationActor:
         self.actor_id = actor_id
         self.policy_version = 0
         self._reload_policy: ReloadPolicy | None = None
-        # Fault-injection hook for the integration tests: the process exits while generating
-        # its N-th minibatch (1-based), as a crashed engine would.
-        self._die_on_minibatch = die_on_minibatch
-        self._num_generated = 0
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -88,13 +84,18 @@ class GenerationActor:
             self._engine.generate([first], dataclasses.replace(self._sampling, max_tokens=2), n=1)
 
     def generate_minibatch(
-        self, minibatch: ScheduledMinibatch, *, attempt: int = 0, sent_at: float = 0.0
+        self,
+        minibatch: ScheduledMinibatch,
+        *,
+        attempt: int = 0,
+        sent_at: float = 0.0,
+        fault: str | None = None,
     ) -> CompletedMinibatch:
+        """``fault`` (integration tests only, chosen by the GU's ``FaultPlan``): ``"exit"`` the
+        process, ``"hang"`` forever, or ``"raise"``, as a crashed, hung or failing engine would."""
         started = time.time()
-        self._num_generated += 1
-        if self._die_on_minibatch == self._num_generated:
-            logger.error("fault injection: actor %d/%d exits mid-minibatch", self.gu_id, self.actor_id)
-            os._exit(1)
+        if fault is not None:
+            _inject(fault, self.gu_id, self.actor_id, minibatch.minibatch_id)
         token_ids = [self._prompts[pid].token_ids for pid in minibatch.prompt_ids]
         policy = self._reload_policy
         with policy.generating() if policy is not None else contextlib.nullcontext():
@@ -128,13 +129,18 @@ class GenerationActor:
         )
 
     def generate_with_receipt(
-        self, minibatch: ScheduledMinibatch, *, attempt: int = 0, sent_at: float = 0.0
+        self,
+        minibatch: ScheduledMinibatch,
+        *,
+        attempt: int = 0,
+        sent_at: float = 0.0,
+        fault: str | None = None,
     ) -> tuple[int, CompletedMinibatch]:
         """``generate_minibatch`` for a caller that forwards the samples unopened: call it with
         ``.options(num_returns=2)``. The first object (the minibatch id) is the receipt the Generation
         Unit reads, which raises if this actor died; the samples' ObjectRef goes on to the Control
         Unit, so they are deserialized once, there, instead of in the GU and again in the CU."""
-        completed = self.generate_minibatch(minibatch, attempt=attempt, sent_at=sent_at)
+        completed = self.generate_minibatch(minibatch, attempt=attempt, sent_at=sent_at, fault=fault)
         return completed.minibatch_id, completed
 
     def _generate(
@@ -187,6 +193,21 @@ class GenerationActor:
 
     def shutdown(self) -> None:
         self._engine.shutdown()
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the ``raise`` test fault, as an engine error inside generate would be."""
+
+
+def _inject(fault: str, gu_id: int, actor_id: int, minibatch_id: int) -> None:
+    logger.error("fault injection: actor %d/%d %s on minibatch %d", gu_id, actor_id, fault, minibatch_id)
+    if fault == "exit":
+        os._exit(1)
+    if fault == "hang":
+        threading.Event().wait()  # never set: a hung engine, until the GU kills this process
+    if fault == "raise":
+        raise InjectedFault(f"fault injection: actor {gu_id}/{actor_id} raised on minibatch {minibatch_id}")
+    raise ValueError(f"unknown fault {fault!r}; use exit, hang or raise")
 
 
 def _check_forced(forced: Mapping[str, Sequence[int]], n: int) -> dict[str, tuple[int, ...]]:

@@ -194,6 +194,15 @@ class TrainingUnit:
     def save_hf(self, path: str) -> None:
         self._engine.save_hf(path)
 
+    def save_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
+        """The trainer's part of a checkpoint (``trainer/checkpointing.py``): HF weights + optimizer,
+        step counts, KL coefficient and RNG; another engine implements the same two calls."""
+        self._engine.save_state(path, optimizer=optimizer, rng=rng)
+
+    def load_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
+        """Continue from ``save_state``'s folder; the reference model stays the initial policy."""
+        self._engine.load_state(path, optimizer=optimizer, rng=rng)
+
     def enable_snapshots(self, root_dir: str, keep_last: int) -> None:
         from pathlib import Path
 

@@ -234,7 +234,6 @@ def test_check_fails_like_the_control_unit_on_equal_queue_levels(capsys: pytest.
 def test_unsupported_keys_are_errors_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
     cases = {
         "rl_config.kl_ctrl_type=adaptive": "rl_config.kl_target and rl_config.kl_horizon",
-        "+actor_config.load=/ckpt": "resume is not implemented yet (issue: lossless resume)",
         "async_config.weight_transport=object_store": "weight_transport='object_store' is not implemented",
     }
     for override, expected in cases.items():

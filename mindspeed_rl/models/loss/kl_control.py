@@ -32,6 +32,13 @@ class KLController:
         error = min(max(current_kl / self.target - 1.0, -ADAPTIVE_ERROR_CLIP), ADAPTIVE_ERROR_CLIP)
         self.value *= 1.0 + error * num_samples / self.horizon
 
+    def state_dict(self) -> dict[str, float]:
+        """Only the coefficient moves; target and horizon come from the config."""
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
 
 def build_kl_controller(config: GRPOLossConfig) -> KLController:
     if config.kl_ctrl_type == "adaptive":

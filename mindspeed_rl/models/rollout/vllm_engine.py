@@ -6,10 +6,22 @@ Weights are reloaded in place through this vLLM family's adapter (`vllm_reload.p
 names, so HF names work), on CPU the layers the reload leaves stale are rebuilt
 (`utils/vllm_cpu_patches.py`, quirk 5: tied lm_head, fused MoE experts), then the prefix cache is reset: cached
 KV blocks were computed by the old weights.
+
+Tensor parallel (``tensor_parallel_size > 1``): vLLM's workers are separate processes (on CPU the
+multiprocessing executor, on GPU/NPU the accelerator's default executor). The weights they need
+are a full HF checkpoint: vLLM's loader shards it per worker at load time, so a reload passes a
+folder (``load_weights_from_path``; ``loads_from_path`` says an engine prefers it) and each worker
+reads the file and keeps its own slice, instead of the caller pickling every tensor to every worker.
+``enable_expert_parallel`` shards MoE experts over the same workers (vLLM's EP size = TP x DP).
+
+Sleep mode (colocated hybrid on accelerators): ``sleep`` frees the engine's weights and KV cache
+from the device while the trainer runs, ``wake_up`` brings them back. It needs vLLM's CUDA/NPU
+memory allocator (``enable_sleep_mode=True``), so it is refused on CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -54,10 +66,13 @@ class VLLMOptions:
     between actors sharing few cores (measured: 2 threads under load ran ~70x slower)."""
     kv_cache_space_gib: int | None = None
     """CPU only; None keeps VLLM_CPU_KVCACHE_SPACE (default 1 GiB)."""
+    enable_sleep_mode: bool = False
+    """vLLM's sleep / wake-up (colocated hybrid); GPU/NPU only: it needs their memory allocator."""
 
 
 class VLLMEngine:
-    """`RolloutEngine` over `vllm.LLM`, one engine per process (in-process, no worker subprocess)."""
+    """`RolloutEngine` over `vllm.LLM`, one engine per process; in-process at TP1, worker
+    processes beside it at TP > 1 (``shutdown`` ends them)."""
 
     def __init__(self, model_path: str, *, options: VLLMOptions | None = None, seed: int = 0) -> None:
         from vllm.platforms import current_platform
@@ -68,14 +83,21 @@ class VLLMEngine:
         # Before the engine starts: a vLLM that cannot take new weights fails here, not at the first sync.
         self._reloader = weight_reloader(detect_vllm_install())
         on_cpu = current_platform.is_cpu()
+        sharded = opts.tensor_parallel_size > 1
         if on_cpu:
-            vllm_cpu_patches.apply_cpu_env(opts.kv_cache_space_gib)
+            _check_cpu_options(opts)
+            vllm_cpu_patches.apply_cpu_env(opts.kv_cache_space_gib, worker_processes=sharded)
             vllm_cpu_patches.check_cpu_head_dim(_head_dim(model_path))
             vllm_cpu_patches.guard_kernel_scan()
             if opts.num_threads is not None:
+                import os
+
                 import torch
 
                 torch.set_num_threads(opts.num_threads)
+                if sharded:
+                    # Worker processes inherit it: each sizes its OpenMP pool like this actor's.
+                    os.environ["OMP_NUM_THREADS"] = str(opts.num_threads)
         else:
             # In-process engine: weights are handed to the worker without serialisation.
             import os
@@ -99,8 +121,18 @@ class VLLMEngine:
             "logprobs_mode": "processed_logprobs",
             "seed": seed,
         }
+        if on_cpu and sharded:
+            kwargs["distributed_executor_backend"] = "mp"
+        if opts.enable_sleep_mode:
+            kwargs["enable_sleep_mode"] = True
+        before = {proc.pid for proc in _child_processes()}
         with vllm_cpu_patches.keep_torch_set_num_threads():
             self._llm = LLM(**kwargs)
+        # Only what this engine started is ours to stop (a test process may hold other children).
+        self._processes = [proc for proc in _child_processes() if proc.pid not in before]
+        self.loads_from_path = sharded
+        """True when the workers are processes: a reload should name a folder, not send tensors."""
+        self._asleep = False
         self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
         self._on_cpu = on_cpu
         self._tied = bool(_hf_config(model_path).get("tie_word_embeddings", False))
@@ -161,6 +193,19 @@ class VLLMEngine:
             self._llm.collective_rpc(repack_after_reload, kwargs={"tied_lm_head": self._tied})
         self._llm.reset_prefix_cache()
 
+    def sleep(self, level: int = 1) -> None:
+        """Free device memory between rollouts (level 1: weights to host, KV cache dropped)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level={level}; vLLM has level 1 (keep weights on host) and 2 (drop them)")
+        self._llm.sleep(level=level)
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        """Undo ``sleep``; the prefix cache is reset because the KV blocks were dropped."""
+        self._llm.wake_up()
+        self._asleep = False
+        self._llm.reset_prefix_cache()
+
     def shutdown(self) -> None:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
@@ -168,6 +213,34 @@ class VLLMEngine:
         del self._llm
         # Tear down the process groups too, so a later engine can start in this same process.
         cleanup_dist_env_and_memory()
+        # The engine's own shutdown asks its processes to exit; one that does not is killed here,
+        # or it would outlive the actor holding its memory (and, on an accelerator, its device).
+        _reap(self._processes, timeout_s=10.0)
+
+
+def _check_cpu_options(opts: VLLMOptions) -> None:
+    if opts.enable_sleep_mode:
+        raise ValueError(
+            "enable_sleep_mode needs vLLM's CUDA/NPU memory allocator; on CPU the hybrid pipeline runs "
+            "trainer and rollout as two processes instead (leave enable_sleep_mode off)"
+        )
+
+
+def _child_processes() -> list[Any]:
+    import psutil  # a vLLM dependency: present wherever this engine runs
+
+    return list(psutil.Process().children(recursive=True))
+
+
+def _reap(processes: list[Any], *, timeout_s: float) -> None:
+    """Wait for ``processes`` to exit; kill (SIGKILL) the ones still alive after ``timeout_s``."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=timeout_s)
 
 
 def _completion(output: Any) -> Completion:

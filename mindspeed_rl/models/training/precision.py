@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -47,6 +47,12 @@ class ParamOptimizer(Protocol):
 
     @property
     def lr(self) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to take the same next step (checkpointing)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def _adamw(params: Sequence[torch.Tensor], settings: AdamWSettings) -> torch.optim.AdamW:
@@ -79,6 +85,12 @@ class FullPrecisionOptimizer:
     @property
     def lr(self) -> float:
         return float(self._optimizer.param_groups[0]["lr"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"adamw": self._optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._optimizer.load_state_dict(state["adamw"])
 
 
 class MasterWeightOptimizer:
@@ -120,6 +132,25 @@ class MasterWeightOptimizer:
     @property
     def lr(self) -> float:
         return float(self._optimizer.param_groups[0]["lr"])
+
+    def state_dict(self) -> dict[str, Any]:
+        # The fp32 masters are state too: rebuilt from the bf16 weights they would lose the
+        # sub-ulp updates they have accumulated.
+        return {"adamw": self._optimizer.state_dict(), "masters": [m.detach().cpu() for m in self.masters]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        masters = state["masters"]
+        if len(masters) != len(self.masters):
+            raise ValueError(
+                f"optimizer state holds {len(masters)} master tensors, the model has {len(self.masters)}; "
+                "the checkpoint is of another architecture (or set no_load_optim: true)"
+            )
+        for master, saved in zip(self.masters, masters, strict=True):
+            master.copy_(saved)
+        for param, master in zip(self._params, self.masters, strict=True):
+            param.copy_(master)
+        self._optimizer.load_state_dict(state["adamw"])
 
 
 def build_optimizer(model: torch.nn.Module, settings: AdamWSettings) -> ParamOptimizer:

@@ -39,7 +39,7 @@ from mindspeed_rl.models.training.log_probs import (
     forward_with_entropy,
     micro_batches,
 )
-from mindspeed_rl.models.training.precision import AdamWSettings, build_optimizer
+from mindspeed_rl.models.training.precision import AdamWSettings, ParamOptimizer, build_optimizer
 from mindspeed_rl.models.training.reference import load_causal_lm
 
 STEP_METRICS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm")
@@ -57,7 +57,15 @@ class TorchTrainingEngine:
         self._device = resolve_device(config.device)
         self.model = load_causal_lm(model_path, self._device, torch_dtype(config.param_dtype))
         self.model.train()
-        self.optimizer = build_optimizer(
+        self.optimizer = self._new_optimizer()
+        self._export_dtype = torch_dtype(config.export_dtype or config.param_dtype)
+        self.kl_controller = build_kl_controller(config.loss)
+        self.num_optimizer_steps = 0
+        self._num_updates = 0
+
+    def _new_optimizer(self) -> ParamOptimizer:
+        config = self.config
+        return build_optimizer(
             self.model,
             AdamWSettings(
                 lr=config.schedule.lr_at(1),
@@ -66,10 +74,6 @@ class TorchTrainingEngine:
                 eps=config.adam_eps,
             ),
         )
-        self._export_dtype = torch_dtype(config.export_dtype or config.param_dtype)
-        self.kl_controller = build_kl_controller(config.loss)
-        self.num_optimizer_steps = 0
-        self._num_updates = 0
 
     def compute_log_probs(self, batch: TrainBatch, temperature: float) -> list[np.ndarray]:
         return compute_response_log_probs(
@@ -196,3 +200,49 @@ class TorchTrainingEngine:
                 copyable = f.is_file() and f.suffix in _NON_WEIGHT_SUFFIXES and ".safetensors" not in f.name
                 if copyable and not (target / f.name).exists():
                     shutil.copy2(f, target / f.name)
+
+    def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
+        """A resumable checkpoint: the HF folder of ``save_hf`` (still loadable as a model) plus
+        ``trainer_state.pt`` (``trainer_state``). ``optimizer`` / ``rng`` False: no_save_optim / no_save_rng."""
+        from mindspeed_rl.models.training import trainer_state
+
+        self.save_hf(path)
+        trainer_state.save_trainer_state(
+            path,
+            {
+                "num_optimizer_steps": self.num_optimizer_steps,
+                "num_updates": self._num_updates,
+                "kl_controller": self.kl_controller.state_dict(),
+                "optimizer": self.optimizer.state_dict() if optimizer else None,
+                "rng": trainer_state.capture_rng() if rng else None,
+            },
+        )
+
+    def load_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
+        """Continue from ``save_state``'s folder: weights, step counts (so the LR schedule and the
+        mini-batch shuffle go on where they stopped), KL coefficient; the optimizer and RNG states
+        unless ``optimizer`` / ``rng`` is False (no_load_optim / no_load_rng: fresh AdamW moments)."""
+        from mindspeed_rl.models.training import trainer_state
+
+        state = trainer_state.load_trainer_state(path)
+        if optimizer and state["optimizer"] is None:
+            raise ValueError(
+                f"{path} was saved without optimizer state (no_save_optim); set "
+                "actor_config.no_load_optim: true to resume with fresh optimizer moments"
+            )
+        if rng and state["rng"] is None:
+            raise ValueError(
+                f"{path} was saved without RNG state (no_save_rng); set actor_config.no_load_rng: true"
+            )
+        saved = load_causal_lm(path, self._device, torch_dtype(self.config.param_dtype))
+        self.model.load_state_dict(saved.state_dict())
+        del saved
+        # The masters of a bf16 optimizer are copies of the weights: rebuild, then overwrite.
+        self.optimizer = self._new_optimizer()
+        if optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.num_optimizer_steps = int(state["num_optimizer_steps"])
+        self._num_updates = int(state["num_updates"])
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        if rng:
+            trainer_state.restore_rng(state["rng"])

@@ -64,8 +64,9 @@ def test_checkpoint_and_finetune_load(tmp_path: Path) -> None:
     assert plan.checkpoint.is_save_iteration(4) and not plan.checkpoint.is_save_iteration(5)
     assert _plan().checkpoint.folder(tmp_path, 0) == tmp_path / "checkpoints" / "iter_0000001"
     assert _plan("++actor_config.load=/w", "++actor_config.finetune=true").model.initial_weights == "/w"
-    with pytest.raises(ValueError, match="lossless resume"):
-        _plan("++actor_config.load=/w")
+    resume = _plan("++actor_config.load=/w", "++actor_config.no_load_optim=true").checkpoint
+    assert (resume.resume_dir, resume.load_optim, resume.load_rng) == ("/w", False, True)
+    assert _plan("++actor_config.load=/w").model.initial_weights is None
 
 
 def test_evaluation_logging_and_rewards() -> None:

@@ -70,6 +70,25 @@ def rank_coords(layout: MegatronLayout) -> ShardCoords:
     )
 
 
+def _moe_settings(dims: GPTDims, *, cpu: bool) -> dict[str, Any]:
+    if not dims.is_moe:
+        return {}
+    return {
+        "num_moe_experts": dims.num_experts,
+        "moe_router_topk": dims.moe_topk,
+        "moe_ffn_hidden_size": dims.moe_ffn_hidden_size,
+        # Qwen3-MoE softmaxes over all experts, then takes the top k; renormalising the k weights
+        # (norm_topk_prob) equals megatron's top-k-then-softmax.
+        "moe_router_pre_softmax": not dims.norm_topk_prob,
+        # alltoall creates a CUDA stream in its constructor.
+        "moe_token_dispatcher_type": "allgather" if cpu else "alltoall",
+        # The GRPO objective has no load-balancing term (as in the torch engine).
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": not cpu,
+    }
+
+
 def transformer_config(dims: GPTDims, layout: MegatronLayout, *, param_dtype: str) -> Any:
     """Megatron's TransformerConfig for ``dims``: every fusion off on CPU, dropout off (RL)."""
     from megatron.core.transformer import TransformerConfig
@@ -84,22 +103,7 @@ def transformer_config(dims: GPTDims, layout: MegatronLayout, *, param_dtype: st
             "CPU (local spec) build cannot run; on CPU shard MoE models with expert_model_parallel_size "
             "(and data/pipeline parallel) and keep tensor_model_parallel_size: 1"
         )
-    moe: dict[str, Any] = {}
-    if dims.is_moe:
-        moe = {
-            "num_moe_experts": dims.num_experts,
-            "moe_router_topk": dims.moe_topk,
-            "moe_ffn_hidden_size": dims.moe_ffn_hidden_size,
-            # Qwen3-MoE softmaxes over all experts, then takes the top k; renormalising the k weights
-            # (norm_topk_prob) equals megatron's top-k-then-softmax.
-            "moe_router_pre_softmax": not dims.norm_topk_prob,
-            # alltoall creates a CUDA stream in its constructor.
-            "moe_token_dispatcher_type": "allgather" if cpu else "alltoall",
-            # The GRPO objective has no load-balancing term (as in the torch engine).
-            "moe_router_load_balancing_type": "none",
-            "moe_aux_loss_coeff": 0.0,
-            "moe_grouped_gemm": not cpu,
-        }
+    moe = _moe_settings(dims, cpu=cpu)
     return TransformerConfig(
         num_layers=dims.num_layers,
         hidden_size=dims.hidden_size,
