@@ -2,7 +2,9 @@
 so no production code reads test hooks.
 
 ``MINDSPEED_RL_TEST_FAULTS`` holds comma-separated items: ``actor:G:A:N`` (actor A of GU G exits
-during its N-th minibatch) and ``gu:G:N`` (GU G exits after forwarding N completions).
+during its N-th minibatch), ``hang:G:A:N`` (it hangs there), ``raise:G:A:N`` (generate raises
+there; ``N = *``: on every minibatch) and ``gu:G:N`` (GU G exits after forwarding N completions).
+An actor slot's minibatches are counted across its replacements, so one item fires once.
 """
 
 from __future__ import annotations
@@ -20,25 +22,35 @@ if TYPE_CHECKING:
 FAULTS_ENV = "MINDSPEED_RL_TEST_FAULTS"
 
 
+_ACTOR_KINDS = {"actor": "exit", "hang": "hang", "raise": "raise"}
+_USAGE = "use actor:G:A:N, hang:G:A:N, raise:G:A:N (N may be * for raise) or gu:G:N"
+
+
 def fault_plan(env: Mapping[str, str]) -> FaultPlan:
-    actors: dict[tuple[int, int], int] = {}
+    actors: dict[tuple[int, int], dict[int, str]] = {}
     gus: dict[int, int] = {}
     for item in filter(None, env.get(FAULTS_ENV, "").split(",")):
-        kind, *numbers = item.split(":")
-        if not all(n.isdigit() for n in numbers) or (kind, len(numbers)) not in (("actor", 3), ("gu", 2)):
-            raise ValueError(f"{FAULTS_ENV}: cannot parse {item!r}; use actor:G:A:N or gu:G:N")
+        kind, *fields = item.split(":")
+        every = kind == "raise" and len(fields) == 3 and fields[2] == "*"
+        numbers = fields[:2] if every else fields
+        arity = 2 if kind == "gu" else 3
+        if kind not in (*_ACTOR_KINDS, "gu") or len(fields) != arity or not all(n.isdigit() for n in numbers):
+            raise ValueError(f"{FAULTS_ENV}: cannot parse {item!r}; {_USAGE}")
         values = [int(n) for n in numbers]
-        if kind == "actor":
-            actors[(values[0], values[1])] = values[2]
-        else:
+        if kind == "gu":
             gus[values[0]] = values[1]
-    return FaultPlan(actor_dies=actors, gu_dies=gus)
+            continue
+        n = 0 if every else values[2]
+        if n < 1 and not every:
+            raise ValueError(f"{FAULTS_ENV}: {item!r} counts minibatches from 1; {_USAGE}")
+        actors.setdefault((values[0], values[1]), {})[n] = _ACTOR_KINDS[kind]
+    return FaultPlan(actor_faults=actors, gu_dies=gus)
 
 
 def inputs_with_faults(config: GRPOConfig, run_dir: Path, env: Mapping[str, str]) -> PipelineInputs | None:
     """The production inputs of an async run plus the faults ``env`` asks for; None when it asks none."""
     faults = fault_plan(env)
-    if not faults.actor_dies and not faults.gu_dies:
+    if not faults.actor_faults and not faults.gu_dies:
         return None
     if config.rl_config.pipeline != "async":
         raise ValueError(f"{FAULTS_ENV} injects Generation Unit faults; it needs rl_config.pipeline=async")

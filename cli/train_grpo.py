@@ -31,7 +31,7 @@ from mindspeed_rl.utils import ray_setup
 
 if __package__ in (None, ""):  # run as a script: make `cli` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cli import fault_hooks
+from cli import checkpoint_hooks, fault_hooks
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 TRAINERS = {
@@ -116,6 +116,7 @@ def run(cfg: DictConfig, config_name: str | None) -> int:
     write_resolved_config(config, run_dir)
     # Test-only: a fault plan from the environment (see cli/fault_hooks.py); production passes none.
     inputs = fault_hooks.inputs_with_faults(config, run_dir, os.environ)
+    inputs = checkpoint_hooks.with_commit_delay(config, run_dir, os.environ, inputs)
     cluster = ray_setup.init_ray(config)
     logger.info(
         "run %s: pipeline=%s, ray %s %s", run_dir, config.rl_config.pipeline,

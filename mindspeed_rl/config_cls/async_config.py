@@ -40,6 +40,23 @@ class AsyncConfig:
         "Hard cap on (trainer version - sample's policy version) at consumption; null switches the "
         "bound off (backpressure alone limits staleness, as in the paper).",
     )
+    minibatch_timeout_s: float | None = opt(
+        None,
+        "SECONDS one minibatch may generate; past it the GU kills the actor, re-issues the minibatch "
+        "and starts a replacement (counted as minibatches_timed_out). null = off (a hung engine is "
+        "then caught only by stall_timeout_s, which fails the run).",
+    )
+    actor_max_restarts: int = opt(
+        3, "Replacements per actor slot after it raised, timed out or died; then the slot is retired."
+    )
+    minibatch_max_attempts: int = opt(
+        3, "Failed attempts after which a minibatch is poison: the run stops naming it and its prompts."
+    )
+    stall_timeout_s: float | None = opt(
+        900.0,
+        "SECONDS without progress (completion, popped batch, trained step, snapshot) after which the "
+        "run fails naming the stuck unit and the reason; must exceed minibatch_timeout_s; null = off.",
+    )
     weight_transport: Literal["shared_fs", "object_store"] = opt(
         "shared_fs", "shared_fs = snapshot files; object_store = Ray object store (no shared disk)."
     )

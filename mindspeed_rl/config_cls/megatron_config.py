@@ -19,7 +19,6 @@ from mindspeed_rl.config_cls.model_arch import ModelArchitecture
 from mindspeed_rl.config_cls.parse import Problems, check_keys, field_names, parse_fields
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingKeys:
     """Run, data, checkpoint and precision keys. Batch sizes use upstream's units (see each)."""

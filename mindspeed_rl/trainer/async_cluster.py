@@ -5,7 +5,8 @@
     AsyncCluster.start(...)  ─► ControlUnit (schedule, Training Queue)  ─┐
                              ─► TrainingUnit (reward, log-probs, update)  │ engines up, then
                              ─► GenerationUnit 0..G-1 (+ their actors) ───┘ cu.start, gu.run
-    wait_for_batch(step)     ─► CU long-poll; wakes every GU_CHECK_SECONDS to reap ended GUs
+    wait_for_batch(step)     ─► CU long-poll; raises the CU's PipelineFailure (poison, stall, no GU)
+    (watcher thread)         ─► a GU's run() ended ─► CU.on_gu_failed at once, even mid-step
     train(batch)             ─► TU.train_step
     export_snapshot(v)       ─► TU copies the weights; its writer thread publishes to the CU
     step_done(step)          ─► CU: lag accounting, per-step pipeline digest
@@ -18,8 +19,8 @@ them from the config (``async_setup.asp_inputs``).
 
 from __future__ import annotations
 
-import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,9 +37,10 @@ if TYPE_CHECKING:
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
 
 logger = logging.getLogger(__name__)
-# The driver blocks in the CU until its batch is ready, waking this often to check that the GUs
-# are alive (a dead GU's work is re-queued only once the driver has declared it failed).
-GU_CHECK_SECONDS = 0.5
+# Longest one wait in the CU before the driver asks again: only a safety net, the CU answers as
+# soon as the batch is ready or the run has failed (dead GUs are reaped by the watcher thread).
+WAIT_SECONDS = 30.0
+GU_CHECK_SECONDS = 0.5  # the driver's former reap period; benchmarks/trainer_wait_cpu.py still reads it
 
 
 class AsyncCluster:
@@ -50,6 +52,7 @@ class AsyncCluster:
         self.cu, self.tu, self.gus = cu, tu, gus
         self.reserved = reserved
         self._runs: dict[Any, int] = {}
+        self._closing = False  # set by close: GU runs ending from then on are not failures
         self._started = 0.0
 
     @classmethod
@@ -61,9 +64,13 @@ class AsyncCluster:
         policy_path: str,
         inputs: PipelineInputs,
         run_dir: Path,
+        *,
+        rollout_path: str | None = None,
     ) -> AsyncCluster:
         """``placement`` is ``plan.check_fits`` of the live cluster (the trainer checks it before
-        any data work); on a GPU/NPU run one placement group pins every bundle to its node."""
+        any data work); on a GPU/NPU run one placement group pins every bundle to its node.
+        ``rollout_path``: the weights the generation actors start from when they are not the
+        policy's (a resumed run: the checkpoint's HF folder)."""
         import ray
 
         from mindspeed_rl.utils.ray_setup import ray_actor_options, reserve
@@ -79,7 +86,7 @@ class AsyncCluster:
         cu: Any = (
             ray.remote(ControlUnit)
             .options(**control, max_concurrency=32)
-            .remote(plan.runtime, inputs.schedule)
+            .remote(plan.runtime, inputs.schedule, str(run_dir / "events.jsonl"))
         )
         tu: Any = (
             ray.remote(TrainingUnit)
@@ -89,7 +96,7 @@ class AsyncCluster:
         snapshots = setup.snapshot_root(config, run_dir)
         specs = setup.gu_specs(
             config,
-            policy_path,
+            rollout_path or policy_path,
             prompts,
             snapshots,
             inputs.faults,
@@ -107,6 +114,7 @@ class AsyncCluster:
         )
         ray.get(cu.start.remote())
         cluster._runs = {gu.run.remote(): gu_id for gu_id, gu in cluster.gus.items()}
+        threading.Thread(target=cluster._watch_gus, name="gu-watcher", daemon=True).start()
         cluster._started = time.perf_counter()
         return cluster
 
@@ -114,11 +122,18 @@ class AsyncCluster:
     def wait_for_batch(self, step: int) -> GlobalBatch:
         import ray
 
+        from mindspeed_rl.runtime.faults import PipelineFailure
+
         while True:
-            batch = ray.get(self.cu.wait_global_batch.remote(step, GU_CHECK_SECONDS))
+            try:
+                batch = ray.get(self.cu.wait_global_batch.remote(step, WAIT_SECONDS))
+            except ray.exceptions.RayTaskError as err:
+                if not isinstance(err.cause, PipelineFailure):
+                    raise
+                self.kill()  # the run cannot go on: free the engines before the error ends it
+                raise err.cause from None
             if batch is not None:
                 return batch
-            self._reap_gus()
 
     def train(self, batch: GlobalBatch) -> dict[str, float]:
         import ray
@@ -150,6 +165,7 @@ class AsyncCluster:
         """Stop generation, write summary.json, events.jsonl and the final model, kill the actors."""
         import ray
 
+        self._closing = True
         pipeline_seconds = time.perf_counter() - self._started
         control_cpu = self._control_plane_cpu(pipeline_seconds)
         self._stop_gus()
@@ -159,7 +175,7 @@ class AsyncCluster:
             1000.0 * (control_cpu["cu_cpu_seconds"] + control_cpu["gu_control_cpu_seconds"])
             / max(1, summary["minibatches_completed"])
         )  # fmt: skip
-        _write_events(run_dir, ray.get(self.cu.event_records.remote()))
+        ray.get(self.cu.close_events.remote())  # events.jsonl was streamed; this writes the tail
         summary.update(ray.get(self.tu.finish_snapshots.remote()))
         self.save(run_dir / "final_model")
         write_summary(
@@ -170,30 +186,31 @@ class AsyncCluster:
     def kill(self) -> None:
         import ray
 
+        self._closing = True
         for handle in (self.cu, self.tu, *self.gus.values()):
             ray.kill(handle)
         if self.reserved is not None:
             self.reserved.release()
 
-    def _reap_gus(self) -> None:
-        """Declare GUs whose control loop ended (crash or no actors left) failed, so the CU re-issues
-        their work; raise when no GU is left to generate."""
+    def _watch_gus(self) -> None:
+        """Driver thread: the moment a GU's control loop ends (crash, no actors left) before
+        ``close``, declare it failed so the CU re-issues its work; the CU fails the driver's wait
+        once no GU is left. Blocks in ``ray.wait``: no polling."""
         import ray
 
-        done, _ = ray.wait(list(self._runs), num_returns=len(self._runs), timeout=0)
-        for ref in done:
-            gu_id = self._runs.pop(ref)
-            try:
-                logger.warning("GU %d stopped early: %s", gu_id, ray.get(ref))
-            except ray.exceptions.RayActorError:
-                logger.error("GU %d died", gu_id)
-            except ray.exceptions.RayTaskError:
-                logger.exception("GU %d failed", gu_id)
-            ray.get(self.cu.on_gu_failed.remote(gu_id))
-        if not self._runs:
-            raise RuntimeError(
-                "every Generation Unit stopped before the run finished; see the GU errors above"
-            )
+        while self._runs and not self._closing:
+            done, _ = ray.wait(list(self._runs), num_returns=1)
+            if self._closing:
+                return
+            for ref in done:
+                gu_id = self._runs.pop(ref)
+                try:
+                    logger.warning("GU %d stopped early: %s", gu_id, ray.get(ref))
+                except ray.exceptions.RayActorError:
+                    logger.error("GU %d died", gu_id)
+                except ray.exceptions.RayTaskError:
+                    logger.exception("GU %d failed", gu_id)
+                ray.get(self.cu.on_gu_failed.remote(gu_id))
 
     def _control_plane_cpu(self, seconds: float) -> dict[str, Any]:
         """CPU the CU and the live GU control loops used: cores the engines and the trainer did not get,
@@ -222,8 +239,3 @@ class AsyncCluster:
             gu.stop.remote()
         ray.wait(list(self._runs), num_returns=len(self._runs), timeout=60)
         ray.get([self.gus[g].shutdown.remote() for g in self._runs.values()])
-
-
-def _write_events(run_dir: Path, records: list[dict[str, Any]]) -> None:
-    with (run_dir / "events.jsonl").open("w", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(r) + "\n" for r in records)

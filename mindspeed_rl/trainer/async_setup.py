@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.runtime.records import ScheduledMinibatch
+    from mindspeed_rl.trainer.checkpointing import ResumePoint
     from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
     from mindspeed_rl.workers.generation_unit import FaultPlan, GuSpec
@@ -57,6 +59,39 @@ def asp_inputs(config: GRPOConfig, policy_path: str, run_dir: Path) -> PipelineI
     return PipelineInputs(
         prompts=tuple(records), schedule=build_schedule(config, records, run_dir), held_out=splits.valid
     )
+
+
+def run_inputs(
+    config: GRPOConfig,
+    policy_path: str,
+    run_dir: Path,
+    given: PipelineInputs | None,
+    resumed: ResumePoint | None,
+) -> PipelineInputs:
+    """``given`` (built in ``cli/`` for tests) or the config's inputs. A resumed run keeps the
+    checkpoint's schedule minus its consumed prompts, never a rebuilt one: a rebuild would reorder
+    prompts across the consumed/unconsumed line if anything in the predictor changed."""
+    if resumed is None:
+        return given or asp_inputs(config, policy_path, run_dir)
+    from mindspeed_rl.datasets.split import write_split_ids
+    from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
+
+    if given is None:
+        splits = components.load_prompt_splits(config, components.load_tokenizer(policy_path))
+        write_split_ids(run_dir / "split_ids.json", splits)
+        records = tuple(run_prompts(config, splits.train))
+        given = PipelineInputs(prompts=records, schedule=(), held_out=splits.valid)
+    known = {r.prompt_id for r in given.prompts}
+    missing = [p for mb in resumed.schedule for p in mb.prompt_ids if p not in known]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} prompts of checkpoint {resumed.folder}'s schedule (e.g. {missing[:3]}) are "
+            "not in this run's data; resume with the same megatron_training.data_path contents"
+        )
+    saved = resumed.folder / SCHEDULE_FILE
+    if saved.is_file():  # the run dir carries its schedule artifact, as a fresh run's does
+        shutil.copy2(saved, run_dir / SCHEDULE_FILE)
+    return dataclasses.replace(given, schedule=resumed.remaining_schedule)
 
 
 def true_lengths(config: GRPOConfig, records: Sequence[PromptRecord]) -> dict[str, float] | None:

@@ -103,7 +103,9 @@ def run_fingerprint(config: GRPOConfig) -> dict[str, Any]:
 def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any], folder: Path) -> None:
     differing = [k for k in sorted({*saved, *current}) if saved.get(k) != current.get(k)]
     if differing:
-        details = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, this run {current.get(k)!r}" for k in differing)
+        details = "; ".join(
+            f"{k}: checkpoint {saved.get(k)!r}, this run {current.get(k)!r}" for k in differing
+        )
         raise ValueError(
             f"checkpoint {folder} belongs to a different run setup ({details}); resume with the "
             "checkpoint's settings, or start a new run from its weights with actor_config.finetune: true"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mindspeed_rl.trainer import async_setup as setup
+from mindspeed_rl.trainer import checkpointing as ckpt
 from mindspeed_rl.trainer import components
 from mindspeed_rl.trainer.async_cluster import AsyncCluster
 from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
@@ -43,24 +44,34 @@ def train(config: GRPOConfig, run_dir: Path, inputs: PipelineInputs | None = Non
     from mindspeed_rl.utils.ray_setup import live_cluster
 
     plan = build_run_plan(config)
+    resumed = ckpt.resume_point(config, plan.checkpoint)  # a foreign checkpoint is refused first
     # Per node, on the live cluster, before any model, data or scheduling work.
     placement = plan.check_fits(live_cluster(plan.placement.device_kind))
     policy_path = str(components.prepare_policy_model(config))
-    inputs = inputs or setup.asp_inputs(config, policy_path, run_dir)
-    cluster = AsyncCluster.start(config, plan, placement, policy_path, inputs, run_dir)
+    inputs = setup.run_inputs(config, policy_path, run_dir, inputs, resumed)
+    lineage = ckpt.Lineage(inputs.schedule, resumed)
+    weights = None if resumed is None else str(resumed.folder)
+    cluster = AsyncCluster.start(config, plan, placement, policy_path, inputs, run_dir, rollout_path=weights)
+    saver = ckpt.Checkpointer(spec=plan.checkpoint, run_dir=run_dir, fingerprint=ckpt.run_fingerprint(config),
+                              lineage=lineage, extra_files=(run_dir / setup.SCHEDULE_FILE,),
+                              commit_delay_s=inputs.checkpoint_commit_delay_s)  # fmt: skip
+    saver.restore(cluster.tu, resumed)
     with IterationReport(run_dir, plan, inputs.held_out, CONSOLE_KEYS) as report:
-        for step in range(plan.data.train_iters):
+        for step in range(lineage.start_iteration, plan.data.train_iters):
+            # The CU and the snapshot versions count this run's steps (v0 = the weights it started from).
+            local = step - lineage.start_iteration
             start = time.perf_counter()
-            batch = cluster.wait_for_batch(step)
+            batch = cluster.wait_for_batch(local)
             waited = time.perf_counter() - start
             stats = cluster.train(batch)
             trained = time.perf_counter() - start - waited
-            copy_s = cluster.export_snapshot(step + 1) if _exports_after(plan, step) else 0.0
-            pipeline = cluster.step_done(step)
+            copy_s = cluster.export_snapshot(local + 1) if _exports_after(plan, step) else 0.0
+            pipeline = cluster.step_done(local)
+            lineage.record(batch.prompt_ids)
             report.write(step, iteration_record(stats, pipeline, start, waited, trained, copy_s), cluster.tu)
-            if plan.checkpoint.is_save_iteration(step):
-                cluster.save(plan.checkpoint.folder(run_dir, step))
+            saver.maybe_save(step, cluster.tu)
     cluster.close(run_dir)
+    ckpt.add_lineage_summary(run_dir, lineage)
 
 
 def _exports_after(plan: RunPlan, step: int) -> bool:

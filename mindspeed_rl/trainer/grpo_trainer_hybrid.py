@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.datasets.split import write_split_ids
 from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, Sample, ScheduledMinibatch
+from mindspeed_rl.trainer import checkpointing as ckpt
 from mindspeed_rl.trainer import components
 from mindspeed_rl.trainer.reporting import IterationReport
 from mindspeed_rl.utils.run_summary import write_summary
@@ -36,6 +37,7 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     from mindspeed_rl.workers.training_unit import TrainingUnit
 
     plan = build_run_plan(config)
+    resumed = ckpt.resume_point(config, plan.checkpoint)  # a foreign checkpoint is refused first
     # Per node, before any model or data work; what fits no node would otherwise pend forever.
     placement = plan.check_fits(live_cluster(plan.placement.device_kind))
     if len(placement.generation_actors) != 1:
@@ -49,6 +51,10 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     write_split_ids(run_dir / "split_ids.json", splits)
     prompts = {r.prompt_id: r for r in splits.train}
     batches = components.global_batches(config, list(prompts))
+    lineage = ckpt.Lineage(ckpt.batches_as_schedule(batches), resumed)
+    _check_same_order(lineage, batches)
+    saver = ckpt.Checkpointer(spec=plan.checkpoint, run_dir=run_dir,
+                              fingerprint=ckpt.run_fingerprint(config), lineage=lineage)  # fmt: skip
 
     reserved = reserve(placement)
     group = config.rl_config.actor_resource
@@ -60,27 +66,39 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     actor: Any = (
         ray.remote(GenerationActor)
         .options(**reserved.generation_actor_options(0, group))
-        .remote(plan.rollout, policy_path, prompts)
+        .remote(plan.rollout, policy_path if resumed is None else str(resumed.folder), prompts)
     )
     # Engine start-up (model load, vLLM warm-up) is not part of any iteration's time.
     ray.get([trainer.__ray_ready__.remote(), actor.__ray_ready__.remote()])
+    saver.restore(trainer, resumed)
+    todo = batches[lineage.start_iteration :]  # deterministic draw: a resumed run skips the first N
     with IterationReport(run_dir, plan, splits.valid, CONSOLE_KEYS) as report:
-        for iteration, prompt_ids in enumerate(batches):
+        for iteration, prompt_ids in enumerate(todo, start=lineage.start_iteration):
             report.write(iteration, _iteration(iteration, prompt_ids, actor, trainer), trainer)
-            if plan.checkpoint.is_save_iteration(iteration):
-                ray.get(trainer.save_hf.remote(str(plan.checkpoint.folder(run_dir, iteration))))
+            lineage.record(prompt_ids)
+            saver.maybe_save(iteration, trainer)
     ray.get(trainer.save_hf.remote(str(run_dir / "final_model")))
     reserved.release()
     write_summary(
         run_dir,
         pipeline="hybrid",
-        prompts_scheduled=sum(len(b) for b in batches),
-        prompts_consumed=sum(len(b) for b in batches),
+        prompts_scheduled=sum(len(b) for b in todo),
+        prompts_consumed=sum(len(b) for b in todo),
         # Hybrid generation happens under the exact weights being trained: no lag, no queue.
         max_policy_lag_measured=0,
         max_queue_depth_samples=0,
         queue_limit_samples=None,
     )
+    ckpt.add_lineage_summary(run_dir, lineage)
+
+
+def _check_same_order(lineage: ckpt.Lineage, batches: list[tuple[str, ...]]) -> None:
+    """The hybrid loop redraws its batches from the config; they must be the checkpoint's."""
+    if tuple(tuple(mb.prompt_ids) for mb in lineage.schedule) != tuple(batches):
+        raise ValueError(
+            "the global batches drawn from this config differ from the checkpoint's schedule "
+            "(the data file's contents changed?); resume with the data the checkpoint was trained on"
+        )
 
 
 def _iteration(iteration: int, prompt_ids: tuple[str, ...], actor: Any, trainer: Any) -> dict[str, float]:

@@ -32,6 +32,8 @@ class PipelineInputs:
     """The split's validation prompts, for periodic evaluation (never trained on)."""
     faults: FaultPlan = field(default_factory=FaultPlan)
     """Fault tests: which processes exit, and when."""
+    checkpoint_commit_delay_s: float = 0.0
+    """Crash tests: seconds each checkpoint write waits between its files and its commit."""
 
     def with_faults(self, faults: FaultPlan) -> PipelineInputs:
         from dataclasses import replace

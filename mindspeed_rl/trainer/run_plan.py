@@ -31,6 +31,7 @@ from mindspeed_rl.config_cls.resources import ActorResources
 from mindspeed_rl.models.rewards.config import RewardConfig
 from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.trainer import run_plan_parts as parts
 from mindspeed_rl.trainer.eval_config import EvalConfig
@@ -88,6 +89,11 @@ class TrainerSpec:
     """Which log-probs the ratio is taken against (see TrainingUnit)."""
     num_cpus: float
     """The worker's CPU request; sets its torch threads."""
+    megatron: MegatronLayout | None = None
+    """``use_mcore_models: true``: the megatron engine with this layout, one Training Unit per rank
+    of a ``TrainingGroup`` of ``num_ranks``; None: the torch engine in one process."""
+    num_ranks: int = 1
+    """Ranks of the Training Unit (TP x PP x DP of the megatron layout; 1 for the torch engine)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,7 +198,7 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         runtime_env_path=config.rl_config.runtime_env_path,
         warmup=parts.warmup_spec(config),
         placement=parts.placement_request(config),
-        inert_keys=parts.plan_inert_keys(config, trainer.engine),
+        inert_keys=parts.plan_inert_keys(config, trainer),
     )
     if not is_async:
         return plan
@@ -211,6 +217,10 @@ def runtime_config(config: GRPOConfig) -> RuntimeConfig:
         gu_queue_high=a.gu_queue_high,
         max_policy_lag=a.max_policy_lag,
         snapshot_interval=a.snapshot_interval,
+        minibatch_timeout_s=a.minibatch_timeout_s,
+        actor_max_restarts=a.actor_max_restarts,
+        minibatch_max_attempts=a.minibatch_max_attempts,
+        stall_timeout_s=a.stall_timeout_s,
     )
 
 
@@ -259,7 +269,10 @@ def trainer_spec(config: GRPOConfig) -> TrainerSpec:
     steps = config.global_batch_prompts // config.mini_batch_prompts * rl.epochs
     old: OldLogProbs = "rollout" if rl.pipeline == "async" else ("recompute" if steps > 1 else "current")
     resources = config.async_config.trainer_resources if rl.pipeline == "async" else rl.actor_resource
+    megatron = parts.megatron_layout(config)
     return TrainerSpec(
+        megatron=megatron,
+        num_ranks=parts.trainer_ranks(config, parts.device_kind(config)[0]).count if megatron else 1,
         engine=engine,
         reward=RewardConfig(
             verifier_function=rl.verifier_function,

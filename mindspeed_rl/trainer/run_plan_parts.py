@@ -23,6 +23,7 @@ from mindspeed_rl.models.loss.config import GRPOLossConfig
 from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.lr_schedule import LRSchedule
+from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.trainer.eval_config import EvalConfig
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.placement import DeviceKind, PlacementRequest, RoleRequest
@@ -30,7 +31,7 @@ from mindspeed_rl.utils.placement import DeviceKind, PlacementRequest, RoleReque
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.runtime.config import RuntimeConfig
-    from mindspeed_rl.trainer.run_plan import CheckpointSpec, RunPlan
+    from mindspeed_rl.trainer.run_plan import CheckpointSpec, RunPlan, TrainerSpec
 
 T = TypeVar("T")
 # generate_config keys handed to the rollout factory (it maps them to vLLM / HF engine options).
@@ -311,9 +312,39 @@ def resources(r: ActorResources) -> ActorResources:
     return ActorResources(num_cpus=r.num_cpus, num_gpus=r.num_gpus, num_npus=r.num_npus)
 
 
-def plan_inert_keys(config: GRPOConfig, engine: TorchEngineConfig) -> tuple[InertKey, ...]:
+# Keys the megatron engine reads (``megatron_layout``): inert only on the torch engine.
+MEGATRON_ENGINE_KEYS = frozenset(
+    {"use_mcore_models", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+     "expert_model_parallel_size", "context_parallel_size"}
+)  # fmt: skip
+
+
+def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
+    """``use_mcore_models: true`` selects the megatron engine with ``actor_config``'s layout (DP is
+    what the ranks leave over); false keeps the torch engine. megatron-core itself is imported
+    only when the engine is built (a missing one is an error naming the install line there), so
+    this mapper and ``check_config`` run without it."""
+    if not config.actor_config.megatron_only.use_mcore_models:
+        return None
+    p = config.actor_config.parallel
+    if p.context_parallel_size != 1:
+        raise ValueError(
+            f"actor_config.context_parallel_size={p.context_parallel_size}: context parallelism is not "
+            "implemented by the megatron engine; set it to 1"
+        )
+    return MegatronLayout(
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        expert_model_parallel_size=p.expert_model_parallel_size,
+        make_vocab_size_divisible_by=config.model.make_vocab_size_divisible_by,
+    )
+
+
+def plan_inert_keys(config: GRPOConfig, trainer: TrainerSpec) -> tuple[InertKey, ...]:
     # bf16 is honoured on every device (engine.param_dtype) and fp16 refused, so neither is inert.
     found = list(config.inert_keys)
+    if trainer.megatron is not None:
+        found = [k for k in found if k.key not in MEGATRON_ENGINE_KEYS]
     t = config.actor_config.training
     if t.finetune:
         for key in ("no_load_optim", "no_load_rng"):

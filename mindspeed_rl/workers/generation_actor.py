@@ -182,12 +182,23 @@ class GenerationActor:
 
         from mindspeed_rl.workers.resharding.manifest import SnapshotInfo
         from mindspeed_rl.workers.resharding.reload import ReloadPolicy
+        from mindspeed_rl.workers.resharding.store import lease
 
         if self._reload_policy is None:
             self._reload_policy = ReloadPolicy(self.policy_version, num_threads=1)
-        result = self._reload_policy.maybe_reload(
-            SnapshotInfo(version=version, path=Path(snapshot_path)), self._engine.load_weights
-        )
+        snapshot = SnapshotInfo(version=version, path=Path(snapshot_path))
+        if not getattr(self._engine, "loads_from_path", False):
+            result = self._reload_policy.maybe_reload(snapshot, self._engine.load_weights)
+        else:
+            # TP workers are processes: the policy still reads and checksums the file before the
+            # engine is touched (the end-to-end check), then every worker reads the folder itself
+            # and keeps its slice; the tensors read for the check are dropped, never pickled to
+            # each worker. The lease spans both reads, so retention cannot delete the folder between.
+            def load_from_folder(_: object) -> None:
+                self._engine.load_weights_from_path(snapshot_path)
+
+            with lease(snapshot):
+                result = self._reload_policy.maybe_reload(snapshot, load_from_folder)
         self.policy_version = result.version
         return result
 

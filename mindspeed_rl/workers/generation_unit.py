@@ -30,8 +30,12 @@ completions keep flowing while the next snapshot converts. The loop sleeps in on
 until something happens: no periodic polling (the long-poll's ``wait_s`` is only a safety net).
 
 The GU itself keeps no authoritative state; if it dies, the CU re-queues everything it held.
-A dead actor is not replaced: the CU re-issues its minibatch and the GU carries on with the
-actors it has left (a GU left without actors is failed by the CU).
+An actor that dies, raises inside generate, or runs past ``minibatch_timeout_s`` (the loop's
+wait also wakes at the earliest such deadline) is killed and replaced in the background, up to
+``actor_max_restarts`` per slot; the CU re-issues its minibatch and counts the failed attempt
+(a minibatch failing ``minibatch_max_attempts`` times fails the run as poison input). A slot out
+of restarts is retired: the GU carries on with the actors it has left (a GU left without actors
+is failed by the CU).
 """
 
 from __future__ import annotations
@@ -46,9 +50,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mindspeed_rl.runtime.faults import FaultKind
 from mindspeed_rl.runtime.gu_policy import Action, Drop, GuPolicy, Reload, Start
 from mindspeed_rl.runtime.records import Assignment, StartDecision
-from mindspeed_rl.workers.control_unit import ConversionReport, GuPoll, GuReport, ReloadReport, StartRequest
+from mindspeed_rl.workers.control_unit import (
+    ConversionReport,
+    GuFaultSettings,
+    GuPoll,
+    GuReport,
+    ReloadReport,
+    StartRequest,
+)
 
 if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
@@ -57,15 +69,23 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+FAULT_KINDS = ("exit", "hang", "raise")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FaultPlan:
-    """Test-only fault injection: which processes exit, and when (counts are 1-based)."""
+    """Test-only fault injection: which processes exit, hang or raise, and when (1-based counts)."""
 
-    actor_dies: Mapping[tuple[int, int], int] = field(default_factory=dict)
-    """(gu_id, actor_id) -> the minibatch during which that actor's process exits."""
+    actor_faults: Mapping[tuple[int, int], Mapping[int, str]] = field(default_factory=dict)
+    """(gu_id, actor_id) -> {N: fault}: the actor slot's N-th minibatch (counted across the
+    slot's replacements) exits the process, hangs or raises; N = 0 means every minibatch."""
     gu_dies: Mapping[int, int] = field(default_factory=dict)
     """gu_id -> the number of forwarded completions after which that GU's process exits (at the
     end of the call that forwarded that many, which may carry more)."""
+
+    def actor_fault(self, gu_id: int, actor_id: int, n: int) -> str | None:
+        plan = self.actor_faults.get((gu_id, actor_id), {})
+        return plan.get(n, plan.get(0))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,7 +134,12 @@ class GenerationUnit:
         self._cu = control
         self._policy = GuPolicy(gu_id=spec.gu_id, actor_ids=())
         self._handles: dict[int, Any] = {}
-        self._pending: dict[Any, tuple[str, int]] = {}  # ref -> ("generate" | "reload", actor id)
+        self._pending: dict[Any, tuple[str, int]] = {}  # ref -> ("generate" | "reload" | "ready", actor)
+        self._deadlines: dict[Any, float] = {}  # generate receipt -> monotonic time it times out
+        self._num_started: Counter[int] = Counter()  # per actor slot, across its replacements
+        self._restarts: Counter[int] = Counter()
+        self._starting: set[int] = set()  # slots whose replacement engine is coming up
+        self._faults = GuFaultSettings(minibatch_timeout_s=None, actor_max_restarts=0)
         self._samples: dict[Any, Any] = {}  # generate receipt ref -> the samples' ref, not opened here
         self._reload_chosen_at: dict[int, float] = {}
         # version -> answer time of the poll it was chosen on: it was the newest published then.
@@ -141,31 +166,41 @@ class GenerationUnit:
         """Create the actors, wait until their engines are up, register with the CU."""
         import ray
 
-        from mindspeed_rl.workers.generation_actor import GenerationActor
         from mindspeed_rl.workers.resharding.convert import GuConverter
         from mindspeed_rl.workers.resharding.layout import InferenceLayout
 
         s = self.spec
-        actor_class = ray.remote(GenerationActor)
         for a in range(s.num_actors):
-            options = s.per_actor_options[a] if s.per_actor_options else s.actor_options
-            handle = actor_class.options(**options, max_restarts=0).remote(
+            self._handles[a] = self._new_actor(a)
+        ray.get([handle.__ray_ready__.remote() for handle in self._handles.values()])
+        self._policy = GuPolicy(gu_id=self.gu_id, actor_ids=self._handles)
+        # The torch backend's inference layout is one full replica per actor (TP = EP = 1).
+        self._converter = GuConverter(Path(s.cache_dir), InferenceLayout(), num_threads=1)
+        self._faults = ray.get(self._cu.register_gu.remote(self.gu_id, len(self._handles)))
+        return len(self._handles)
+
+    def _new_actor(self, a: int) -> Any:
+        import ray
+
+        from mindspeed_rl.workers.generation_actor import GenerationActor
+
+        s = self.spec
+        options = s.per_actor_options[a] if s.per_actor_options else s.actor_options
+        # A replacement gets its own seed, so a sampling-dependent failure is not replayed exactly.
+        seed = s.seed + 1000 * self.gu_id + a + 100_000 * self._restarts[a]
+        return (
+            ray.remote(GenerationActor)
+            .options(**options, max_restarts=0)
+            .remote(
                 s.rollout,
                 s.policy_path,
                 s.prompts,
                 gu_id=self.gu_id,
                 actor_id=a,
-                seed=s.seed + 1000 * self.gu_id + a,
-                die_on_minibatch=s.faults.actor_dies.get((self.gu_id, a)),
+                seed=seed,
                 forced_lengths=s.forced_lengths,
             )
-            self._handles[a] = handle
-        ray.get([handle.__ray_ready__.remote() for handle in self._handles.values()])
-        self._policy = GuPolicy(gu_id=self.gu_id, actor_ids=self._handles)
-        # The torch backend's inference layout is one full replica per actor (TP = EP = 1).
-        self._converter = GuConverter(Path(s.cache_dir), InferenceLayout(), num_threads=1)
-        ray.get(self._cu.register_gu.remote(self.gu_id, len(self._handles)))
-        return len(self._handles)
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -181,7 +216,7 @@ class GenerationUnit:
         converting: Any = None
         # Beyond the long-poll's own wait: only reached if the CU stops answering.
         timeout = self.spec.poll_wait_seconds + 30.0
-        while not self._stop.is_set() and self._policy.slots and not self._ended:
+        while not self._stop.is_set() and (self._policy.slots or self._starting) and not self._ended:
             waiting = [poll_ref, *self._pending] + ([converting] if converting is not None else [])
             ready, _ = ray.wait(waiting, num_returns=1, timeout=self._wait_timeout(timeout))
             self.calls["ray.wait"] += 1
@@ -197,6 +232,7 @@ class GenerationUnit:
                     self._on_converted(ray.get(ref))
                 else:
                     self._finish(ref)
+            self._expire_timeouts()
             if self._ended:
                 break
             if converting is None and (target := self._policy.next_conversion()) is not None:
@@ -209,11 +245,13 @@ class GenerationUnit:
         return self._counts()
 
     def _wait_timeout(self, longest: float) -> float:
-        """How long the loop may sleep: a held completion must go out when its hold ends."""
-        if self._held_since is None:
-            return longest
-        left = self._held_since + self.spec.completion_hold_seconds - time.monotonic()
-        return min(longest, max(0.0, left))
+        """How long the loop may sleep: a held completion must go out when its hold ends, and a
+        running minibatch must be checked at its timeout (the only other wake-ups: no polling)."""
+        now = time.monotonic()
+        wakes = [longest, *(d - now for d in self._deadlines.values())]
+        if self._held_since is not None:
+            wakes.append(self._held_since + self.spec.completion_hold_seconds - now)
+        return max(0.0, min(wakes))
 
     def _counts(self) -> dict[str, int]:
         return {"forwarded": self.num_forwarded, "actors_alive": len(self._policy.slots)}
@@ -302,12 +340,18 @@ class GenerationUnit:
                 self._reload_chosen_at[action.actor_id] = self._conversion_chosen_at[action.version]
             elif isinstance(action, Start):
                 a = action.assignment
+                self._num_started[action.actor_id] += 1
+                fault = self.spec.faults.actor_fault(
+                    self.gu_id, action.actor_id, self._num_started[action.actor_id]
+                )
                 receipt, samples = (
                     self._handles[action.actor_id]
                     .generate_with_receipt.options(num_returns=2)
-                    .remote(a.minibatch, attempt=a.attempt, sent_at=a.issued_at)
+                    .remote(a.minibatch, attempt=a.attempt, sent_at=a.issued_at, fault=fault)
                 )
                 self._pending[receipt] = ("generate", action.actor_id)
+                if (timeout := self._faults.minibatch_timeout_s) is not None:
+                    self._deadlines[receipt] = time.monotonic() + timeout
                 self.calls["actor.generate"] += 1
                 self._samples[receipt] = samples
             elif isinstance(action, Drop):
@@ -366,16 +410,19 @@ class GenerationUnit:
 
         kind, actor_id = self._pending.pop(ref)
         samples = self._samples.pop(ref, None)
+        self._deadlines.pop(ref, None)
         try:
             result = ray.get(ref)  # a receipt or a reload result: small, and raises if the actor died
-        except ray.exceptions.RayActorError:
-            lost = self._policy.on_actor_died(actor_id)
-            what = f"minibatch {lost.minibatch.minibatch_id}" if lost else kind
-            logger.error("GU %d: actor %d died during %s", self.gu_id, actor_id, what)
-            self._handles.pop(actor_id, None)
-            if self._completions:  # the CU must not re-issue a minibatch that is done, only unreported
-                self._exchange(None)
-            ray.get(self._cu.on_actor_failed.remote(self.gu_id, actor_id))
+        except ray.exceptions.RayActorError as err:
+            self._on_actor_fault(actor_id, FaultKind.DIED, f"{kind}: {type(err).__name__}")
+            return
+        except ray.exceptions.RayTaskError as err:  # the engine raised; the process may be broken
+            self._on_actor_fault(actor_id, FaultKind.ERROR, f"{kind}: {_last_line(err)}")
+            return
+        if kind == "ready":
+            self._starting.discard(actor_id)
+            self._policy.add_actor(actor_id)
+            logger.warning("GU %d: replacement actor %d is up", self.gu_id, actor_id)
             return
         if kind == "reload":
             self._on_reloaded(actor_id, result)
@@ -384,6 +431,45 @@ class GenerationUnit:
         self._completions.append((actor_id, samples))
         if self._held_since is None:
             self._held_since = time.monotonic()
+
+    # ---- faults ------------------------------------------------------------------------------------
+    def _expire_timeouts(self) -> None:
+        """Kill the actors whose minibatch ran past ``minibatch_timeout_s`` (a hung engine)."""
+        now = time.monotonic()
+        for ref, deadline in list(self._deadlines.items()):
+            if deadline <= now and ref in self._pending:
+                _, actor_id = self._pending[ref]
+                timeout = self._faults.minibatch_timeout_s
+                self._on_actor_fault(actor_id, FaultKind.TIMEOUT, f"no result after {timeout:g} s")
+
+    def _on_actor_fault(self, actor_id: int, kind: FaultKind, detail: str) -> None:
+        """Take the actor out, tell the CU (it re-issues the minibatch), and start a replacement
+        unless the slot has used its ``actor_max_restarts``."""
+        import ray
+
+        starting = actor_id in self._starting
+        self._starting.discard(actor_id)
+        lost = None if starting else self._policy.on_actor_died(actor_id)
+        what = f"minibatch {lost.minibatch.minibatch_id}" if lost else "no minibatch"
+        logger.error("GU %d: actor %d %s during %s (%s)", self.gu_id, actor_id, kind.value, what, detail)
+        for ref in [r for r, (_, a) in self._pending.items() if a == actor_id]:
+            del self._pending[ref]
+            self._samples.pop(ref, None)
+            self._deadlines.pop(ref, None)
+        handle = self._handles.pop(actor_id, None)
+        if handle is not None and kind is not FaultKind.DIED:
+            ray.kill(handle)  # a hung or failing engine is not trusted with another minibatch
+        if self._completions:  # the CU must not re-issue a minibatch that is done, only unreported
+            self._exchange(None)
+        retire = self._restarts[actor_id] >= self._faults.actor_max_restarts
+        self.calls["cu.on_actor_fault"] += 1
+        ray.get(self._cu.on_actor_fault.remote(self.gu_id, actor_id, kind.value, detail, retire))
+        if retire:
+            return
+        self._restarts[actor_id] += 1
+        self._handles[actor_id] = handle = self._new_actor(actor_id)
+        self._pending[handle.__ray_ready__.remote()] = ("ready", actor_id)
+        self._starting.add(actor_id)
 
     def _on_reloaded(self, actor_id: int, result: Any) -> None:
         target = self._policy.slots[actor_id].reloading_to
@@ -409,3 +495,9 @@ class GenerationUnit:
                 result.target_version,
                 result.reason,
             )
+
+
+def _last_line(err: Exception) -> str:
+    """The remote exception's own message (the last line of Ray's traceback text)."""
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else type(err).__name__

@@ -84,25 +84,7 @@ class VLLMEngine:
         self._reloader = weight_reloader(detect_vllm_install())
         on_cpu = current_platform.is_cpu()
         sharded = opts.tensor_parallel_size > 1
-        if on_cpu:
-            _check_cpu_options(opts)
-            vllm_cpu_patches.apply_cpu_env(opts.kv_cache_space_gib, worker_processes=sharded)
-            vllm_cpu_patches.check_cpu_head_dim(_head_dim(model_path))
-            vllm_cpu_patches.guard_kernel_scan()
-            if opts.num_threads is not None:
-                import os
-
-                import torch
-
-                torch.set_num_threads(opts.num_threads)
-                if sharded:
-                    # Worker processes inherit it: each sizes its OpenMP pool like this actor's.
-                    os.environ["OMP_NUM_THREADS"] = str(opts.num_threads)
-        else:
-            # In-process engine: weights are handed to the worker without serialisation.
-            import os
-
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        _prepare_process(opts, model_path, on_cpu=on_cpu)
         from vllm import LLM
 
         kwargs: dict[str, Any] = {
@@ -151,6 +133,8 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         check_num_samples(n)
+        if self._asleep:
+            raise RuntimeError("generate on a sleeping engine; call wake_up() first")
         limits = resolve_max_tokens(prompts, sampling, max_tokens_per_prompt, self._max_model_len)
         params = [
             SamplingParams(
@@ -218,12 +202,32 @@ class VLLMEngine:
         _reap(self._processes, timeout_s=10.0)
 
 
-def _check_cpu_options(opts: VLLMOptions) -> None:
+def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> None:
+    """Environment and checks that must precede ``vllm.LLM``."""
+    import os
+
+    from mindspeed_rl.utils import vllm_cpu_patches
+
+    sharded = opts.tensor_parallel_size > 1
+    if not on_cpu:
+        # In-process engine core: at TP1 weights reach the worker without serialisation.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        return
     if opts.enable_sleep_mode:
         raise ValueError(
             "enable_sleep_mode needs vLLM's CUDA/NPU memory allocator; on CPU the hybrid pipeline runs "
             "trainer and rollout as two processes instead (leave enable_sleep_mode off)"
         )
+    vllm_cpu_patches.apply_cpu_env(opts.kv_cache_space_gib, worker_processes=sharded)
+    vllm_cpu_patches.check_cpu_head_dim(_head_dim(model_path))
+    vllm_cpu_patches.guard_kernel_scan()
+    if opts.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(opts.num_threads)
+        if sharded:
+            # Worker processes inherit it: each sizes its OpenMP pool like this actor's.
+            os.environ["OMP_NUM_THREADS"] = str(opts.num_threads)
 
 
 def _child_processes() -> list[Any]:

@@ -28,10 +28,16 @@ FORMAT = 1
 
 
 def capture_rng() -> dict[str, Any]:
-    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": (np_kind, torch.from_numpy(np.asarray(np_keys, dtype=np.int64)), np_pos, np_has_gauss, np_gauss),
+        "numpy": (
+            np_kind,
+            torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            np_pos,
+            np_has_gauss,
+            np_gauss,
+        ),
         "python": random.getstate(),
     }
     if torch.cuda.is_available():

@@ -49,6 +49,15 @@ HF = ("rl_config.rollout_backend=hf",)
 
 
 def run_cli(tmp_path: Path, *overrides: str, faults: str = "") -> Path:
+    proc = run_cli_process(tmp_path, *overrides, faults=faults)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    return run_dir
+
+
+def run_cli_process(
+    tmp_path: Path, *overrides: str, faults: str = "", timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
     runs = tmp_path / "runs"
     cmd = [
         sys.executable,
@@ -61,10 +70,7 @@ def run_cli(tmp_path: Path, *overrides: str, faults: str = "") -> Path:
         *overrides,
     ]
     env = {**os.environ, FAULTS_ENV: faults}
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    (run_dir,) = list(runs.iterdir())
-    return run_dir
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -79,6 +85,8 @@ def check_exactly_once(summary: dict[str, Any]) -> None:
     assert summary["prompts_scheduled"] == summary["prompts_consumed"] == 16
     assert summary["duplicate_minibatches_dropped"] == 0
     assert summary["max_policy_lag_measured"] <= summary["max_policy_lag_limit"]
+    # The queue's provable worst case holds (Q_max + one largest minibatch per actor).
+    assert summary["max_queue_depth_samples"] <= summary["queue_bound_samples"]
 
 
 def check_reload_discipline(events: list[dict[str, Any]]) -> int:
@@ -89,7 +97,10 @@ def check_reload_discipline(events: list[dict[str, Any]]) -> int:
     num_reloads = 0
     for e in events:
         key = (e.get("gu_id"), e.get("actor_id"))
-        if e["event"] == "WeightsLoaded":
+        if e["event"] == "ActorFaulted":  # a replacement starts from the initial weights
+            version[key] = 0
+            running.pop(key, None)
+        elif e["event"] == "WeightsLoaded":
             assert key not in running, f"actor {key} reloaded while running minibatch {running.get(key)}"
             assert e["version"] > version[key] and e["version"] >= e["newest_at_start"]
             version[key] = e["version"]
@@ -146,7 +157,13 @@ FAULTS = {
     "actor": dict(layout=(1, 2), faults="actor:0:0:1", reason="actor_failed", gu_id=0, actor_id=0),
     # A whole GU killed after forwarding one completion: the other GU takes over its work.
     "gu": dict(layout=(2, 1), faults="gu:1:1", reason="gu_failed", gu_id=1, actor_id=None),
+    # The only actor hangs in its third minibatch: killed at the timeout, replaced, re-issued.
+    "hang": dict(layout=(1, 1), faults="hang:0:0:3", reason="actor_timeout", gu_id=0, actor_id=0),
+    # The only actor raises in its third minibatch: replaced, the minibatch re-issued.
+    "raise": dict(layout=(1, 1), faults="raise:0:0:3", reason="actor_error", gu_id=0, actor_id=0),
 }
+# A hang is detected in seconds here; the stall detector stays well above it.
+FAULT_TIMEOUTS = ("async_config.minibatch_timeout_s=20", "async_config.stall_timeout_s=120")
 
 
 @pytest.mark.parametrize("kind", sorted(FAULTS))
@@ -158,6 +175,7 @@ def test_killed_unit_loses_and_duplicates_nothing(tmp_path: Path, kind: str) -> 
         *HF,
         f"async_config.num_generation_units={gus}",
         f"async_config.actors_per_unit={actors}",
+        *FAULT_TIMEOUTS,
         faults=fault["faults"],
     )
     summary, _, events = load_run(run_dir)
@@ -166,12 +184,37 @@ def test_killed_unit_loses_and_duplicates_nothing(tmp_path: Path, kind: str) -> 
     requeued = [e for e in events if e["event"] == "MinibatchRequeued"]
     assert requeued and all(e["reason"] == fault["reason"] and e["gu_id"] == fault["gu_id"] for e in requeued)
     received = [e for e in events if e["event"] == "MinibatchReceived" and e["outcome"] == "accepted"]
-    if kind == "actor":
-        assert all(e["actor_id"] == 0 for e in requeued)
-        assert {a["actor_id"] for a in summary["actors"] if a["num_minibatches"] > 0} == {1}
-    else:
+    accepted = {e["minibatch_id"] for e in received}
+    assert len(accepted) == len(received) == 8  # every minibatch once, the re-issued one included
+    assert {e["minibatch_id"] for e in requeued} <= accepted
+    if kind == "gu":
         assert sum(e["gu_id"] == 1 for e in received) == 1  # exactly what GU 1 forwarded before dying
+    else:
+        assert all(e["actor_id"] == 0 for e in requeued)
+        faulted = [e for e in events if e["event"] == "ActorFaulted"]
+        assert [(e["gu_id"], e["actor_id"], e["replaced"]) for e in faulted] == [(0, 0, True)]
+        assert summary["actor_restarts"] == 1
+        counted = {"hang": "minibatches_timed_out", "raise": "minibatch_errors", "actor": "actor_deaths"}
+        assert summary[counted[kind]] == 1
     check_reload_discipline(events)
+
+
+def test_a_minibatch_failing_every_attempt_stops_the_run_naming_it(tmp_path: Path) -> None:
+    """``raise:0:0:*``: the one actor raises on every minibatch; after minibatch_max_attempts the
+    run ends with an error naming the minibatch and its prompts, not a hang or a cascade."""
+    proc = run_cli_process(
+        tmp_path,
+        *HF,
+        "async_config.num_generation_units=1",
+        "async_config.actors_per_unit=1",
+        *FAULT_TIMEOUTS,
+        faults="raise:0:0:*",
+        timeout=400,
+    )
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "PoisonedMinibatch" in out and "failed all 3 attempts" in out, out[-4000:]
+    assert "its prompts [" in out and "raised on minibatch" in out
 
 
 @pytest.mark.vllm
