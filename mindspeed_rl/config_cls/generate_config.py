@@ -7,7 +7,10 @@ from typing import Literal
 
 from mindspeed_rl.config_cls.fields import opt, section
 
-_HYBRID_OFFLOAD = "upstream hybrid-engine offload on NPU; the torch backend keeps weights in place"
+_HYBRID_OFFLOAD = (
+    "acts only in the colocated hybrid (pipeline: hybrid on GPU/NPU, workers/colocation.py); on CPU "
+    "and in the async pipeline trainer and rollout are separate processes, so there is nothing to free"
+)
 _ASCEND = "vllm-ascend option; ignored by vLLM on CPU/GPU"
 
 

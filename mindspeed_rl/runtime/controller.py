@@ -140,6 +140,7 @@ class ControlLoop:
         self.last_progress = self.clock.now()
         self._last_refusal: dict[int, str] = {}  # gu -> its latest refused start's reason
         self._actors_registered: dict[int, int] = {}
+        self._retry_now: set[int] = set()  # failed attempts, re-issued ahead of the queue marks
         self._running_on: dict[tuple[int, int], int] = {}  # (gu, actor) -> minibatch id
         self._step_in_progress: tuple[int, float] | None = None  # (step, popped at)
         self._lock = threading.RLock()
@@ -171,7 +172,8 @@ class ControlLoop:
     def _dispatch(self) -> list[Assignment]:
         if self.fatal is not None:
             return []
-        assignments = self.sender.dispatch()
+        assignments = self.sender.dispatch(urgent=self._retry_now)
+        self._retry_now.difference_update(a.minibatch.minibatch_id for a in assignments)
         for a in assignments:
             self.events.append(
                 ev.MinibatchIssued(
@@ -329,6 +331,8 @@ class ControlLoop:
             poison = self.faults.record(attempt, self.database.minibatch(running).prompt_ids)
             if poison is not None and self.fatal is None:
                 self.fatal = poison
+        if running is not None:
+            self._retry_now.add(running)
         if retire:
             return self.on_actor_failed(gu_id, actor_id)
         self.actor_restarts += 1

@@ -149,11 +149,17 @@ class GuPolicy:
     # ---- input queue -------------------------------------------------------------------------
     def add_assignments(self, assignments: Iterable[Assignment], *, ahead: bool = False) -> None:
         """Queue new work; ``ahead`` puts it before what is queued (it was issued earlier, and the
-        driver received it late, e.g. an answer overtaken by a newer one)."""
+        driver received it late, e.g. an answer overtaken by a newer one); re-issued work always
+        goes before what is queued."""
+        new = list(assignments)
         if ahead:
-            self.queue.extendleft(reversed(list(assignments)))
-        else:
-            self.queue.extend(assignments)
+            self.queue.extendleft(reversed(new))
+            return
+        # A re-issued minibatch (attempt > 0) goes first, as the Database sends it first: its
+        # prompts are due, and a poison input then meets its attempt limit instead of spreading
+        # failures over the minibatches queued behind it until every restart is spent.
+        self.queue.extendleft(reversed([a for a in new if a.attempt > 0]))
+        self.queue.extend(a for a in new if a.attempt == 0)
 
     def clear_queue(self) -> list[Assignment]:
         """Forget every queued assignment (the GU was failed: the CU re-issued them)."""

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from mindspeed_rl.runtime.clock import Clock
@@ -87,13 +88,28 @@ class Sender:
             gu.queued.pop(minibatch_id, None)
 
     # ---- dispatch ----------------------------------------------------------------------------
-    def dispatch(self) -> list[Assignment]:
-        """Fill the GUs that need work, following the schedule; returns the new assignments."""
+    def dispatch(self, *, urgent: Collection[int] = ()) -> list[Assignment]:
+        """Fill the GUs that need work, following the schedule; returns the new assignments.
+
+        ``urgent``: re-queued minibatches that go out at once, past the marks, when they head the
+        send order (a minibatch whose attempt failed: see the comment below)."""
         assignments: list[Assignment] = []
         while True:
             self._update_refilling()
             targets = [g for g, state in self._gus.items() if state.refilling]
             unit = self._db.next_to_send(whole_group=True)
+            head = unit[0].minibatch_id if unit else None
+            if (
+                head is not None
+                and head in urgent
+                and self._gus
+                and self._db.state(head) is MinibatchState.REQUEUED
+            ):
+                # A failed attempt is retried at once, past the marks: a GU holding a full queue
+                # would otherwise start its other work first, and a poison minibatch would spread
+                # its failures over those (spending every restart) instead of meeting its limit.
+                assignments.append(self._assign(unit[0], self._least_loaded(list(self._gus))))
+                continue
             if not targets or not unit:
                 return assignments
             if self._db.state(unit[0].minibatch_id) is MinibatchState.REQUEUED:

@@ -32,7 +32,7 @@ from mindspeed_rl.utils.run_summary import write_summary
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.runtime.records import GlobalBatch
-    from mindspeed_rl.trainer.run_plan import RunPlan
+    from mindspeed_rl.trainer.run_plan import RunPlan, TrainerSpec
     from mindspeed_rl.utils.placement import Placement
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
 
@@ -52,6 +52,7 @@ class AsyncCluster:
         self.cu, self.tu, self.gus = cu, tu, gus
         self.reserved = reserved
         self._runs: dict[Any, int] = {}
+        self.trainer: TrainerSpec | None = None
         self._closing = False  # set by close: GU runs ending from then on are not failures
         self._started = 0.0
 
@@ -76,7 +77,7 @@ class AsyncCluster:
         from mindspeed_rl.utils.ray_setup import ray_actor_options, reserve
         from mindspeed_rl.workers.control_unit import ControlUnit
         from mindspeed_rl.workers.generation_unit import GenerationUnit
-        from mindspeed_rl.workers.training_unit import TrainingUnit
+        from mindspeed_rl.workers.training_group import remote_training_unit
 
         a = plan.async_spec
         assert a is not None and plan.runtime is not None, "an async plan carries async_spec and runtime"
@@ -88,10 +89,16 @@ class AsyncCluster:
             .options(**control, max_concurrency=32)
             .remote(plan.runtime, inputs.schedule, str(run_dir / "events.jsonl"))
         )
-        tu: Any = (
-            ray.remote(TrainingUnit)
-            .options(**reserved.trainer_rank_options(0, config.async_config.trainer_resources))
-            .remote(plan.trainer, policy_path, prompts, simulated_step_seconds=inputs.simulated_step_seconds)
+        configured = config.async_config.trainer_resources
+        tu = remote_training_unit(
+            plan.trainer,
+            policy_path,
+            prompts,
+            rank_options=[
+                reserved.trainer_rank_options(r, configured) for r in range(plan.trainer.num_ranks)
+            ],
+            group_options=control,
+            simulated_step_seconds=inputs.simulated_step_seconds,
         )
         snapshots = setup.snapshot_root(config, run_dir)
         specs = setup.gu_specs(
@@ -105,6 +112,7 @@ class AsyncCluster:
         )
         gu_remote: Any = ray.remote(GenerationUnit).options(**control, max_concurrency=4)
         cluster = cls(cu, tu, {s.gu_id: gu_remote.remote(s, cu) for s in specs}, reserved)
+        cluster.trainer = plan.trainer
         # Engine start-up is not part of any iteration's time (as in the hybrid loop).
         ray.get(
             [
@@ -177,6 +185,7 @@ class AsyncCluster:
         )  # fmt: skip
         ray.get(self.cu.close_events.remote())  # events.jsonl was streamed; this writes the tail
         summary.update(ray.get(self.tu.finish_snapshots.remote()))
+        summary["training_layout"] = training_layout_summary(self.trainer)
         self.save(run_dir / "final_model")
         write_summary(
             run_dir, pipeline="async", queue_limit_samples=summary.pop("queue_limit_samples"), **summary
@@ -239,3 +248,16 @@ class AsyncCluster:
             gu.stop.remote()
         ray.wait(list(self._runs), num_returns=len(self._runs), timeout=60)
         ray.get([self.gus[g].shutdown.remote() for g in self._runs.values()])
+
+
+def training_layout_summary(trainer: TrainerSpec | None) -> dict[str, int]:
+    """The trainer's parallel layout for summary.json (the torch engine: one rank)."""
+    m = None if trainer is None else trainer.megatron
+    if trainer is None or m is None:
+        return {"tp": 1, "pp": 1, "ep": 1, "dp": 1}
+    return {
+        "tp": m.tensor_model_parallel_size,
+        "pp": m.pipeline_model_parallel_size,
+        "ep": m.expert_model_parallel_size,
+        "dp": m.data_parallel_size(trainer.num_ranks),
+    }

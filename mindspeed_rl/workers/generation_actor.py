@@ -202,6 +202,13 @@ class GenerationActor:
         self.policy_version = result.version
         return result
 
+    def sleep(self, level: int) -> None:
+        """Colocated hybrid (``workers/colocation.py``): free the engine's device memory."""
+        self._engine.sleep(level)  # type: ignore[attr-defined]  # vLLM engines only
+
+    def wake_up(self) -> None:
+        self._engine.wake_up()  # type: ignore[attr-defined]
+
     def shutdown(self) -> None:
         self._engine.shutdown()
 
@@ -231,3 +238,4 @@ def _check_forced(forced: Mapping[str, Sequence[int]], n: int) -> dict[str, tupl
             )
         out[pid] = values
     return out
+

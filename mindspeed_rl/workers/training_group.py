@@ -23,7 +23,10 @@ import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from mindspeed_rl.trainer.run_plan import TrainerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -189,3 +192,111 @@ class TrainingGroup:
         raise TrainingRankError(
             f"Training Unit rank {first} of {world} failed; the group was stopped. Cause: {cause}"
         ) from raised[first]
+
+
+class GroupedTrainingUnit:
+    """A Ray actor standing for one Training Unit made of a :class:`TrainingGroup`.
+
+    The driver and the CU hold its handle exactly as they would a one-process ``TrainingUnit``
+    actor: same method names, rank 0's results. Killing it kills the rank actors it owns.
+    """
+
+    def __init__(self, spec: GroupSpec, factory: Callable[[], Any]) -> None:
+        import uuid
+
+        self._group = TrainingGroup(spec, factory)
+        # One run id for every rank's SnapshotWriter: they publish each snapshot together.
+        self._run_id = uuid.uuid4().hex[:16]
+
+    def train_step(self, groups: Sequence[Any]) -> dict[str, float]:
+        result: dict[str, float] = self._group.call("train_step", groups)
+        return result
+
+    def enable_snapshots(self, root_dir: str, keep_last: int) -> None:
+        self._group.call("enable_snapshots", root_dir, keep_last, run_id=self._run_id)
+
+    def export_snapshot(self, version: int, *, notify: Any = None) -> float:
+        """Every rank exports its shard; the last to finish publishes and notifies (once). The
+        trainer is blocked for the slowest rank's copy."""
+        return float(max(self._group.call_all("export_snapshot", version, notify=notify)))
+
+    def finish_snapshots(self) -> dict[str, int]:
+        per_rank: list[dict[str, int]] = self._group.call_all("finish_snapshots")
+        return {k: sum(r[k] for r in per_rank) for k in per_rank[0]}
+
+    def save_hf(self, path: str) -> None:
+        self._group.call("save_hf", path)
+
+    def inference_weights(self) -> Any:
+        return self._group.call("inference_weights")
+
+    def evaluate(self, prompts: Sequence[Any], settings: Any) -> dict[str, float]:
+        result: dict[str, float] = self._group.call("evaluate", prompts, settings)
+        return result
+
+    def save_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
+        self._group.call("save_state", path, optimizer=optimizer, rng=rng)
+
+    def load_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
+        self._group.call("load_state", path, optimizer=optimizer, rng=rng)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Any other Training Unit method, on every rank; rank 0's result."""
+        return self._group.call(method, *args, **kwargs)
+
+    def rank_pids(self) -> list[int]:
+        return self._group.rank_pids()
+
+    def shutdown(self) -> None:
+        self._group.shutdown()
+
+
+def collective_backend(device: str) -> Backend:
+    """gloo on CPU, nccl on CUDA, hccl on Ascend."""
+    backends: dict[str, Backend] = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+    if device not in backends:
+        raise ValueError(f"trainer device {device!r} has no collective backend; use cpu, cuda or npu")
+    return backends[device]
+
+
+def remote_training_unit(
+    spec: TrainerSpec,
+    policy_path: str,
+    prompts: Any,
+    *,
+    rank_options: Sequence[Mapping[str, Any]],
+    group_options: Mapping[str, Any],
+    simulated_step_seconds: float | None = None,
+) -> Any:
+    """The Training Unit's Ray handle: one ``TrainingUnit`` actor for the torch engine, or a
+    :class:`GroupedTrainingUnit` over ``spec.num_ranks`` ranks for a megatron layout.
+
+    ``spec`` is the plan's ``TrainerSpec``; ``rank_options`` one Ray option dict per rank
+    (``ray_setup.reserve(...).trainer_rank_options``); ``group_options`` the CPU-only grouping
+    actor's. ``prompts``: the records by prompt id, or an ObjectRef of them.
+    """
+    import functools
+
+    import ray
+
+    from mindspeed_rl.workers.training_unit import TrainingUnit
+
+    if len(rank_options) != spec.num_ranks:
+        raise ValueError(f"{len(rank_options)} rank option sets for {spec.num_ranks} trainer ranks")
+    if spec.megatron is None:
+        return (
+            ray.remote(TrainingUnit)
+            .options(**rank_options[0])
+            .remote(spec, policy_path, prompts, simulated_step_seconds=simulated_step_seconds)
+        )
+    group = GroupSpec(
+        world_size=spec.num_ranks,
+        backend=collective_backend(spec.engine.device),
+        rank_options=tuple(rank_options),
+    )
+    if isinstance(prompts, ray.ObjectRef):  # a ref nested in the factory would reach ranks unresolved
+        prompts = ray.get(prompts)
+    factory = functools.partial(
+        TrainingUnit, spec, policy_path, dict(prompts), simulated_step_seconds=simulated_step_seconds
+    )
+    return ray.remote(GroupedTrainingUnit).options(**group_options).remote(group, factory)

@@ -15,7 +15,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,8 +30,10 @@ if TYPE_CHECKING:
     from mindspeed_rl.models.rewards import RewardResult
     from mindspeed_rl.models.training.batch import TrainBatch
     from mindspeed_rl.trainer.run_plan import TrainerSpec
+    from mindspeed_rl.workers.colocation import OffloadPart
     from mindspeed_rl.workers.evaluator import EvalSettings
     from mindspeed_rl.workers.resharding.export import ExportResult, SnapshotWriter
+    from mindspeed_rl.workers.resharding.layout import TrainingLayout
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,64 @@ def torch_threads_for(num_cpus: float) -> int:
     return max(1, math.floor(num_cpus))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotPart:
+    """What this process writes into a snapshot: its tensors, the layout, its rank in it
+    (None: a data-parallel replica whose shard another rank writes)."""
+
+    tensors: Iterable[tuple[str, torch.Tensor]]
+    layout: TrainingLayout
+    rank: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Engines:
+    engine: Any
+    """A :class:`~mindspeed_rl.models.training.base.TrainingEngine`."""
+    reference: Any | None
+    """``compute_log_probs(batch, temperature)`` of the frozen initial policy; None = no KL term."""
+    snapshot: Callable[[], SnapshotPart]
+
+
+EngineFactory = Callable[["TrainerSpec", str], Engines]
+
+
+def torch_engines(spec: TrainerSpec, policy_path: str) -> Engines:
+    from mindspeed_rl.models.training.reference import ReferenceModel
+    from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+    from mindspeed_rl.workers.resharding.layout import TrainingLayout
+
+    engine = TorchTrainingEngine(policy_path, spec.engine)
+    # The reference is only needed for a KL term; skipping it halves the forward cost otherwise.
+    reference = (
+        ReferenceModel(
+            policy_path,
+            micro_batch_size=spec.reference_micro_batch_size,
+            pad_token_id=spec.engine.pad_token_id,
+            device=spec.engine.device,
+            param_dtype=spec.engine.param_dtype,
+            chunk_tokens=spec.engine.log_prob_chunk_tokens,
+        )
+        if spec.reference_micro_batch_size is not None
+        else None
+    )
+    return Engines(
+        engine=engine,
+        reference=reference,
+        snapshot=lambda: SnapshotPart(
+            tensors=engine.named_weights_for_inference(), layout=TrainingLayout(), rank=0
+        ),
+    )
+
+
+def default_engines(spec: TrainerSpec, policy_path: str) -> Engines:
+    if spec.megatron is None:
+        return torch_engines(spec, policy_path)
+    from mindspeed_rl.models.training.megatron.unit import megatron_engines
+
+    return megatron_engines(spec, policy_path)
+
+
 class TrainingUnit:
     def __init__(
         self,
@@ -52,12 +113,14 @@ class TrainingUnit:
         prompts: Mapping[str, PromptRecord],
         *,
         simulated_step_seconds: float | None = None,
+        engines: EngineFactory | None = None,
     ) -> None:
+        """``engines`` builds the policy engine, the reference and the snapshot source; default:
+        the megatron engine when the plan carries a layout (one TU per rank of a TrainingGroup,
+        ``workers/training_group.py``), else the torch engine."""
         import torch
 
         from mindspeed_rl.models.rewards import build_reward_fn
-        from mindspeed_rl.models.training.reference import ReferenceModel
-        from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
         from mindspeed_rl.trainer.components import load_tokenizer
 
         torch.set_num_threads(torch_threads_for(spec.num_cpus))
@@ -65,20 +128,10 @@ class TrainingUnit:
         self._prompts = dict(prompts)
         self._tokenizer = load_tokenizer(policy_path)
         self._reward_fn = build_reward_fn(spec.reward)
-        self._engine = TorchTrainingEngine(policy_path, spec.engine)
-        # The reference is only needed for a KL term; skipping it halves the forward cost otherwise.
-        self._reference = (
-            ReferenceModel(
-                policy_path,
-                micro_batch_size=spec.reference_micro_batch_size,
-                pad_token_id=spec.engine.pad_token_id,
-                device=spec.engine.device,
-                param_dtype=spec.engine.param_dtype,
-                chunk_tokens=spec.engine.log_prob_chunk_tokens,
-            )
-            if spec.reference_micro_batch_size is not None
-            else None
-        )
+        built = (engines or default_engines)(spec, policy_path)
+        self._engine = built.engine
+        self._reference = built.reference
+        self._snapshot_part = built.snapshot
         self._temperature = spec.temperature
         # Which log-probs the clipped ratio is taken against ("old", TrainerSpec.old_log_probs):
         # - async ("rollout"): the ROLLOUT log-probs of the policy that generated each sample.
@@ -191,6 +244,20 @@ class TrainingUnit:
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self._engine.named_weights_for_inference()
 
+    def offload(self, parts: Sequence[OffloadPart]) -> None:
+        """Colocated hybrid: move ``parts`` of the training state to host memory while the rollout
+        engine generates on this device (``workers/colocation.py``)."""
+        from mindspeed_rl.workers.colocation import free_device_cache, move_train_state
+
+        move_train_state(self._engine.model, self._engine.optimizer, parts, "cpu")
+        free_device_cache(self._spec.engine.device)
+
+    def onload(self, parts: Sequence[OffloadPart]) -> None:
+        """Undo ``offload`` before the next step (a no-op for parts already on the device)."""
+        from mindspeed_rl.workers.colocation import move_train_state
+
+        move_train_state(self._engine.model, self._engine.optimizer, parts, self._spec.engine.device)
+
     def save_hf(self, path: str) -> None:
         self._engine.save_hf(path)
 
@@ -203,28 +270,31 @@ class TrainingUnit:
         """Continue from ``save_state``'s folder; the reference model stays the initial policy."""
         self._engine.load_state(path, optimizer=optimizer, rng=rng)
 
-    def enable_snapshots(self, root_dir: str, keep_last: int) -> None:
+    def enable_snapshots(self, root_dir: str, keep_last: int, *, run_id: str | None = None) -> None:
+        """``run_id``: the same for every rank of one Training Unit (ranks publish one snapshot
+        together through the staging dir); None = a fresh id (a one-process TU)."""
         from pathlib import Path
 
         from mindspeed_rl.workers.resharding.export import SnapshotWriter
 
         if self._writer is not None:
             raise ValueError("enable_snapshots was already called; a TU exports to one snapshot root")
-        self._writer = SnapshotWriter(Path(root_dir), keep_last=keep_last)
+        self._writer = SnapshotWriter(Path(root_dir), keep_last=keep_last, run_id=run_id)
 
     def export_snapshot(self, version: int, *, notify: Any = None) -> float:
         """Start exporting the current weights as snapshot ``version``; returns the seconds spent
         copying them (the rest happens in the background). ``notify`` is a Control Unit handle
         whose ``on_snapshot_published`` is called once the snapshot is published."""
-        from mindspeed_rl.workers.resharding.layout import TrainingLayout
-
         if self._writer is None:
             raise ValueError(
                 "export_snapshot before enable_snapshots; call enable_snapshots(root, keep) first"
             )
         self._raise_export_error()
         tic = time.perf_counter()
-        future = self._writer.export(version, self._engine.named_weights_for_inference(), TrainingLayout())
+        part = self._snapshot_part()
+        if part.rank is None:  # a DP replica: another rank writes this shard
+            return time.perf_counter() - tic
+        future = self._writer.export(version, part.tensors, part.layout, part.rank)
         copy_seconds = time.perf_counter() - tic
         future.add_done_callback(lambda f: self._on_exported(f, notify))
         return copy_seconds

@@ -116,8 +116,10 @@ class VLLMEngine:
         """True when the workers are processes: a reload should name a folder, not send tensors."""
         self._asleep = False
         self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
-        self._on_cpu = on_cpu
-        self._tied = bool(_hf_config(model_path).get("tie_word_embeddings", False))
+        config = _hf_config(model_path)
+        self._tied = bool(config.get("tie_word_embeddings", False))
+        # CPU layers a reload leaves stale (vllm_cpu_patches quirk 5) exist only in these models.
+        self._repack_on_reload = on_cpu and (self._tied or bool(config.get("num_experts")))
         # Tied: vLLM's loader ignores lm_head.weight, so an update never carries it, even where the
         # starting folder does (some tied checkpoints store the copy).
         self._weight_names = _checkpoint_names(model_path) - ({"lm_head.weight"} if self._tied else set())
@@ -171,7 +173,7 @@ class VLLMEngine:
         self._after_reload()
 
     def _after_reload(self) -> None:
-        if self._on_cpu:
+        if self._repack_on_reload:
             from mindspeed_rl.utils.vllm_cpu_patches import repack_after_reload
 
             self._llm.collective_rpc(repack_after_reload, kwargs={"tied_lm_head": self._tied})

@@ -39,13 +39,14 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from mindspeed_rl.workers.resharding.layout import InferenceLayout
+from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
 from mindspeed_rl.workers.resharding.manifest import (
     MANIFEST_NAME,
     ShardEntry,
@@ -124,8 +125,28 @@ def load_training_manifest(snapshot: SnapshotInfo) -> SnapshotManifest:
     return manifest
 
 
+def conversion_steps(
+    training: TrainingLayout, name_map: NameMap | None
+) -> tuple[NameMap, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None]:
+    """The name map and after-merge step for a snapshot: from its layout's ``naming`` when it
+    records one (a megatron snapshot: unfuse + rename, then trim the vocab padding), else the
+    caller's map (default identity: HF names already)."""
+    if training.naming is None:
+        return name_map or NameMap(), None
+    if training.naming.get("scheme") == "megatron":
+        from mindspeed_rl.workers.resharding import megatron_rules
+
+        return megatron_rules.convert_steps(training)
+    raise SnapshotError(
+        f"snapshot naming scheme {training.naming.get('scheme')!r} is unknown to this GU; "
+        "convert with the same version of the framework that exported it"
+    )
+
+
 def is_identity(manifest: SnapshotManifest, layout: InferenceLayout, name_map: NameMap) -> bool:
     """Whether conversion would reproduce the export's one file byte for byte."""
+    if manifest.training_layout().naming is not None:
+        return False
     if manifest.training_layout().world_size != 1 or len(manifest.shards) != 1 or layout.world_size != 1:
         return False
     for entry in manifest.tensors:
@@ -163,9 +184,10 @@ def convert_snapshot(
     manifest, pieces = read_training_pieces(snapshot, num_threads=num_threads)
     read_done = time.perf_counter()
     training = manifest.training_layout()
-    full = merge_pieces(
-        apply_name_map(pieces, name_map or NameMap()), tp_size=training.tp_size, ep_size=training.ep_size
-    )
+    names, finalize = conversion_steps(training, name_map)
+    full = merge_pieces(apply_name_map(pieces, names), tp_size=training.tp_size, ep_size=training.ep_size)
+    if finalize is not None:
+        full = finalize(full)
     per_rank = tuple(split_for_rank(full, layout, r) for r in range(layout.world_size))
     return ConvertedWeights(
         version=manifest.version,
@@ -198,7 +220,8 @@ class GuConverter:
         self.cache_dir = Path(cache_dir)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.layout = layout
-        self.name_map = name_map or NameMap()
+        self.name_map = name_map
+        """None: each snapshot's own naming (its manifest layout), identity for HF names."""
         self.keep_last = keep_last
         self.num_threads = num_threads
         self.lease_ttl_s = lease_ttl_s
@@ -216,7 +239,7 @@ class GuConverter:
                     return ConvertResult(
                         version=source.version, converted=cached, reused=True, method="reused"
                     )
-                if is_identity(source, self.layout, self.name_map):
+                if is_identity(source, self.layout, self.name_map or NameMap()):
                     result = self._link(snapshot, source)
                 else:
                     result = self._merge(snapshot, source)

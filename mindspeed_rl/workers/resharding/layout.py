@@ -110,6 +110,9 @@ class TrainingLayout:
     pp_size: int = 1
     ep_size: int = 1
     rules: tuple[PartitionRule, ...] = field(default_factory=tuple)
+    naming: dict[str, Any] | None = None
+    """None: tensors carry HF names. Otherwise how the GU's convert renames them, e.g.
+    ``{"scheme": "megatron", ...}`` (``megatron_rules.training_layout``); JSON-able."""
 
     def __post_init__(self) -> None:
         _check_sizes(tp_size=self.tp_size, pp_size=self.pp_size, ep_size=self.ep_size)
@@ -139,12 +142,15 @@ class TrainingLayout:
         return tp_ok and ep_ok
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "tp_size": self.tp_size,
             "pp_size": self.pp_size,
             "ep_size": self.ep_size,
             "rules": [{"pattern": r.pattern, "spec": r.spec.to_json()} for r in self.rules],
         }
+        if self.naming is not None:
+            out["naming"] = self.naming
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainingLayout:
@@ -152,7 +158,13 @@ class TrainingLayout:
             PartitionRule(pattern=r["pattern"], spec=PartitionSpec.from_json(r["spec"]))
             for r in data["rules"]
         )
-        return cls(tp_size=data["tp_size"], pp_size=data["pp_size"], ep_size=data["ep_size"], rules=rules)
+        return cls(
+            tp_size=data["tp_size"],
+            pp_size=data["pp_size"],
+            ep_size=data["ep_size"],
+            rules=rules,
+            naming=data.get("naming"),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,8 +15,10 @@ requires. Torch is only needed for the tensors themselves; the rules are plain d
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -29,6 +31,9 @@ from mindspeed_rl.workers.resharding.layout import PartitionRule, PartitionSpec,
 from mindspeed_rl.workers.resharding.merge import NameMap, UnfuseRule
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
+SCHEME = "megatron"
+"""``TrainingLayout.naming["scheme"]`` of a megatron snapshot."""
+Finalize = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 def rank_coords(coords: ShardCoords) -> RankCoords:
@@ -56,21 +61,50 @@ def training_rules(*, expert_tensor_parallel_size: int = 1) -> tuple[PartitionRu
 
 
 def training_layout(
-    *, tp_size: int, pp_size: int, ep_size: int, expert_tensor_parallel_size: int = 1
+    *,
+    tp_size: int,
+    pp_size: int,
+    ep_size: int,
+    expert_tensor_parallel_size: int = 1,
+    dims: GPTDims | None = None,
 ) -> TrainingLayout:
     """The manifest layout of a megatron snapshot. Expert TP must be 1 or the attention TP: the
-    merge splits every TP-partitioned tensor over the same ``tp_size`` ranks."""
+    merge splits every TP-partitioned tensor over the same ``tp_size`` ranks. With ``dims`` the
+    layout also records the naming scheme, so a GU converts the snapshot from its manifest alone
+    (``convert_steps``) without being told which backend wrote it."""
     if expert_tensor_parallel_size not in (1, tp_size):
         raise ValueError(
             f"expert_tensor_parallel_size={expert_tensor_parallel_size} with tensor_model_parallel_size={tp_size}: "
             "snapshots merge experts at expert TP 1 or equal to TP; set actor_config.expert_tensor_parallel_size"
         )
+    naming = None
+    if dims is not None:
+        naming = {
+            "scheme": SCHEME,
+            "dims": dataclasses.asdict(dims),
+            "expert_tensor_parallel_size": expert_tensor_parallel_size,
+        }
     return TrainingLayout(
         tp_size=tp_size,
         pp_size=pp_size,
         ep_size=ep_size,
         rules=training_rules(expert_tensor_parallel_size=expert_tensor_parallel_size),
+        naming=naming,
     )
+
+
+def convert_steps(layout: TrainingLayout) -> tuple[NameMap, Finalize]:
+    """The name map (unfuse + rename) and the after-merge step (vocab-padding trim) that a
+    megatron snapshot's manifest layout asks for."""
+    naming = layout.naming
+    if naming is None or naming.get("scheme") != SCHEME:
+        raise ValueError(
+            f"layout naming {naming!r} is not a megatron snapshot's; build it with training_layout(dims=...)"
+        )
+    dims = GPTDims(**naming["dims"])
+    etp = int(naming["expert_tensor_parallel_size"])
+    rules = name_map(dims, tp_size=layout.tp_size, expert_tensor_parallel_size=etp)
+    return rules, functools.partial(trim_vocab_padding, dims=dims)
 
 
 def unfuse_rules(

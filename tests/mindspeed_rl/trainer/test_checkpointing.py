@@ -18,7 +18,11 @@ CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 def _mb(i: int, ids: str, group: int) -> ScheduledMinibatch:
     return ScheduledMinibatch(
-        minibatch_id=i, prompt_ids=tuple(ids), batch_group_id=group, predicted_load=10.0 * len(ids), order_index=i
+        minibatch_id=i,
+        prompt_ids=tuple(ids),
+        batch_group_id=group,
+        predicted_load=10.0 * len(ids),
+        order_index=i,
     )
 
 
@@ -43,7 +47,10 @@ def test_schedule_json_round_trip() -> None:
 
 def _state(iteration: int, consumed: str) -> ckpt.PipelineState:
     return ckpt.PipelineState(
-        iteration=iteration, prompts_consumed=tuple(consumed), snapshot_version=iteration, resumed_from_iteration=None
+        iteration=iteration,
+        prompts_consumed=tuple(consumed),
+        snapshot_version=iteration,
+        resumed_from_iteration=None,
     )
 
 
@@ -94,9 +101,13 @@ def test_no_complete_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 def test_a_checkpoint_of_another_run_setup_is_refused_naming_what_differs(tmp_path: Path) -> None:
     base = load_config_from_files(CONFIGS, "grpo_tiny_asp")
     fp = ckpt.run_fingerprint(base)
-    ckpt.write_checkpoint(tmp_path, _state(2, "ab"), schedule=SCHEDULE, fingerprint=fp, write_trainer_state=_trainer_files)
+    ckpt.write_checkpoint(
+        tmp_path, _state(2, "ab"), schedule=SCHEDULE, fingerprint=fp, write_trainer_state=_trainer_files
+    )
     other = load_config_from_files(
-        CONFIGS, "grpo_tiny_asp", ["megatron_training.global_batch_size=64", "rl_config.n_samples_per_prompt=4"]
+        CONFIGS,
+        "grpo_tiny_asp",
+        ["megatron_training.global_batch_size=64", "rl_config.n_samples_per_prompt=4"],
     )
     with pytest.raises(ValueError) as err:
         ckpt.load_resume_point(tmp_path, ckpt.run_fingerprint(other))
@@ -122,13 +133,16 @@ def test_load_without_finetune_is_a_resume_in_the_plan(tmp_path: Path) -> None:
 
 
 def test_lineage_carries_consumed_prompts_across_runs(tmp_path: Path) -> None:
-    fresh = ckpt.Lineage(SCHEDULE, None)
-    fresh.record("abcd")
+    fresh = ckpt.Lineage(SCHEDULE, None, tmp_path / ckpt.CONSUMED_LOG)
+    fresh.record(0, "ab")
+    fresh.record(1, "cd")
+    logged = [json.loads(line) for line in (tmp_path / ckpt.CONSUMED_LOG).read_text().splitlines()]
+    assert logged == [{"iteration": 0, "prompt_ids": ["a", "b"]}, {"iteration": 1, "prompt_ids": ["c", "d"]}]
     assert fresh.start_iteration == 0 and fresh.state(2).prompts_consumed == tuple("abcd")
     point = ckpt.ResumePoint(folder=tmp_path, iteration=2, prompts_consumed=tuple("abcd"), schedule=SCHEDULE)
     resumed = ckpt.Lineage(point.remaining_schedule, point)
     assert resumed.schedule == SCHEDULE  # the original schedule is what the next checkpoint carries
-    resumed.record("efgh")
+    resumed.record(2, "efgh")
     assert resumed.state(4).resumed_from_iteration == 2
     (tmp_path / "summary.json").write_text(json.dumps({"prompts_scheduled": 4, "prompts_consumed": 4}))
     ckpt.add_lineage_summary(tmp_path, resumed)

@@ -82,7 +82,9 @@ def test_resumed_engine_takes_the_same_next_update(model_path: Path, tmp_path: P
         assert torch.equal(tensor, _weights(resumed)[name]), name
 
 
-def test_no_load_optim_starts_fresh_moments_and_a_missing_state_is_named(model_path: Path, tmp_path: Path) -> None:
+def test_no_load_optim_starts_fresh_moments_and_a_missing_state_is_named(
+    model_path: Path, tmp_path: Path
+) -> None:
     straight = _engine(model_path, "float32")
     _update(straight, 0)
     straight.save_state(tmp_path / "full")
@@ -104,4 +106,6 @@ def test_no_load_optim_starts_fresh_moments_and_a_missing_state_is_named(model_p
         lean.load_state(tmp_path / "lean", optimizer=False)
     lean.load_state(tmp_path / "lean", optimizer=False, rng=False)
     assert lean.num_optimizer_steps == 2
-    assert (tmp_path / "lean" / "config.json").is_file() and (tmp_path / "lean" / TRAINER_STATE_FILE).is_file()
+    assert (tmp_path / "lean" / "config.json").is_file() and (
+        tmp_path / "lean" / TRAINER_STATE_FILE
+    ).is_file()

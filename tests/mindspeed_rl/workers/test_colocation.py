@@ -1,0 +1,164 @@
+"""The colocated hybrid's phase machine, driven with fakes that record every action."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from mindspeed_rl.workers.colocation import (
+    ColocatedPhases,
+    OffloadPart,
+    OffloadSpec,
+    Phase,
+    move_train_state,
+    train_state_tensors,
+)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.actions: list[tuple[str, Any]] = []
+
+
+class _FakeTrainer:
+    def __init__(self, log: _Recorder) -> None:
+        self.log = log
+
+    def offload(self, parts: Sequence[OffloadPart]) -> None:
+        self.log.actions.append(("offload", tuple(parts)))
+
+    def onload(self, parts: Sequence[OffloadPart]) -> None:
+        self.log.actions.append(("onload", tuple(parts)))
+
+    def inference_weights(self) -> Mapping[str, Any]:
+        self.log.actions.append(("weights", None))
+        return {"w": 1}
+
+
+class _FakeRollout:
+    def __init__(self, log: _Recorder) -> None:
+        self.log = log
+
+    def sleep(self, level: int) -> None:
+        self.log.actions.append(("sleep", level))
+
+    def wake_up(self) -> None:
+        self.log.actions.append(("wake_up", None))
+
+    def load_weights(self, weights: Mapping[str, Any], version: int) -> float:
+        self.log.actions.append(("load_weights", version))
+        return 0.0
+
+
+def _machine(offload: OffloadSpec) -> tuple[ColocatedPhases, _Recorder]:
+    log = _Recorder()
+    return ColocatedPhases(_FakeTrainer(log), _FakeRollout(log), offload), log
+
+
+def test_full_offload_cycle_runs_the_actions_in_order() -> None:
+    phases, log = _machine(OffloadSpec(optimizer=True, grad=True, param=True))
+    assert phases.phase is Phase.GENERATE
+    phases.to_train()
+    phases.to_generate(1)
+    assert log.actions == [
+        ("sleep", 1),
+        ("onload", ("param", "optimizer", "grad")),
+        ("offload", ("optimizer", "grad")),  # before the engine wakes: it needs the room
+        ("wake_up", None),
+        ("weights", None),  # pushed while params are still on the device
+        ("load_weights", 1),
+        ("offload", ("param",)),
+    ]
+    assert (phases.phase, phases.version) == (Phase.GENERATE, 1)
+
+
+def test_only_the_configured_parts_move() -> None:
+    phases, log = _machine(OffloadSpec(grad=True))
+    phases.to_train()
+    phases.to_generate(1)
+    assert [a for a in log.actions if a[0] in ("offload", "onload")] == [
+        ("onload", ("grad",)),
+        ("offload", ("grad",)),
+    ]
+    phases, log = _machine(OffloadSpec())
+    phases.to_train()
+    phases.to_generate(1)
+    assert [a[0] for a in log.actions] == ["sleep", "wake_up", "weights", "load_weights"]
+
+
+def test_invalid_transitions_are_errors() -> None:
+    phases, _ = _machine(OffloadSpec())
+    with pytest.raises(RuntimeError, match="to_generate\\(\\) in phase generate"):
+        phases.to_generate(1)
+    phases.to_train()
+    with pytest.raises(RuntimeError, match="to_train\\(\\) in phase train"):
+        phases.to_train()
+    phases.to_generate(1)
+    phases.to_train()
+    with pytest.raises(ValueError, match="versions increase"):
+        phases.to_generate(1)
+    with pytest.raises(ValueError, match="sleep_level"):
+        ColocatedPhases(_FakeTrainer(_Recorder()), _FakeRollout(_Recorder()), OffloadSpec(), sleep_level=3)
+
+
+def _trained_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+@pytest.mark.parametrize(
+    ("parts", "expected"),
+    [
+        (("param",), {"weight", "bias"}),
+        (("grad",), {"weight.grad", "bias.grad"}),
+        (("optimizer",), {"state"}),
+        (("param", "grad", "optimizer"), {"weight", "bias", "weight.grad", "bias.grad", "state"}),
+    ],
+)
+def test_exactly_the_named_parts_are_moved(parts: tuple[OffloadPart, ...], expected: set[str]) -> None:
+    model, optimizer = _trained_model()
+    assert model.weight.grad is not None and model.bias.grad is not None
+    named = {"weight": model.weight, "bias": model.bias,
+             "weight.grad": model.weight.grad, "bias.grad": model.bias.grad}  # fmt: skip
+    state = {v.data_ptr() for st in optimizer.state.values() for v in st.values() if v.dim() > 0}
+    chosen = {t.data_ptr() for t in train_state_tensors(model, optimizer, parts)}
+    found = {name for name, t in named.items() if t.data_ptr() in chosen}
+    if state <= chosen:
+        found.add("state")
+    assert found == expected
+    assert chosen <= {t.data_ptr() for t in named.values()} | state | _scalar_state(optimizer)
+
+
+def _scalar_state(optimizer: torch.optim.Optimizer) -> set[int]:
+    return {v.data_ptr() for st in optimizer.state.values() for v in st.values() if v.dim() == 0}
+
+
+def test_moving_keeps_the_parameters_the_optimizer_holds() -> None:
+    model, optimizer = _trained_model()
+    param = model.weight
+    move_train_state(model, optimizer, ("param", "grad", "optimizer"), "cpu")
+    assert model.weight is param and optimizer.param_groups[0]["params"][0] is param
+    before = param.detach().clone()
+    optimizer.step()  # still a working optimizer after the round trip
+    assert not torch.equal(before, param.detach())
+
+
+def test_fp32_masters_of_a_wrapper_count_as_optimizer_state() -> None:
+    model = torch.nn.Linear(3, 2)
+    masters = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+
+    class _MixedPrecision:
+        def __init__(self) -> None:
+            self.inner = torch.optim.AdamW(masters, lr=0.1)
+
+    chosen = {t.data_ptr() for t in train_state_tensors(model, _MixedPrecision(), ("optimizer",))}
+    assert chosen == {m.data_ptr() for m in masters}  # no state yet: no step was taken
+    assert model.weight.data_ptr() not in chosen
+    with pytest.raises(ValueError, match="holds no torch.optim.Optimizer"):
+        move_train_state(model, object(), ("optimizer",), "cpu")
