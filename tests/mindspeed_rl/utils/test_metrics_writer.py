@@ -57,6 +57,7 @@ def test_missing_wandb_is_an_error_naming_the_install(
         MetricsWriter(tmp_path, _quiet(use_wandb=True))
 
 
+@pytest.mark.integration  # starts W&B's own service process (seconds, slower on a loaded host)
 def test_wandb_offline_writes_a_run_folder_with_the_logged_metrics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
