@@ -53,7 +53,7 @@ def _run_watching_descendants(cmd: list[str], cwd: Path, timeout_s: float) -> tu
             except psutil.NoSuchProcess:
                 break
             time.sleep(0.5)
-    return proc.wait(), log.read_text()[-6000:], seen
+    return proc.wait(), log.read_text(), seen
 
 
 def test_tp2_actor_runs_in_the_async_pipeline(tmp_path: Path) -> None:
@@ -65,16 +65,15 @@ def test_tp2_actor_runs_in_the_async_pipeline(tmp_path: Path) -> None:
         f"run_dir={runs}", f"megatron_training.tokenizer_name_or_path={tmp_path / 'model'}", *SMALL,
     ]  # fmt: skip
     code, output, seen = _run_watching_descendants(cmd, tmp_path, timeout_s=800)
-    assert code == 0, output
+    assert code == 0, output[-6000:]
     (run_dir,) = list(runs.iterdir())
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     loaded = [e for e in events if e["event"] == "WeightsLoaded"]
     assert len(loaded) >= 1, "the TP2 actor never reloaded a snapshot"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["prompts_scheduled"] == summary["prompts_consumed"] == 12
-    # The TP workers really were separate processes (engine core + 2 workers beyond Ray's own).
-    names = " ".join(output.split())
-    assert "tensor_parallel_size=2" in names or "world_size=2" in names, output[-2000:]
+    # The engine's TP workers were processes of their own (vLLM names them in its log lines).
+    assert "Worker_TP1" in output, output[-2000:]
     time.sleep(2.0)  # Ray's own teardown of its workers may lag the driver's exit slightly
     alive = [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     described = [" ".join(psutil.Process(p).cmdline())[:120] for p in alive]
