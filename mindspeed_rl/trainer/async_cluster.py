@@ -52,6 +52,7 @@ class AsyncCluster:
         self.cu, self.tu, self.gus = cu, tu, gus
         self.reserved = reserved
         self._runs: dict[Any, int] = {}
+        self._failed: set[int] = set()  # GUs declared failed (dead or ended early)
         self.trainer: TrainerSpec | None = None
         self._closing = False  # set by close: GU runs ending from then on are not failures
         self._started = 0.0
@@ -214,11 +215,17 @@ class AsyncCluster:
             for ref in done:
                 gu_id = self._runs.pop(ref)
                 try:
-                    logger.warning("GU %d stopped early: %s", gu_id, ray.get(ref))
+                    counts = ray.get(ref)
+                    # Every scheduled prompt consumed: the GU's loop ends by design before close.
+                    if ray.get(self.cu.is_finished.remote()):
+                        logger.info("GU %d finished: %s", gu_id, counts)
+                        continue
+                    logger.warning("GU %d stopped early: %s", gu_id, counts)
                 except ray.exceptions.RayActorError:
                     logger.error("GU %d died", gu_id)
                 except ray.exceptions.RayTaskError:
                     logger.exception("GU %d failed", gu_id)
+                self._failed.add(gu_id)
                 ray.get(self.cu.on_gu_failed.remote(gu_id))
 
     def _control_plane_cpu(self, seconds: float) -> dict[str, Any]:
@@ -227,7 +234,9 @@ class AsyncCluster:
         import ray
 
         cu_s = ray.get(self.cu.cpu_seconds.remote())
-        live = [self.gus[g] for g in self._runs.values()]
+        # Finished GUs count too (their loops end once every prompt is consumed); failed ones
+        # cannot answer.
+        live = [gu for g, gu in self.gus.items() if g not in self._failed]
         gu_s = sum(ray.get([gu.cpu_seconds.remote() for gu in live]))
         gu_calls: dict[str, int] = {}
         for counts in ray.get([gu.call_counts.remote() for gu in live]):
@@ -247,7 +256,7 @@ class AsyncCluster:
         for gu in self.gus.values():
             gu.stop.remote()
         ray.wait(list(self._runs), num_returns=len(self._runs), timeout=60)
-        ray.get([self.gus[g].shutdown.remote() for g in self._runs.values()])
+        ray.get([gu.shutdown.remote() for g, gu in self.gus.items() if g not in self._failed])
 
 
 def training_layout_summary(trainer: TrainerSpec | None) -> dict[str, int]:
