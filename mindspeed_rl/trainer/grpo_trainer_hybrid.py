@@ -108,7 +108,9 @@ def _start_workers(
     offload = colocated_offload(config)
     if offload is not None:
         if rollout_path != policy_path:
-            raise ValueError("resuming the colocated hybrid is not implemented; resume on the two-process form")
+            raise ValueError(
+                "resuming the colocated hybrid is not implemented; resume on the two-process form"
+            )
         worker = ray.remote(ColocatedWorker).options(**rank0)
         both = worker.remote(plan.trainer, plan.rollout, policy_path, prompts, offload)
         return both, both

@@ -256,7 +256,9 @@ def actor_layout(config: GRPOConfig) -> tuple[int, int]:
     a = config.async_config
     tp, ep = a.actor_tensor_parallel_size, a.actor_expert_parallel_size
     if tp < 1 or ep < 1:
-        raise ValueError(f"async_config.actor_tensor_parallel_size={tp} / actor_expert_parallel_size={ep}; use >= 1")
+        raise ValueError(
+            f"async_config.actor_tensor_parallel_size={tp} / actor_expert_parallel_size={ep}; use >= 1"
+        )
     if ep not in (1, tp):
         raise ValueError(
             f"async_config.actor_expert_parallel_size={ep} with actor_tensor_parallel_size={tp}: a vLLM engine "

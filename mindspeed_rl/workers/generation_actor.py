@@ -238,4 +238,3 @@ def _check_forced(forced: Mapping[str, Sequence[int]], n: int) -> dict[str, tupl
             )
         out[pid] = values
     return out
-

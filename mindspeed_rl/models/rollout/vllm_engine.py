@@ -182,7 +182,9 @@ class VLLMEngine:
     def sleep(self, level: int = 1) -> None:
         """Free device memory between rollouts (level 1: weights to host, KV cache dropped)."""
         if level not in (1, 2):
-            raise ValueError(f"sleep level={level}; vLLM has level 1 (keep weights on host) and 2 (drop them)")
+            raise ValueError(
+                f"sleep level={level}; vLLM has level 1 (keep weights on host) and 2 (drop them)"
+            )
         self._llm.sleep(level=level)
         self._asleep = True
 

@@ -98,7 +98,9 @@ def test_resources_per_pipeline() -> None:
         _plan("async_config.actor_tensor_parallel_size=2", "async_config.actor_expert_parallel_size=4",
               name="grpo_tiny_asp")  # fmt: skip
     with pytest.raises(ValueError, match="only the vLLM engine shards"):
-        _plan("async_config.actor_tensor_parallel_size=2", "rl_config.rollout_backend=hf", name="grpo_tiny_asp")
+        _plan(
+            "async_config.actor_tensor_parallel_size=2", "rl_config.rollout_backend=hf", name="grpo_tiny_asp"
+        )
 
 
 def test_refused_values_name_the_key() -> None:
