@@ -119,7 +119,9 @@ class VLLMEngine:
         config = _hf_config(model_path)
         self._tied = bool(config.get("tie_word_embeddings", False))
         # CPU layers a reload leaves stale (vllm_cpu_patches quirk 5) exist only in these models.
-        self._repack_on_reload = on_cpu and (self._tied or bool(config.get("num_experts")))
+        # (transformers 5 writes a MoE config's expert count as num_local_experts, 4.x as num_experts.)
+        moe = bool(config.get("num_local_experts") or config.get("num_experts"))
+        self._repack_on_reload = on_cpu and (self._tied or moe)
         # Tied: vLLM's loader ignores lm_head.weight, so an update never carries it, even where the
         # starting folder does (some tied checkpoints store the copy).
         self._weight_names = _checkpoint_names(model_path) - ({"lm_head.weight"} if self._tied else set())

@@ -20,6 +20,13 @@ from pathlib import Path
 
 import pytest
 
+
+def _child_env() -> dict[str, str]:
+    """This process's environment minus what an in-process (TP1) vLLM engine of an earlier test set
+    here: VLLM_ENABLE_V1_MULTIPROCESSING=0 would (rightly) refuse a TP2 engine in the child."""
+    return {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+
+
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 
@@ -41,7 +48,7 @@ def _run_watching_descendants(cmd: list[str], cwd: Path, timeout_s: float) -> tu
     seen: set[int] = set()
     log = cwd / "run.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=_child_env())
         parent = psutil.Process(proc.pid)
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None:
@@ -141,7 +148,7 @@ def test_tp2_log_probs_match_the_trainer_after_each_refresh(tmp_path: Path) -> N
     script.write_text(DRIVER)
     proc = subprocess.run(
         [sys.executable, str(script), str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
-        timeout=600, env=dict(os.environ),
+        timeout=600, env=_child_env(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
