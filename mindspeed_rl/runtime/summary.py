@@ -5,21 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mindspeed_rl.runtime.observation import LoopObservation
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ActorSummary:
-    gu_id: int
-    actor_id: int
-    num_minibatches: int
-    num_reloads: int
-    generating_seconds: float
-    loading_seconds: float
-    duty_cycle: float | None
-    """η = generating ÷ (generating + loading), the paper's definition (App. D.6)."""
-    busy_fraction: float | None
-    """generating ÷ wall time since the actor's first work; also charges idle waits."""
+from mindspeed_rl.runtime.observation import ActorObservation, LoopObservation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +43,8 @@ class RuntimeSummary:
     minibatch_errors: int
     actor_deaths: int
     actor_restarts: int
-    actors: tuple[ActorSummary, ...]
+    actors: tuple[ActorObservation, ...]
+    """Per actor, as observed at the end of the run (one record type for both read-outs)."""
     mean_duty_cycle: float | None
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,19 +56,7 @@ class RuntimeSummary:
 
 
 def build_summary(seen: LoopObservation) -> RuntimeSummary:
-    actors = tuple(
-        ActorSummary(
-            gu_id=a.gu_id,
-            actor_id=a.actor_id,
-            num_minibatches=a.num_minibatches,
-            num_reloads=a.num_reloads,
-            generating_seconds=a.generating_seconds,
-            loading_seconds=a.loading_seconds,
-            duty_cycle=a.duty_cycle,
-            busy_fraction=a.busy_fraction,
-        )
-        for a in seen.actors
-    )
+    actors = seen.actors
     cycles = [a.duty_cycle for a in actors if a.duty_cycle is not None]
     return RuntimeSummary(
         prompts_scheduled=seen.prompts_scheduled,
