@@ -102,7 +102,7 @@ def inputs_from_args(args: argparse.Namespace) -> PlannerInputs:
         actor_devices=args.actor_devices,
         gen_seconds=float(pick("gen_seconds")),
         prompts_per_minibatch=float(pick("prompts_per_minibatch")),
-        prompts_per_global_batch=int(pick("global_batch")),
+        num_prompts_per_global_batch=int(pick("global_batch")),
         load_seconds=float(pick("load_seconds", 0.0)),
         save_seconds=float(pick("save_seconds", 0.0)),
         convert_seconds=float(pick("convert_seconds", 0.0)),

@@ -136,7 +136,7 @@ def condition_inputs(config: Any, plan: ReplayPlan) -> PipelineInputs:
     lengths and a fixed-duration trainer step."""
     from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
 
-    expected = config.megatron_training.training.train_iters * config.global_batch_prompts
+    expected = config.megatron_training.training.train_iters * config.num_prompts_per_global_batch
     if len(plan.prompts) != expected:
         raise ValueError(
             f"the replay schedules {len(plan.prompts)} prompts but train_iters x global batch is {expected}; "

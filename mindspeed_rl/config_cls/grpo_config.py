@@ -64,16 +64,16 @@ class GRPOConfig:
         return self.actor_config.arch
 
     @property
-    def global_batch_prompts(self) -> int:
+    def num_prompts_per_global_batch(self) -> int:
         return self.megatron_training.training.global_batch_size
 
     @property
     def global_batch_samples(self) -> int:
-        return self.global_batch_prompts * self.rl_config.n_samples_per_prompt
+        return self.num_prompts_per_global_batch * self.rl_config.n_samples_per_prompt
 
     @property
     def mini_batch_prompts(self) -> int:
-        return self.rl_config.mini_batch_prompts(self.global_batch_prompts)
+        return self.rl_config.mini_batch_prompts(self.num_prompts_per_global_batch)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict in the YAML's own shape; ``load_config`` accepts it back unchanged."""

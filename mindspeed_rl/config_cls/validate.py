@@ -15,7 +15,7 @@ def validate(config: GRPOConfig, problems: Problems) -> None:
 
 
 def _batch_units(config: GRPOConfig, p: Problems) -> None:
-    gbs = config.global_batch_prompts
+    gbs = config.num_prompts_per_global_batch
     n = config.rl_config.n_samples_per_prompt
     if gbs < 1:
         p.add("megatron_training.global_batch_size", f"must be >= 1 prompt per iteration, got {gbs}")

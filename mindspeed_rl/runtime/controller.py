@@ -104,7 +104,7 @@ class ControlLoop:
         self.database = Database(schedule)
         config.check_minibatch_fits(self.database.max_minibatch_prompts)
         self.queue = TrainingQueue(
-            prompts_per_global_batch=config.num_prompts_per_global_batch, clock=self.clock
+            num_prompts_per_global_batch=config.num_prompts_per_global_batch, clock=self.clock
         )
         self.sender = Sender(
             queue_low=config.gu_queue_low,

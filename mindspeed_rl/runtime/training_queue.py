@@ -47,8 +47,8 @@ class QueuedPrompt:
 
 
 class TrainingQueue:
-    def __init__(self, *, prompts_per_global_batch: int, clock: Clock) -> None:
-        self.prompts_per_global_batch = prompts_per_global_batch
+    def __init__(self, *, num_prompts_per_global_batch: int, clock: Clock) -> None:
+        self.num_prompts_per_global_batch = num_prompts_per_global_batch
         self._clock = clock
         self._prompts: dict[str, QueuedPrompt] = {}
         self._depth_samples = 0
@@ -66,7 +66,7 @@ class TrainingQueue:
 
     @property
     def depth_global_batches(self) -> float:
-        return len(self._prompts) / self.prompts_per_global_batch
+        return len(self._prompts) / self.num_prompts_per_global_batch
 
     def put(self, completed: CompletedMinibatch, *, deadline: int | None) -> QueueArrival:
         """Add a completed minibatch's samples, grouped by prompt, and record the arrival."""

@@ -42,7 +42,7 @@ def verify_plan(
         )
     if num_iterations < 4:
         raise ValueError(f"num_iterations must be >= 4 to have a steady-state half, got {num_iterations}.")
-    p = inputs.prompts_per_global_batch
+    p = inputs.num_prompts_per_global_batch
     ids = tuple(f"q{i}" for i in range(num_iterations * p))
     workload = Workload(prompt_ids=ids, lengths=np.ones((len(ids), 1), dtype=np.int64), source="plan check")
     schedule = [

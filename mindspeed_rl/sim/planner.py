@@ -43,7 +43,7 @@ class PlannerInputs:
     gen_seconds: float
     """Mean time for one actor to generate one minibatch."""
     prompts_per_minibatch: float
-    prompts_per_global_batch: int
+    num_prompts_per_global_batch: int
     load_seconds: float = 0.0
     save_seconds: float = 0.0
     convert_seconds: float = 0.0
@@ -62,11 +62,11 @@ class PlannerInputs:
             self.actor_devices,
             self.gen_seconds,
             self.prompts_per_minibatch,
-            self.prompts_per_global_batch,
+            self.num_prompts_per_global_batch,
         )
         if min(positive) <= 0:
             raise ValueError(
-                "actor_devices, gen_seconds, prompts_per_minibatch and prompts_per_global_batch must be > 0."
+                "actor_devices, gen_seconds, prompts_per_minibatch and num_prompts_per_global_batch must be > 0."
             )
         if min(self.load_seconds, self.save_seconds, self.convert_seconds) < 0:
             raise ValueError("load/save/convert seconds must be >= 0.")
@@ -123,9 +123,9 @@ def plan_for(inputs: PlannerInputs, option: TrainingUnitOption, num_actors: int)
     if used > inputs.total_devices:
         raise ValueError(f"{num_actors} actors and a {option.num_devices}-device TU need {used} devices.")
     rollout = num_actors * inputs.actor_prompts_per_second
-    consumption = inputs.prompts_per_global_batch / option.train_seconds
+    consumption = inputs.num_prompts_per_global_batch / option.train_seconds
     rho = rollout / consumption
-    iteration = max(option.train_seconds, inputs.prompts_per_global_batch / rollout)
+    iteration = max(option.train_seconds, inputs.num_prompts_per_global_batch / rollout)
     if math.isclose(rho, 1.0, rel_tol=1e-9):
         bottleneck, queue = (
             "balanced",
@@ -169,7 +169,7 @@ def candidate_plans(inputs: PlannerInputs) -> list[AllocationPlan]:
         max_actors = free // inputs.actor_devices
         if max_actors < 1:
             break
-        consumption = inputs.prompts_per_global_batch / option.train_seconds
+        consumption = inputs.num_prompts_per_global_batch / option.train_seconds
         # Largest A with A * r <= C; the tolerance keeps an exact balance from rounding down.
         balanced = math.floor(consumption / inputs.actor_prompts_per_second + 1e-9)
         plans.append(plan_for(inputs, option, max(1, min(balanced, max_actors))))

@@ -90,7 +90,7 @@ def _planner_inputs(
         actor_devices=1,
         gen_seconds=gen_seconds,
         prompts_per_minibatch=prompts_per_minibatch,
-        prompts_per_global_batch=int(preset.runtime["num_prompts_per_global_batch"]),
+        num_prompts_per_global_batch=int(preset.runtime["num_prompts_per_global_batch"]),
         load_seconds=wf.load_seconds,
         save_seconds=wf.save_seconds,
         convert_seconds=wf.convert_seconds,

@@ -94,7 +94,7 @@ def run_fingerprint(config: GRPOConfig) -> dict[str, Any]:
         "split": t.split,
         "no_shuffle": t.no_shuffle,
         "seed": t.seed,
-        "global_batch_size": config.global_batch_prompts,
+        "global_batch_size": config.num_prompts_per_global_batch,
         "mini_batch_size": config.mini_batch_prompts,
         "epochs": rl.epochs,
         "n_samples_per_prompt": rl.n_samples_per_prompt,

@@ -149,7 +149,7 @@ def _load_data_path(config: GRPOConfig, tokenizer: Any) -> PromptSet:
     builtin = training.data_path.startswith("builtin:")
     # Built-in tasks are generated: enough distinct prompts that the train part of the split
     # covers every iteration of the run.
-    num_train = config.global_batch_prompts * max(1, training.train_iters)
+    num_train = config.num_prompts_per_global_batch * max(1, training.train_iters)
     return load_prompts(
         data_path=training.data_path,
         tokenizer=tokenizer,
@@ -192,7 +192,7 @@ def global_batches(config: GRPOConfig, prompt_ids: list[str]) -> list[tuple[str,
     import numpy as np
 
     training = config.megatron_training.training
-    size = config.global_batch_prompts
+    size = config.num_prompts_per_global_batch
     if len(prompt_ids) < size:
         raise ValueError(
             f"only {len(prompt_ids)} prompts survived loading but global_batch_size is {size}; "

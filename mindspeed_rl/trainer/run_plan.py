@@ -69,7 +69,7 @@ class DataSpec:
     split: str
     shuffle: bool
     seed: int
-    global_batch_prompts: int
+    num_prompts_per_global_batch: int
     train_iters: int
 
 
@@ -209,7 +209,7 @@ def runtime_config(config: GRPOConfig) -> RuntimeConfig:
     """The Control Unit's settings; its own checks are THE queue/lag rules (validate.py defers here)."""
     a = config.async_config
     return RuntimeConfig(
-        num_prompts_per_global_batch=config.global_batch_prompts,
+        num_prompts_per_global_batch=config.num_prompts_per_global_batch,
         num_samples_per_prompt=config.rl_config.n_samples_per_prompt,
         queue_max_samples=a.queue_max_samples,
         queue_resume_samples=a.queue_resume_samples,
@@ -258,7 +258,7 @@ def data_spec(config: GRPOConfig) -> DataSpec:
         split=t.split,
         shuffle=not t.no_shuffle,
         seed=t.seed,
-        global_batch_prompts=config.global_batch_prompts,
+        num_prompts_per_global_batch=config.num_prompts_per_global_batch,
         train_iters=t.train_iters,
     )
 
@@ -266,7 +266,7 @@ def data_spec(config: GRPOConfig) -> DataSpec:
 def trainer_spec(config: GRPOConfig) -> TrainerSpec:
     rl = config.rl_config
     engine = parts.engine_config(config)
-    steps = config.global_batch_prompts // config.mini_batch_prompts * rl.epochs
+    steps = config.num_prompts_per_global_batch // config.mini_batch_prompts * rl.epochs
     old: OldLogProbs = "rollout" if rl.pipeline == "async" else ("recompute" if steps > 1 else "current")
     resources = config.async_config.trainer_resources if rl.pipeline == "async" else rl.actor_resource
     megatron = parts.megatron_layout(config)

@@ -190,7 +190,7 @@ def export_dtype(config: GRPOConfig) -> Literal["float32", "bfloat16", "float16"
 
 
 def optimizer_steps_per_iteration(config: GRPOConfig) -> int:
-    return config.global_batch_prompts // config.mini_batch_prompts * config.rl_config.epochs
+    return config.num_prompts_per_global_batch // config.mini_batch_prompts * config.rl_config.epochs
 
 
 def lr_schedule(config: GRPOConfig) -> LRSchedule:
@@ -314,7 +314,7 @@ def eval_config(config: GRPOConfig) -> EvalConfig:
     return EvalConfig(
         interval=t.eval_interval,
         num_samples_per_prompt=config.rl_config.n_samples_per_prompt,
-        max_prompts=t.eval_iters * config.global_batch_prompts if t.eval_iters > 0 else None,
+        max_prompts=t.eval_iters * config.num_prompts_per_global_batch if t.eval_iters > 0 else None,
     )
 
 

@@ -204,20 +204,20 @@ def test_the_repository_ships_the_expected_run_configs() -> None:
 @pytest.mark.parametrize("name", _run_configs())
 def test_every_shipped_run_config_loads(name: str) -> None:
     config = load_config_from_files(REPO_CONFIGS, name)
-    assert config.model_name and config.global_batch_prompts >= 1
+    assert config.model_name and config.num_prompts_per_global_batch >= 1
     assert config.model.num_layers >= 1 and config.model.padded_vocab_size
 
 
 def test_shipped_cluster_layouts_follow_the_paper() -> None:
     moe = load_config_from_files(REPO_CONFIGS, "grpo_qwen3_30b_a3b_asp_A3")
-    assert (moe.global_batch_prompts, moe.rl_config.n_samples_per_prompt) == (16, 8)
+    assert (moe.num_prompts_per_global_batch, moe.rl_config.n_samples_per_prompt) == (16, 8)
     parallel = moe.actor_config.parallel
     assert (parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size) == (4, 1)
     assert parallel.expert_model_parallel_size == 4 and moe.model.num_experts == 128
     workers = moe.async_config.num_generation_units * moe.async_config.actors_per_unit
     assert (workers, moe.async_config.actor_tensor_parallel_size) == (16, 2)
     dense = load_config_from_files(REPO_CONFIGS, "grpo_qwen3_32b_asp_A3")
-    assert dense.global_batch_prompts == 32
+    assert dense.num_prompts_per_global_batch == 32
     assert dense.actor_config.parallel.pipeline_model_parallel_size == 2
     for config in (moe, dense):
         assert config.rl_config.max_prompt_length == 1024

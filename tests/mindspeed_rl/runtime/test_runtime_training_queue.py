@@ -19,7 +19,7 @@ def _completed(mb_index: int, *, n: int = 2, prompts: tuple[int, int] = (2, 2)):
 
 def test_global_batches_hold_whole_prompts_and_record_depth_at_arrivals() -> None:
     clock = FakeClock()
-    queue = TrainingQueue(prompts_per_global_batch=3, clock=clock)
+    queue = TrainingQueue(num_prompts_per_global_batch=3, clock=clock)
     first = queue.put(_completed(0), deadline=None)
     clock.advance(1.0)
     second = queue.put(_completed(1), deadline=None)
@@ -39,14 +39,14 @@ def test_global_batches_hold_whole_prompts_and_record_depth_at_arrivals() -> Non
 
 
 def test_earliest_deadline_first_then_arrival_order() -> None:
-    queue = TrainingQueue(prompts_per_global_batch=2, clock=FakeClock())
+    queue = TrainingQueue(num_prompts_per_global_batch=2, clock=FakeClock())
     queue.put(_completed(0), deadline=5)
     queue.put(_completed(1), deadline=3)
     assert [q.group.prompt_id for q in queue.candidates(3)] == ["p2", "p3", "p0"]
 
 
 def test_a_prompt_cannot_be_queued_twice() -> None:
-    queue = TrainingQueue(prompts_per_global_batch=2, clock=FakeClock())
+    queue = TrainingQueue(num_prompts_per_global_batch=2, clock=FakeClock())
     queue.put(_completed(0), deadline=None)
     with pytest.raises(ValueError, match="already queued"):
         queue.put(_completed(0), deadline=None)

@@ -21,7 +21,7 @@ def _paper_inputs(total: int) -> PlannerInputs:
         actor_devices=2,
         gen_seconds=763.3,
         prompts_per_minibatch=4,
-        prompts_per_global_batch=16,
+        num_prompts_per_global_batch=16,
         load_seconds=73.9,
         save_seconds=23.5,
         convert_seconds=84.6,
@@ -54,7 +54,7 @@ def test_remaining_devices_grow_the_training_unit() -> None:
         actor_devices=2,
         gen_seconds=100.0,
         prompts_per_minibatch=1,
-        prompts_per_global_batch=10,
+        num_prompts_per_global_batch=10,
     )
     # r = 0.01/s. TU 8: C = 1/30 -> 3 actors, iteration max(300, 333.3). TU 16: C = 1/15 -> 6 actors,
     # iteration max(150, 166.7). The bigger TU wins.
@@ -71,7 +71,7 @@ def test_exact_balance_and_training_bound_labels() -> None:
         actor_devices=1,
         gen_seconds=100.0,
         prompts_per_minibatch=1,
-        prompts_per_global_batch=10,
+        num_prompts_per_global_batch=10,
     )
     plan = recommend(inputs)
     assert plan.num_actors == 10 and plan.bottleneck == "balanced" and plan.iteration_seconds == 100.0
@@ -95,7 +95,7 @@ def test_simulated_check_agrees_with_the_prediction() -> None:
         actor_devices=1,
         gen_seconds=30.0,
         prompts_per_minibatch=2,
-        prompts_per_global_batch=4,
+        num_prompts_per_global_batch=4,
         load_seconds=2.0,
     )
     plan = recommend(inputs)  # r = 2/32, C = 0.4 -> 6 actors (max 6), iteration 4 / (6/16) = 10.67 s
