@@ -120,7 +120,9 @@ def main() -> None:
     log = (args.work / "soak.log").open("w")
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=args.work, stdout=log, stderr=subprocess.STDOUT, env=env)
-    driver, samples, progress = psutil.Process(proc.pid), [], []
+    driver = psutil.Process(proc.pid)
+    samples: list[dict[str, Any]] = []
+    progress: list[tuple[float, int]] = []
     while proc.poll() is None:
         t = time.monotonic() - started
         sample(driver, samples, t)
@@ -155,6 +157,9 @@ def summarize(
             per_process[(s["role"], s["pid"])].append((float(it), s["rss_mb"]))
     # A replacement actor starts mid-run: its own first samples are engine start-up, not growth.
     per_process = {key: pts[PROCESS_WARMUP_SAMPLES:] for key, pts in per_process.items()}
+    # A process that lived too briefly after its warm-up (a replaced actor) has no slope to fit.
+    short = sorted(f"{r}/{pid}" for (r, pid), pts in per_process.items() if len(pts) < 3)
+    per_process = {key: pts for key, pts in per_process.items() if len(pts) >= 3}
     slopes = {
         f"{r}/{pid}": {
             "slope_mb_per_100_iters": slope_per_100(pts),
@@ -172,6 +177,7 @@ def summarize(
     return {
         "iters": args.iters, "returncode": rc, "seconds": seconds, "faults_planned": faults,
         "prompts_lost": lost, **{k: summary.get(k) for k in keys}, "rss": slopes,
+        "rss_too_short_to_fit": short,
     }  # fmt: skip
 
 
