@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 
 IntSeq = Sequence[int] | np.ndarray
 FloatSeq = Sequence[float] | np.ndarray
@@ -184,3 +188,25 @@ def pad_batch(batch: TrainBatch, *, pad_token_id: int, device: torch.device | st
         old_log_probs=opt(batch.old_log_probs),
         ref_log_probs=opt(batch.ref_log_probs),
     )
+
+
+def check_update_batch(batch: TrainBatch, config: TorchEngineConfig) -> int:
+    """Optimizer steps ``update`` will run on ``batch``; ValueError naming the fix when it cannot."""
+    size = config.samples_per_mini_batch
+    if batch.num_samples % size != 0:
+        raise ValueError(
+            f"{batch.num_samples} samples do not split into mini-batches of mini_batch_size x n = {size}; "
+            "make megatron_training.global_batch_size a multiple of rl_config.mini_batch_size"
+        )
+    num_steps = batch.num_samples // size * config.epochs
+    if batch.old_log_probs is None and num_steps > 1:
+        raise ValueError(
+            f"update runs {num_steps} optimizer steps, so it needs the behaviour policy's old_log_probs "
+            "(from compute_log_probs or the rollout); they may be omitted only for one mini-batch x one epoch"
+        )
+    if batch.ref_log_probs is None and config.loss.kl_in_loss:
+        raise ValueError(
+            "init_kl_coef > 0 needs ref_log_probs in the batch (ReferenceModel.compute_log_probs); "
+            "or set rl_config.init_kl_coef: 0"
+        )
+    return num_steps

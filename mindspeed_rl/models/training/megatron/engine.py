@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from mindspeed_rl.models.loss.grpo import grpo_loss
 from mindspeed_rl.models.loss.kl_control import build_kl_controller
-from mindspeed_rl.models.training.batch import TrainBatch
+from mindspeed_rl.models.training.batch import TrainBatch, check_update_batch
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.log_probs import check_temperature
 from mindspeed_rl.models.training.megatron import patches
@@ -238,7 +238,7 @@ class MegatronTrainingEngine:
 
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
         check_temperature(temperature)
-        num_steps = self._check_update_batch(batch)
+        num_steps = check_update_batch(batch, self.config)
         rng = np.random.default_rng((self.config.seed, self._num_updates))
         self._num_updates += 1
         per_step: list[dict[str, float]] = []
@@ -261,25 +261,6 @@ class MegatronTrainingEngine:
         if self.config.loss.kl_in_loss:
             self.kl_controller.update(metrics["kl"], batch.num_samples)
         return metrics
-
-    def _check_update_batch(self, batch: TrainBatch) -> int:
-        size = self.config.samples_per_mini_batch
-        if batch.num_samples % size != 0:
-            raise ValueError(
-                f"{batch.num_samples} samples do not split into mini-batches of mini_batch_size x n = {size}; "
-                "make megatron_training.global_batch_size a multiple of rl_config.mini_batch_size"
-            )
-        num_steps = batch.num_samples // size * self.config.epochs
-        if batch.old_log_probs is None and num_steps > 1:
-            raise ValueError(
-                f"update runs {num_steps} optimizer steps, so it needs old_log_probs (compute_log_probs or "
-                "the rollout); they may be omitted only for one mini-batch x one epoch"
-            )
-        if batch.ref_log_probs is None and self.config.loss.kl_in_loss:
-            raise ValueError(
-                "init_kl_coef > 0 needs ref_log_probs in the batch; or set rl_config.init_kl_coef: 0"
-            )
-        return num_steps
 
     def _loss_fn(
         self, mini: TrainBatch, temperature: float, kl_coef: float, micro: Micro, logits: torch.Tensor
