@@ -260,13 +260,5 @@ class AsyncCluster:
 
 
 def training_layout_summary(trainer: TrainerSpec | None) -> dict[str, int]:
-    """The trainer's parallel layout for summary.json (the torch engine: one rank)."""
-    m = None if trainer is None else trainer.megatron
-    if trainer is None or m is None:
-        return {"tp": 1, "pp": 1, "ep": 1, "dp": 1}
-    return {
-        "tp": m.tensor_model_parallel_size,
-        "pp": m.pipeline_model_parallel_size,
-        "ep": m.expert_model_parallel_size,
-        "dp": m.data_parallel_size(trainer.num_ranks),
-    }
+    """The trainer's parallel layout for summary.json (a simulated trainer: one rank)."""
+    return {"tp": 1, "pp": 1, "ep": 1, "dp": 1} if trainer is None else trainer.layout_summary()

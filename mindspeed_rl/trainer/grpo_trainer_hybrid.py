@@ -84,6 +84,7 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
         max_policy_lag_measured=0,
         max_queue_depth_samples=0,
         queue_limit_samples=None,
+        training_layout=plan.trainer.layout_summary(),
     )
     ckpt.add_lineage_summary(run_dir, lineage)
 

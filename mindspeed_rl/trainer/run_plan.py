@@ -95,6 +95,18 @@ class TrainerSpec:
     num_ranks: int = 1
     """Ranks of the Training Unit (TP x PP x DP of the megatron layout; 1 for the torch engine)."""
 
+    def layout_summary(self) -> dict[str, int]:
+        """The parallel layout for summary.json (the torch engine: one rank)."""
+        m = self.megatron
+        if m is None:
+            return {"tp": 1, "pp": 1, "ep": 1, "dp": 1}
+        return {
+            "tp": m.tensor_model_parallel_size,
+            "pp": m.pipeline_model_parallel_size,
+            "ep": m.expert_model_parallel_size,
+            "dp": m.data_parallel_size(self.num_ranks),
+        }
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RolloutSpec:

@@ -340,7 +340,10 @@ class TrainingUnit:
         see ``workers/evaluator.py``. The model is put back in training mode afterwards."""
         from mindspeed_rl.workers.evaluator import evaluate_policy
 
-        return evaluate_policy(self._engine.model, self._tokenizer, prompts, self._reward_fn, settings)
+        model = self._engine.policy_for_eval()  # a collective for a sharded engine
+        if model is None:  # a rank that does not decode; the group reports rank 0's result
+            return {}
+        return evaluate_policy(model, self._tokenizer, prompts, self._reward_fn, settings)
 
     def _batch(self, samples: Sequence[Sample]) -> TrainBatch:
         """The samples as a batch; advantages are zero until ``_advantages`` fills them in."""

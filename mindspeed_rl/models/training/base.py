@@ -1,4 +1,4 @@
-"""The backend-neutral interface every training engine implements (torch now, Megatron later).
+"""The backend-neutral interface every training engine implements (torch and megatron-core).
 
 Trainers and workers depend on this Protocol only; nothing here names torch.nn, HF or Megatron
 types beyond the tensors handed to the rollout engine for a weight reload.
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
     import torch
+    from transformers import PreTrainedModel
 
     from mindspeed_rl.models.training.batch import TrainBatch
 
@@ -40,4 +41,18 @@ class TrainingEngine(LogProbModel, Protocol):
 
     def save_hf(self, path: str | os.PathLike[str]) -> None:
         """Write an HF model folder (safetensors) that any rollout engine can start from."""
+        ...
+
+    def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
+        """Write a resumable checkpoint into the folder ``path`` (an HF folder of the weights
+        included, so a resumed run's rollout engines can start from it)."""
+        ...
+
+    def load_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
+        """Continue from ``save_state``'s folder; ``optimizer`` / ``rng`` False keep fresh ones."""
+        ...
+
+    def policy_for_eval(self) -> PreTrainedModel | None:
+        """An HF model of the current weights for held-out decoding, on the rank that decodes;
+        None on the ranks that do not (a sharded engine decodes on rank 0 only)."""
         ...

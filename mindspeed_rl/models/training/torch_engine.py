@@ -23,6 +23,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -41,6 +42,9 @@ from mindspeed_rl.models.training.log_probs import (
 )
 from mindspeed_rl.models.training.precision import AdamWSettings, ParamOptimizer, build_optimizer
 from mindspeed_rl.models.training.reference import load_causal_lm
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STEP_METRICS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm")
 # Files of an HF folder that are not weights; copied by save_hf so the folder stays loadable.
@@ -181,6 +185,10 @@ class TorchTrainingEngine:
                 if copyable and not (target / f.name).exists():
                     shutil.copy2(f, target / f.name)
 
+    def policy_for_eval(self) -> PreTrainedModel:
+        """The live model itself: held-out decoding reads the weights being trained, no copy."""
+        return self.model
+
     def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
         """A resumable checkpoint: the HF folder of ``save_hf`` (still loadable as a model) plus
         ``trainer_state.pt`` (``trainer_state``). ``optimizer`` / ``rng`` False: no_save_optim / no_save_rng."""
@@ -205,6 +213,12 @@ class TorchTrainingEngine:
         from mindspeed_rl.models.training import trainer_state
 
         state = trainer_state.load_trainer_state(path)
+        if "layout" in state:
+            raise ValueError(
+                f"{path} was written by the megatron engine (layout {state['layout']}); resume it with "
+                "megatron_training.use_mcore_models: true, or start this engine from its HF weights "
+                "with actor_config.finetune: true"
+            )
         if optimizer and state["optimizer"] is None:
             raise ValueError(
                 f"{path} was saved without optimizer state (no_save_optim); set "

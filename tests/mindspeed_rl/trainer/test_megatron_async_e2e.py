@@ -1,7 +1,8 @@
-"""The async pipeline with the megatron engine end to end: real CLI, Ray, a two-rank gloo
+"""The pipelines with the megatron engine end to end: real CLI, Ray, a two-rank gloo
 TrainingGroup, one vLLM actor. Checks the mechanics (exactly-once consumption, per-rank snapshot
-shards merged by the GU, the layout in summary.json, a loadable final model), not learning: the
-30-iteration learning runs are reported in the README."""
+shards merged by the GU, the layout in summary.json, a loadable final model, periodic evaluation,
+megatron's distributed checkpoint and a resume from it, the hybrid loop's weight push), not
+learning: the 30-iteration learning runs are reported in the README."""
 
 from __future__ import annotations
 
@@ -36,17 +37,17 @@ TINY = (
 )
 
 
-def _run(tmp_path: Path, config: str) -> Path:
-    runs = tmp_path / "runs"
+def _run(tmp_path: Path, config: str, *extra: str, runs: str = "runs") -> Path:
     cmd = [
-        sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", config, f"run_dir={runs}",
-        f"megatron_training.tokenizer_name_or_path={tmp_path / 'model'}", *TINY,
+        sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", config,
+        f"run_dir={tmp_path / runs}", f"megatron_training.tokenizer_name_or_path={tmp_path / 'model'}",
+        *TINY, *extra,
     ]  # fmt: skip
     proc = subprocess.run(
         cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=dict(os.environ)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    (run_dir,) = list(runs.iterdir())
+    (run_dir,) = list((tmp_path / runs).iterdir())
     return run_dir
 
 
@@ -75,8 +76,48 @@ def _check_run(run_dir: Path, layout: dict[str, int]) -> None:
     assert {k: v.shape for k, v in merged.items()} == {k: v.shape for k, v in final.items()}
 
 
-def test_megatron_tp2_async_run(tmp_path: Path) -> None:
-    _check_run(_run(tmp_path, "grpo_tiny_megatron"), {"tp": 2, "pp": 1, "ep": 1, "dp": 1})
+EVAL_AND_SAVE = (
+    "megatron_training.split='75,25,0'",
+    "megatron_training.eval_interval=2",
+    "megatron_training.eval_iters=1",
+    "megatron_training.save_interval=2",
+)
+
+
+def test_megatron_tp2_async_run_evaluates_checkpoints_and_resumes(tmp_path: Path) -> None:
+    save = tmp_path / "save"
+    run_dir = _run(tmp_path, "grpo_tiny_megatron", *EVAL_AND_SAVE, f"actor_config.save={save}")
+    _check_run(run_dir, {"tp": 2, "pp": 1, "ep": 1, "dp": 1})
+    # Periodic evaluation decoded the gathered weights on rank 0: one row, at iteration index 1.
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in rows if "eval/accuracy" in r]
+    assert [r["iteration"] for r in evaluated] == [1]
+    assert evaluated[0]["eval/num_samples"] == evaluated[0]["eval/num_prompts"] * 4 > 0
+    # megatron's distributed checkpoint beside the HF folder, in the checkpoint after iteration 2.
+    checkpoint = save / "iter_0000002"
+    assert (checkpoint / "mcore_dist" / ".metadata").is_file()
+    assert len(list((checkpoint / "mcore_dist").glob("*.distcp"))) == 2  # one file per rank
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(checkpoint)
+    # Resume from it: the third iteration only, every prompt of the lineage consumed once.
+    resumed = _run(tmp_path, "grpo_tiny_megatron", *EVAL_AND_SAVE, f"actor_config.save={tmp_path / 'save2'}",
+                   f"actor_config.load={checkpoint}", runs="runs_resumed")  # fmt: skip
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["resumed_from_iteration"] == 2
+    assert summary["prompts_consumed"] == 4
+    assert summary["prompts_consumed_total"] == summary["prompts_consumed_unique_total"] == 12
+    assert summary["training_layout"] == {"tp": 2, "pp": 1, "ep": 1, "dp": 1}
+
+
+def test_megatron_tp2_hybrid_run_pushes_gathered_weights(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, "grpo_tiny_megatron", "rl_config.pipeline=hybrid")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["pipeline"] == "hybrid"
+    assert summary["training_layout"] == {"tp": 2, "pp": 1, "ep": 1, "dp": 1}
+    assert summary["prompts_consumed_total"] == summary["prompts_consumed_unique_total"] == 12
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["time/weight_sync_s"] > 0 for r in rows)
 
 
 def test_megatron_moe_ep2_async_run(tmp_path: Path) -> None:

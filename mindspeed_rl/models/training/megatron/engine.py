@@ -22,7 +22,7 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -52,6 +52,9 @@ from mindspeed_rl.models.training.megatron.hf_mapping import (
 )
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.models.training.megatron.model import init_model_parallel, load_model, rank_coords
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STEP_METRICS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm")
 _LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "clip_frac")
@@ -216,7 +219,8 @@ class MegatronTrainingEngine:
         )
         self.kl_controller = build_kl_controller(config.loss)
         self.num_optimizer_steps = 0
-        self._num_updates = 0
+        self.num_updates = 0
+        """Calls of ``update`` so far: seeds each update's mini-batch shuffle (checkpointed)."""
 
     def compute_log_probs(self, batch: TrainBatch, temperature: float) -> list[np.ndarray]:
         return compute_log_probs_megatron(
@@ -239,8 +243,8 @@ class MegatronTrainingEngine:
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
         check_temperature(temperature)
         num_steps = check_update_batch(batch, self.config)
-        rng = np.random.default_rng((self.config.seed, self._num_updates))
-        self._num_updates += 1
+        rng = np.random.default_rng((self.config.seed, self.num_updates))
+        self.num_updates += 1
         per_step: list[dict[str, float]] = []
         kl_coef = self.kl_controller.value
         size = self.config.samples_per_mini_batch
@@ -359,6 +363,44 @@ class MegatronTrainingEngine:
         if dist.get_rank() == 0:
             write_hf_folder(path, weights, self._source)
         dist.barrier()
+
+    def policy_for_eval(self) -> PreTrainedModel | None:
+        """An HF model of the current weights on rank 0 (collective: every rank gathers), None on
+        the others. A full copy on one rank: fine for the CPU configs; large models would decode
+        held-out prompts on the rollout engines instead (not built)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from mindspeed_rl.models.training.hf_names import to_model_state
+
+        weights = gather_hf_weights(self.model.module, self.dims, self.layout)
+        if dist.get_rank() != 0:
+            return None
+        config = AutoConfig.from_pretrained(self._source)
+        model = AutoModelForCausalLM.from_config(config, dtype=next(iter(weights.values())).dtype)
+        model.load_state_dict(to_model_state(weights, model), strict=True)
+        torch.nn.Module.to(model, self._device)
+        return model
+
+    def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
+        """A resumable checkpoint: megatron's distributed checkpoint + an HF folder (``checkpoint.py``)."""
+        from mindspeed_rl.models.training.megatron import checkpoint
+
+        checkpoint.save(self, path, optimizer=optimizer, rng=rng)
+
+    def load_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
+        """Continue from ``save_state``'s folder, saved at this layout or any other."""
+        from mindspeed_rl.models.training.megatron import checkpoint
+
+        checkpoint.load(self, path, optimizer=optimizer, rng=rng)
+
+    def layout_key(self) -> dict[str, int]:
+        """The layout a checkpoint records (per-rank state is only valid at the same one)."""
+        return {
+            "tp": self.layout.tensor_model_parallel_size,
+            "pp": self.layout.pipeline_model_parallel_size,
+            "ep": self.layout.expert_model_parallel_size,
+            "world_size": dist.get_world_size(),
+        }
 
 
 def global_grad_norm(params: Any) -> float:

@@ -97,7 +97,7 @@ def with_behaviour_log_probs(batch: TrainBatch, log_probs: list[np.ndarray], see
     return batch.with_log_probs(old=old, ref=ref)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -216,7 +216,7 @@ def run_megatron_side(
         torch.save(batch, Path(tmp) / "batch.pt")
         config = config or parity_engine_config(num_samples=batch.num_samples)
         mp.spawn(
-            _worker, args=(2, _free_port(), os.fspath(model_dir), layout, tmp, config), nprocs=2, join=True
+            _worker, args=(2, free_port(), os.fspath(model_dir), layout, tmp, config), nprocs=2, join=True
         )
         result = dict(torch.load(Path(tmp) / "result.pt", weights_only=False))
         result["hf_logits"] = _transformers_logits(Path(tmp) / "converted", result["logits"].shape[-1])

@@ -1,0 +1,159 @@
+"""The megatron engine's resumable state as megatron-core's distributed checkpoint.
+
+Inside one ``<save>/iter_N/`` folder (``trainer/checkpointing.py`` owns the folder and its
+atomic commit)::
+
+    config.json, model.safetensors ...   HF folder of the weights (rank 0, gathered): what the
+                                         rollout actors of a resumed run load, and what users read
+    mcore_dist/                          megatron ``dist_checkpointing`` (torch_dist): model weights
+                                         and AdamW moments as ShardedTensors, each shard written once
+                                         by its first holder, in global (un-sharded) coordinates
+    trainer_state.pt                     rank 0: step counts, KL coefficient, the saved layout, every
+                                         rank's RNG state (models/training/trainer_state.py)
+
+Why global coordinates matter: a checkpoint saved at TP2 loads at TP1/DP2 (or any other layout
+of the same model), since ``dist_checkpointing.load`` reassembles each rank's new shard from the
+saved pieces. Only the RNG states are per rank: they are restored when the layout is the same,
+and a different layout needs ``no_load_rng``.
+
+The optimizer is torch's AdamW (see ``engine.py`` for why); its per-parameter moments are
+sharded exactly like their parameters. Its ``step`` counter is the same for every parameter
+(every parameter steps every time), so it is stored once as ``num_optimizer_steps`` rather than
+as a tensor per parameter.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from mindspeed_rl.models.training import trainer_state
+from mindspeed_rl.models.training.megatron import patches
+
+if TYPE_CHECKING:
+    from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
+
+DIST_DIR = "mcore_dist"
+_ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.nn.Parameter]:
+    for group in optimizer.param_groups:
+        yield from group["params"]
+
+
+def _ensure_adam_state(optimizer: torch.optim.Optimizer, num_steps: int) -> None:
+    """Give every parameter AdamW state tensors (zeros before the first step), so the sharded
+    dict has one entry per parameter whether or not a step ran."""
+    for p in _optimizer_params(optimizer):
+        state = optimizer.state[p]
+        for key in _ADAM_MOMENTS:
+            if key not in state:
+                state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"] = torch.tensor(float(num_steps))
+
+
+def sharded_state(engine: MegatronTrainingEngine, *, optimizer: bool) -> dict[str, Any]:
+    """The model's sharded state dict (and the optimizer's moments sharded like their params)."""
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    model_state = engine.model.module.sharded_state_dict()
+    state: dict[str, Any] = {"model": model_state}
+    if optimizer:
+        _ensure_adam_state(engine.optimizer, engine.num_optimizer_steps)
+        optim_state = engine.optimizer.state_dict()
+        id_map = get_param_id_to_sharded_param_map(model_state, _optimizer_params(engine.optimizer))
+        optim_state_to_sharding_state(optim_state, id_map, exclude_keys=("step",))
+        state["optimizer"] = optim_state
+    return state
+
+
+def save(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimizer: bool, rng: bool) -> None:
+    """Collective: every rank calls it with the same ``path`` (a folder the caller created)."""
+    from megatron.core import dist_checkpointing
+
+    target = Path(path)
+    engine.save_hf(target)
+    dist_dir = target / DIST_DIR
+    if dist.get_rank() == 0:
+        dist_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    with patches.cpu_runtime_mode():
+        dist_checkpointing.save(sharded_state(engine, optimizer=optimizer), str(dist_dir))
+    rng_states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(rng_states, trainer_state.capture_rng() if rng else None)
+    if dist.get_rank() == 0:
+        trainer_state.save_trainer_state(
+            target,
+            {
+                "num_optimizer_steps": engine.num_optimizer_steps,
+                "num_updates": engine.num_updates,
+                "kl_controller": engine.kl_controller.state_dict(),
+                "optimizer": DIST_DIR if optimizer else None,
+                "layout": engine.layout_key(),
+                "rng": rng_states if rng else None,
+            },
+        )
+    dist.barrier()
+
+
+def load(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimizer: bool, rng: bool) -> None:
+    """Collective: restore ``save``'s state into ``engine`` (built from the same model, any layout)."""
+    from megatron.core import dist_checkpointing
+
+    source = Path(path)
+    state = trainer_state.load_trainer_state(source)
+    _check_loadable(state, source, engine, optimizer=optimizer, rng=rng)
+    engine.num_optimizer_steps = int(state["num_optimizer_steps"])
+    with patches.cpu_runtime_mode():
+        loaded = dist_checkpointing.load(
+            sharded_state(engine, optimizer=optimizer), str(source / DIST_DIR), strict="assume_ok_unexpected"
+        )
+    engine.model.module.load_state_dict(loaded["model"], strict=True)
+    if optimizer:
+        saved = loaded["optimizer"]
+        fresh = engine.optimizer.state_dict()  # param ids and hyper-parameters of this run
+        for param_id, moments in saved["state"].items():
+            moments["step"] = torch.tensor(float(engine.num_optimizer_steps))
+            fresh["state"][param_id] = moments
+        engine.optimizer.load_state_dict(fresh)
+    else:
+        engine.optimizer.state.clear()
+    engine.num_updates = int(state["num_updates"])
+    engine.kl_controller.load_state_dict(state["kl_controller"])
+    if rng:
+        trainer_state.restore_rng(state["rng"][dist.get_rank()])
+    dist.barrier()
+
+
+def _check_loadable(
+    state: dict[str, Any], source: Path, engine: MegatronTrainingEngine, *, optimizer: bool, rng: bool
+) -> None:
+    if "layout" not in state:
+        raise ValueError(
+            f"{source} was written by the torch engine (no {DIST_DIR}/); resume it with "
+            "megatron_training.use_mcore_models: false, or start the megatron engine from its HF "
+            "weights with actor_config.finetune: true"
+        )
+    if optimizer and state["optimizer"] is None:
+        raise ValueError(
+            f"{source} was saved without optimizer state (no_save_optim); set "
+            "actor_config.no_load_optim: true to resume with fresh optimizer moments"
+        )
+    if rng and state["rng"] is None:
+        raise ValueError(
+            f"{source} was saved without RNG state (no_save_rng); set actor_config.no_load_rng: true"
+        )
+    if rng and state["layout"] != engine.layout_key():
+        raise ValueError(
+            f"{source} was saved with trainer layout {state['layout']}, this run uses {engine.layout_key()}: "
+            "weights and optimizer reshard, per-rank RNG states do not; set actor_config.no_load_rng: true"
+        )
