@@ -6,6 +6,7 @@ logits of the exported HF folder loaded in transformers against the megatron mod
 
     .venv/bin/python benchmarks/megatron_parity.py --json runs/megatron_parity.json
     .venv/bin/python benchmarks/megatron_parity.py --model DIR [--model DIR2] --layouts tp2,dp2
+    .venv/bin/python benchmarks/megatron_parity.py --resume --reload --json runs/megatron_parity.json
 
 By default it builds a tiny dense Qwen3 and a tiny Qwen3-MoE itself (GQA, vocab padding); ``--model``
 runs the same cases on any local Qwen2/Qwen2.5, Qwen3 or Qwen3-MoE HF folder. ``ep2`` runs on MoE
@@ -13,6 +14,13 @@ models only; ``tp2`` on dense models only (MoE with TP needs sequence parallelis
 local spec cannot build: listed under "skipped" with the reason). Writes ``{"cases": [{"model", "layout", "logprob_max_abs_diff", "update_max_rel_diff",
 "convert_logit_max_abs_diff", ...}], "ok": bool}``; the goals are log-prob and convert diffs
 <= 1e-4 and update diff <= 1e-3 (L2 error of the update relative to the update, per tensor).
+
+``--resume`` adds ``"resume"`` cases: save megatron's distributed checkpoint at one layout, resume
+at the same or another (TP2 -> DP2, EP2 -> DP2), compare the next update with the run that simply
+went on (goal: 0 at the same layout, <= 1e-5 across layouts). ``--reload`` adds ``"reload"``
+cases: per-rank snapshot -> the GU's merge -> vLLM reload, then vLLM's log-probs of its own
+samples against the trainer's (goal <= 1e-4; needs vLLM; the default models are the tiny
+tokenizer-carrying ones of ``mindspeed_rl.models.tiny``).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from mindspeed_rl.models.training.megatron.parity import LAYOUTS, build_parity_m
 LOGPROB_GOAL = 1e-4
 CONVERT_GOAL = 1e-4
 UPDATE_GOAL = 1e-3
+RESUME_CROSS_LAYOUT_GOAL = 1e-5
+RELOAD_GOAL = 1e-4
 
 
 def parse_args() -> argparse.Namespace:
@@ -44,6 +54,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--layouts", default="tp2,pp2,dp2,ep2", help=f"comma-separated subset of {sorted(LAYOUTS)}"
     )
+    p.add_argument("--resume", action="store_true", help="also distributed-checkpoint resume cases")
+    p.add_argument("--reload", action="store_true", help="also snapshot -> vLLM reload cases (needs vLLM)")
     return p.parse_args()
 
 
@@ -83,9 +95,47 @@ def _skip_reason(model: Path, layout: str) -> str | None:
     return None
 
 
+def _resume_cases(model: Path) -> list[dict[str, Any]]:
+    from mindspeed_rl.models.training.megatron.resume_parity import run_resume_case
+
+    sharded = "ep2" if load_dims(model).is_moe else "tp2"
+    out = []
+    for saved, loaded in ((sharded, sharded), (sharded, "dp2")):
+        start = time.perf_counter()
+        result = dataclasses.asdict(run_resume_case(model, saved, loaded))
+        result["model"], result["seconds"] = str(model), round(time.perf_counter() - start, 1)
+        goal = 0.0 if saved == loaded else RESUME_CROSS_LAYOUT_GOAL
+        result["ok"] = result["resume_max_abs_diff"] <= goal
+        print(json.dumps(result), flush=True)
+        out.append(result)
+    return out
+
+
+def _reload_case(model: Path) -> dict[str, Any]:
+    from mindspeed_rl.models.training.megatron.reload_parity import run_reload_case
+
+    layout = "ep2" if load_dims(model).is_moe else "tp2"
+    start = time.perf_counter()
+    result = {"model": str(model), "layout": layout, **run_reload_case(model, layout)}
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    result["ok"] = result["reload_logprob_max_abs_diff"] <= RELOAD_GOAL
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def _tokenizer_models(root: Path) -> list[Path]:
+    from mindspeed_rl.models import tiny
+
+    return [
+        tiny.create_tiny_model(root / "tiny_qwen3_tok", dict(tiny.TINY_TEST_ARCH), seed=0),
+        tiny.create_tiny_model(root / "tiny_qwen3_moe_tok", dict(tiny.TINY_QWEN3_MOE_ARCH), seed=0),
+    ]
+
+
 def main() -> None:
     args = parse_args()
     layouts = _layouts(args.layouts)
+    report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="megatron-parity-models-") as tmp:
         models = list(args.model) or [
             build_parity_model(Path(tmp) / "tiny_qwen3", "qwen3"),
@@ -99,7 +149,14 @@ def main() -> None:
                     skipped.append({"model": str(model), "layout": layout, "reason": reason})
                 else:
                     cases.append(_case(model, layout))
-    report = {"cases": cases, "skipped": skipped, "ok": all(c["ok"] for c in cases)}
+        report = {"cases": cases, "skipped": skipped}
+        if args.resume:
+            report["resume"] = [r for model in models for r in _resume_cases(model)]
+        if args.reload:
+            reload_models = list(args.model) or _tokenizer_models(Path(tmp))
+            report["reload"] = [_reload_case(model) for model in reload_models]
+    extra = [r for key in ("resume", "reload") for r in report.get(key, [])]
+    report["ok"] = all(c["ok"] for c in [*cases, *extra])
     text = json.dumps(report, indent=2)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

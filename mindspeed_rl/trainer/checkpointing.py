@@ -7,6 +7,8 @@
         config.json, *.safetensors,  the trainer's HF folder (save_hf): loadable as a model
         tokenizer files ...
         trainer_state.pt             optimizer, step counts, KL coefficient, RNG (models/training/trainer_state.py)
+        mcore_dist/                  the megatron engine only: megatron's distributed checkpoint of
+                                     weights + optimizer (models/training/megatron/checkpoint.py)
         pipeline_state.json          iteration, prompts consumed over the whole lineage, snapshot version
         schedule.json                the lineage's schedule: minibatches of prompt ids in dispatch order
         asp_schedule.json            the ASP artifact with its predictor's provenance (async; copied)
@@ -20,8 +22,9 @@ point of a write leaves the previous checkpoint in charge. The resumed run train
 flight or queued when the run died is simply scheduled again, nothing is consumed twice. Both
 pipelines consume whole prompts per step, so "consumed" is exact at every step boundary.
 
-The trainer side is two calls any engine can implement: ``save_state(dir, optimizer=, rng=)`` and
-``load_state(dir, optimizer=, rng=)`` (``workers/training_unit.py``). Torch-free.
+The trainer side is two calls every engine implements: ``save_state(dir, optimizer=, rng=)`` and
+``load_state(dir, optimizer=, rng=)`` (``models/training/base.py``); a sharded engine's ranks all
+write into the same folder. Torch-free.
 """
 
 from __future__ import annotations
