@@ -161,7 +161,8 @@ class GenerationActor:
     def load_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> float:
-        """In-place reload; returns seconds spent. Called only between minibatches."""
+        """In-place reload; returns seconds spent. Called only between minibatches. The hybrid
+        loop sends a ``HostWeights`` (an iterable of pairs)."""
         tic = time.perf_counter()
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         self._engine.load_weights(items)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rewards import RewardResult
+    from mindspeed_rl.models.rollout.host_weights import HostWeights
     from mindspeed_rl.models.training.batch import TrainBatch
     from mindspeed_rl.trainer.run_plan import TrainerSpec
     from mindspeed_rl.workers.colocation import OffloadPart
@@ -237,9 +238,12 @@ class TrainingUnit:
             times["time/old_log_probs_s"] = time.perf_counter() - tic
         return batch
 
-    def inference_weights(self) -> dict[str, torch.Tensor]:
-        """HF-named CPU tensors for an in-place rollout-engine reload (hybrid weight push)."""
-        return dict(self._engine.named_weights_for_inference())
+    def inference_weights(self) -> HostWeights:
+        """HF-named host arrays for an in-place rollout-engine reload (hybrid weight push);
+        iterating yields tensors (``models/rollout/host_weights.py`` says why not tensors)."""
+        from mindspeed_rl.models.rollout.host_weights import HostWeights
+
+        return HostWeights.from_tensors(self._engine.named_weights_for_inference())
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self._engine.named_weights_for_inference()
