@@ -213,21 +213,7 @@ class TorchTrainingEngine:
         from mindspeed_rl.models.training import trainer_state
 
         state = trainer_state.load_trainer_state(path)
-        if "layout" in state:
-            raise ValueError(
-                f"{path} was written by the megatron engine (layout {state['layout']}); resume it with "
-                "megatron_training.use_mcore_models: true, or start this engine from its HF weights "
-                "with actor_config.finetune: true"
-            )
-        if optimizer and state["optimizer"] is None:
-            raise ValueError(
-                f"{path} was saved without optimizer state (no_save_optim); set "
-                "actor_config.no_load_optim: true to resume with fresh optimizer moments"
-            )
-        if rng and state["rng"] is None:
-            raise ValueError(
-                f"{path} was saved without RNG state (no_save_rng); set actor_config.no_load_rng: true"
-            )
+        trainer_state.check_loadable(state, path, engine="torch", optimizer=optimizer, rng=rng)
         saved = load_causal_lm(path, self._device, torch_dtype(self.config.param_dtype))
         self.model.load_state_dict(saved.state_dict())
         del saved

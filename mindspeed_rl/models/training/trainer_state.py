@@ -82,3 +82,27 @@ def load_trainer_state(folder: str | os.PathLike[str]) -> dict[str, Any]:
     if state.get("format") != FORMAT:
         raise ValueError(f"{path} has format {state.get('format')!r}; this version reads format {FORMAT}")
     return state
+
+
+def check_loadable(
+    state: dict[str, Any], folder: str | os.PathLike[str], *, engine: str, optimizer: bool, rng: bool
+) -> None:
+    """Refuse, naming the key to change, a checkpoint ``engine`` ("torch" | "megatron") cannot
+    continue: another engine's (the megatron engine records its ``layout``), or one saved without
+    the optimizer / RNG state the run wants to load."""
+    written_by = "megatron" if "layout" in state else "torch"
+    if written_by != engine:
+        raise ValueError(
+            f"{folder} was written by the {written_by} engine; resume it with "
+            f"megatron_training.use_mcore_models: {str(written_by == 'megatron').lower()}, or start the "
+            f"{engine} engine from its HF weights with actor_config.finetune: true"
+        )
+    if optimizer and state["optimizer"] is None:
+        raise ValueError(
+            f"{folder} was saved without optimizer state (no_save_optim); set "
+            "actor_config.no_load_optim: true to resume with fresh optimizer moments"
+        )
+    if rng and state["rng"] is None:
+        raise ValueError(
+            f"{folder} was saved without RNG state (no_save_rng); set actor_config.no_load_rng: true"
+        )

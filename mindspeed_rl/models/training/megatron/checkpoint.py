@@ -137,21 +137,7 @@ def load(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimi
 def _check_loadable(
     state: dict[str, Any], source: Path, engine: MegatronTrainingEngine, *, optimizer: bool, rng: bool
 ) -> None:
-    if "layout" not in state:
-        raise ValueError(
-            f"{source} was written by the torch engine (no {DIST_DIR}/); resume it with "
-            "megatron_training.use_mcore_models: false, or start the megatron engine from its HF "
-            "weights with actor_config.finetune: true"
-        )
-    if optimizer and state["optimizer"] is None:
-        raise ValueError(
-            f"{source} was saved without optimizer state (no_save_optim); set "
-            "actor_config.no_load_optim: true to resume with fresh optimizer moments"
-        )
-    if rng and state["rng"] is None:
-        raise ValueError(
-            f"{source} was saved without RNG state (no_save_rng); set actor_config.no_load_rng: true"
-        )
+    trainer_state.check_loadable(state, source, engine="megatron", optimizer=optimizer, rng=rng)
     if rng and state["layout"] != engine.layout_key():
         raise ValueError(
             f"{source} was saved with trainer layout {state['layout']}, this run uses {engine.layout_key()}: "
