@@ -34,6 +34,7 @@ from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.trainer import run_plan_parts as parts
+from mindspeed_rl.trainer import run_plan_placement as placing
 from mindspeed_rl.trainer.eval_config import EvalConfig
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.placement import ClusterSpec, Placement, PlacementRequest, plan_placement
@@ -209,7 +210,7 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         resources=resource_requests(config),
         runtime_env_path=config.rl_config.runtime_env_path,
         warmup=parts.warmup_spec(config),
-        placement=parts.placement_request(config),
+        placement=placing.placement_request(config),
         inert_keys=parts.plan_inert_keys(config, trainer),
     )
     if not is_async:
@@ -284,7 +285,7 @@ def trainer_spec(config: GRPOConfig) -> TrainerSpec:
     megatron = parts.megatron_layout(config)
     return TrainerSpec(
         megatron=megatron,
-        num_ranks=parts.trainer_ranks(config, parts.device_kind(config)[0]).count if megatron else 1,
+        num_ranks=placing.trainer_ranks(config, placing.device_kind(config)[0]).count if megatron else 1,
         engine=engine,
         reward=RewardConfig(
             verifier_function=rl.verifier_function,

@@ -100,7 +100,7 @@ class RoleRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlacementRequest:
-    """What the run plan asks the cluster for (``run_plan_parts.placement_request``)."""
+    """What the run plan asks the cluster for (``run_plan_placement.placement_request``)."""
 
     device_kind: DeviceKind | None
     """None: a CPU-only run (devices of the cluster are not used)."""
