@@ -517,7 +517,10 @@ class ControlLoop:
 
     @_serialized
     def summary(self) -> RuntimeSummary:
-        return build_summary(self.observe())
+        # Whole-run figures only: no arrival or lag records (they may have been trimmed).
+        return build_summary(
+            self.observe(arrivals_since=len(self.queue.arrivals), lag_steps_since=len(self.lag.steps))
+        )
 
     @_serialized
     def observe(self, *, arrivals_since: int = 0, lag_steps_since: int = 0) -> LoopObservation:
@@ -539,7 +542,7 @@ class ControlLoop:
             mean_policy_lag_measured=self.lag.mean_d_off,
             mean_policy_lag_eq4_estimate=self.lag.mean_estimate,
             num_lag_steps=len(self.lag.steps),
-            lag_steps=tuple(self.lag.steps[lag_steps_since:]),
+            lag_steps=tuple(self.lag.steps.since(lag_steps_since)),
             trainer_lag_holds=self.trainer_lag_holds,
             starts_refused=dict(self.starts_refused),
             queue_depth_samples=self.queue.depth_samples,
@@ -547,7 +550,7 @@ class ControlLoop:
             queue_limit_samples=self.config.queue_max_samples,
             queue_resume_samples=self.config.queue_resume_samples,
             num_arrivals=len(self.queue.arrivals),
-            arrivals=tuple(self.queue.arrivals[arrivals_since:]),
+            arrivals=tuple(self.queue.arrivals.since(arrivals_since)),
             paused=self.backpressure.paused,
             num_backpressure_pauses=self.backpressure.num_pauses,
             seconds_paused=self.backpressure.seconds_paused,
@@ -574,6 +577,13 @@ class ControlLoop:
             actor_deaths=self.faults.by_kind[FaultKind.DIED],
             actor_restarts=self.actor_restarts,
         )
+
+    @_serialized
+    def trim_history(self, *, arrivals: int, lag_steps: int) -> None:
+        """Forget the arrival and lag records before these positions (a reader's cursor): a
+        long run's memory then holds one step of them. The simulator never trims."""
+        self.queue.arrivals.trim(arrivals)
+        self.lag.steps.trim(lag_steps)
 
     @property
     def queue_bound_samples(self) -> int:

@@ -8,9 +8,10 @@ across Ray or written out as JSON lines (``asdict`` plus the class name).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO, TypeVar
+
+from mindspeed_rl.runtime.append_log import AppendLog
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,7 +137,7 @@ Event = (
 E = TypeVar("E")
 
 
-class EventLog:
+class EventLog(AppendLog[Event]):
     """Append-only log of events, in the order they were appended.
 
     Positions are absolute (``len`` counts every event ever appended). A long run streams the log
@@ -145,28 +146,11 @@ class EventLog:
     """
 
     def __init__(self) -> None:
-        self._events: list[Event] = []
-        self._offset = 0  # absolute position of self._events[0]
+        super().__init__()
         self._written = 0  # absolute position up to which write_new has written
 
-    def append(self, event: Event) -> None:
-        self._events.append(event)
-
-    def __len__(self) -> int:
-        return self._offset + len(self._events)
-
-    def __iter__(self) -> Iterator[Event]:
-        """The events still held (all of them unless ``trim`` dropped some)."""
-        return iter(self._events)
-
     def of_type(self, kind: type[E]) -> list[E]:
-        return [e for e in self._events if isinstance(e, kind)]
-
-    def since(self, index: int) -> list[Event]:
-        """Events appended at or after position ``index`` (for incremental metric sinks)."""
-        if index < self._offset:
-            raise ValueError(f"events before position {self._offset} were trimmed; asked from {index}.")
-        return self._events[index - self._offset :]
+        return [e for e in self if isinstance(e, kind)]
 
     def write_new(self, handle: TextIO) -> int:
         """Append the events not written yet to ``handle`` as JSON lines; returns how many."""
@@ -178,10 +162,7 @@ class EventLog:
 
     def trim(self, before: int) -> None:
         """Forget events before position ``before`` that are already written (readers past them)."""
-        cut = min(before, self._written) - self._offset
-        if cut > 0:
-            del self._events[:cut]
-            self._offset += cut
+        super().trim(min(before, self._written))
 
     @staticmethod
     def to_json_dict(event: Event) -> dict[str, Any]:

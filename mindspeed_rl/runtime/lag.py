@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mindspeed_rl.runtime.append_log import AppendLog
 from mindspeed_rl.runtime.records import GlobalBatch
 
 
@@ -27,9 +28,14 @@ class StepLag:
 class LagTracker:
     def __init__(self) -> None:
         self._estimates: dict[int, float | None] = {}  # minibatch id -> Eq. 4 at its arrival
-        self.steps: list[StepLag] = []
+        self.steps: AppendLog[StepLag] = AppendLog()
+        """One record per step; the Control Unit trims what its digest has read, so the
+        whole-run figures below are running aggregates, not scans of the log."""
         self._sum_d_off = 0
         self._num_samples = 0
+        self._max_d_off: int | None = None
+        self._sum_estimates = 0.0
+        self._num_estimates = 0
 
     def record_arrival(self, minibatch_id: int, estimate: float | None) -> None:
         self._estimates[minibatch_id] = estimate
@@ -50,11 +56,15 @@ class LagTracker:
         self.steps.append(lag)
         self._sum_d_off += sum(d_offs)
         self._num_samples += len(d_offs)
+        self._max_d_off = lag.d_off_max if self._max_d_off is None else max(self._max_d_off, lag.d_off_max)
+        if lag.d_off_estimate_mean is not None:
+            self._sum_estimates += lag.d_off_estimate_mean
+            self._num_estimates += 1
         return lag
 
     @property
     def max_d_off(self) -> int | None:
-        return max((s.d_off_max for s in self.steps), default=None)
+        return self._max_d_off
 
     @property
     def mean_d_off(self) -> float | None:
@@ -62,5 +72,5 @@ class LagTracker:
 
     @property
     def mean_estimate(self) -> float | None:
-        values = [s.d_off_estimate_mean for s in self.steps if s.d_off_estimate_mean is not None]
-        return sum(values) / len(values) if values else None
+        """Mean over steps of each step's mean estimate (steps without one are left out)."""
+        return self._sum_estimates / self._num_estimates if self._num_estimates else None

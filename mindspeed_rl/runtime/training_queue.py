@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mindspeed_rl.runtime.append_log import AppendLog
 from mindspeed_rl.runtime.clock import Clock
 from mindspeed_rl.runtime.records import CompletedMinibatch, GlobalBatch, PromptGroup, Sample
 
@@ -53,7 +54,8 @@ class TrainingQueue:
         self._prompts: dict[str, QueuedPrompt] = {}
         self._depth_samples = 0
         self._seq = 0
-        self.arrivals: list[QueueArrival] = []
+        self.arrivals: AppendLog[QueueArrival] = AppendLog()
+        """One record per put; the Control Unit trims what its per-step digest has read."""
         self.max_depth_samples = 0
 
     @property

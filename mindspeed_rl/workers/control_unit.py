@@ -463,6 +463,7 @@ class ControlUnit:
         if self._events_file is not None:
             self._events.write_new(self._events_file)
             self._events.trim(self._cursor.num_events)
+        self._loop.trim_history(arrivals=self._cursor.num_arrivals, lag_steps=self._cursor.num_lag_steps)
 
     def close_events(self) -> int:
         """Write the events not written yet and close events.jsonl; returns the events logged."""

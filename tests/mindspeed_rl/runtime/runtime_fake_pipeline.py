@@ -55,6 +55,8 @@ class Setup:
     """False makes every GU ignore the pause signal and ask anyway (the CU must refuse)."""
     faults: list[Fault] = field(default_factory=list)
     seed: int = 0
+    trim_history: bool = False
+    """Trim the loop's arrival and lag records after every step, as the Ray Control Unit does."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ class FakePipeline:
         assert isinstance(step, int)
         snapshot = SnapshotInfo(version=step + 1, path=f"/snap/{step + 1}", created_at=self.clock.now())
         self.loop.on_train_step_done(step, snapshot, save_seconds=0.05)
+        if self.setup.trim_history:
+            self.loop.trim_history(arrivals=len(self.loop.queue.arrivals), lag_steps=len(self.loop.lag.steps))
         self.trainer_busy = False
         for g, gu in self.gus.items():
             gu.on_snapshot_published(snapshot)

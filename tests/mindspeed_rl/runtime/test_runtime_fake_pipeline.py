@@ -186,3 +186,22 @@ def test_random_faults_never_lose_or_duplicate() -> None:
         ]
         pipe = FakePipeline(config, schedule, setup)
         _check_run(pipe, schedule, pipe.run())
+
+
+def test_trimming_the_history_each_step_bounds_it_and_changes_no_figure() -> None:
+    """The Ray CU forgets arrival and lag records its digest has read; whole-run figures are
+    running aggregates, so they equal those of a run that kept everything."""
+    config = make_config(max_policy_lag=2)
+    schedule = make_schedule(40, seed=11)
+    kept = FakePipeline(config, schedule, Setup(num_generation_units=2, actors_per_gu=3, seed=11))
+    kept.run()
+    trimmed = FakePipeline(
+        config, schedule, Setup(num_generation_units=2, actors_per_gu=3, seed=11, trim_history=True)
+    )
+    _check_run(trimmed, schedule, trimmed.run())
+    assert trimmed.loop.summary() == kept.loop.summary()
+    assert len(trimmed.loop.lag.steps) == len(kept.loop.lag.steps) > 5  # positions count everything
+    assert len(list(trimmed.loop.lag.steps)) == 0 < len(list(kept.loop.lag.steps))
+    assert len(list(trimmed.loop.queue.arrivals)) < len(list(kept.loop.queue.arrivals)) / 4
+    with pytest.raises(ValueError, match="were trimmed"):
+        trimmed.loop.observe(arrivals_since=0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -33,9 +33,9 @@ class _FakeTrainer:
     def onload(self, parts: Sequence[OffloadPart]) -> None:
         self.log.actions.append(("onload", tuple(parts)))
 
-    def inference_weights(self) -> Mapping[str, Any]:
+    def inference_weights(self) -> list[tuple[str, Any]]:
         self.log.actions.append(("weights", None))
-        return {"w": 1}
+        return [("w", 1)]
 
 
 class _FakeRollout:
@@ -48,7 +48,7 @@ class _FakeRollout:
     def wake_up(self) -> None:
         self.log.actions.append(("wake_up", None))
 
-    def load_weights(self, weights: Mapping[str, Any], version: int) -> float:
+    def load_weights(self, weights: Iterable[tuple[str, Any]], version: int) -> float:
         self.log.actions.append(("load_weights", version))
         return 0.0
 

@@ -66,7 +66,11 @@ def _saved(**overrides: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("state", "opts", "message"),
     [
-        ({"optimizer": {}, "rng": {}}, {}, "written by the torch engine; resume it with megatron_training.use_mcore_models: false"),
+        (
+            {"optimizer": {}, "rng": {}},
+            {},
+            "written by the torch engine; resume it with megatron_training.use_mcore_models: false",
+        ),
         (_saved(optimizer=None), {}, "no_load_optim: true"),
         (_saved(rng=None), {}, "no_load_rng: true"),
         (_saved(layout=DP2), {}, "per-rank RNG states do not"),
