@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from dataclasses import dataclass
 
 from mindspeed_rl.runtime.clock import Clock
 from mindspeed_rl.runtime.database import Database, InFlight, MinibatchState
@@ -32,23 +31,6 @@ class IngestOutcome(enum.Enum):
     SUPERSEDED = "superseded"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Receipt:
-    """One completion as the Ingestor saw it (the per-GU send/receive record)."""
-
-    minibatch_id: int
-    attempt: int
-    gu_id: int
-    actor_id: int
-    outcome: IngestOutcome
-    issued_at: float | None
-    """When the CU sent it (``None`` if the attempt is no longer tracked)."""
-    started_at: float
-    finished_at: float
-    received_at: float
-    num_samples: int
-
-
 class Ingestor:
     def __init__(
         self, *, database: Database, queue: TrainingQueue, num_samples_per_prompt: int, clock: Clock
@@ -57,7 +39,6 @@ class Ingestor:
         self._queue = queue
         self._n = num_samples_per_prompt
         self._clock = clock
-        self.receipts: list[Receipt] = []
         self.outcomes: Counter[IngestOutcome] = Counter()
         self.received_per_gu: Counter[int] = Counter()
 
@@ -87,29 +68,9 @@ class Ingestor:
             for sample in completed.samples:
                 sample.received_at = now
             arrival = self._queue.put(completed, deadline=deadline)
-        self._record(completed, outcome, record, now)
-        return outcome, (record if outcome is IngestOutcome.ACCEPTED else None), arrival
-
-    def _record(
-        self, completed: CompletedMinibatch, outcome: IngestOutcome, record: InFlight | None, now: float
-    ) -> None:
-        same_attempt = record is not None and record.attempt == completed.attempt
-        self.receipts.append(
-            Receipt(
-                minibatch_id=completed.minibatch_id,
-                attempt=completed.attempt,
-                gu_id=completed.gu_id,
-                actor_id=completed.actor_id,
-                outcome=outcome,
-                issued_at=record.issued_at if same_attempt and record is not None else None,
-                started_at=completed.started_at,
-                finished_at=completed.finished_at,
-                received_at=now,
-                num_samples=len(completed.samples),
-            )
-        )
         self.outcomes[outcome] += 1
         self.received_per_gu[completed.gu_id] += 1
+        return outcome, (record if outcome is IngestOutcome.ACCEPTED else None), arrival
 
     def _validate(self, completed: CompletedMinibatch, record: InFlight) -> None:
         mb = self._db.minibatch(completed.minibatch_id)

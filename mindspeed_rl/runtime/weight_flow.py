@@ -6,6 +6,8 @@ Moving the bytes is the workers' job (``mindspeed_rl.workers.resharding``); this
 
 from __future__ import annotations
 
+import bisect
+
 from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.runtime.clock import Clock
 from mindspeed_rl.runtime.errors import ProtocolError
@@ -21,7 +23,9 @@ class WeightFlowLedger:
         self.latest: SnapshotInfo | None = None
         """The snapshot actors should reload to before their next minibatch (``None``: initial weights)."""
         self.reloads_not_newest = 0
-        self._history: list[tuple[float, int]] = []  # (published at, version), oldest first
+        # Publication times and versions, both increasing: newest_at is a binary search.
+        self._published_at: list[float] = []
+        self._versions: list[int] = []
 
     @property
     def latest_version(self) -> int:
@@ -34,7 +38,11 @@ class WeightFlowLedger:
                 f"number of finished trainer steps ({steps_done}); a snapshot's version is the steps it has seen."
             )
         self.latest = snapshot
-        self._history.append((self._clock.now(), snapshot.version))
+        # Kept sorted even if the wall clock steps back (NTP): never earlier than the previous one.
+        self._published_at.append(
+            max(self._clock.now(), self._published_at[-1] if self._published_at else 0.0)
+        )
+        self._versions.append(snapshot.version)
         if save_seconds is not None:
             self._timings.save.add(save_seconds)
         self._events.append(
@@ -57,7 +65,8 @@ class WeightFlowLedger:
 
     def newest_at(self, time: float) -> int:
         """The newest version published at or before ``time`` (0: the initial weights)."""
-        return max((v for t, v in self._history if t <= time), default=0)
+        i = bisect.bisect_right(self._published_at, time)
+        return self._versions[i - 1] if i else 0
 
     def loaded(
         self, gu_id: int, actor_id: int, version: int, seconds: float, *, started_at: float | None = None
