@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mindspeed_rl.workers.generation_unit import FaultPlan
+from mindspeed_rl.workers.fault_plan import FaultPlan
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from mindspeed_rl.trainer.checkpointing import ResumePoint
     from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
-    from mindspeed_rl.workers.generation_unit import FaultPlan, GuSpec
+    from mindspeed_rl.workers.fault_plan import FaultPlan
+    from mindspeed_rl.workers.generation_unit import GuSpec
 
 logger = logging.getLogger(__name__)
 SCHEDULE_FILE = "asp_schedule.json"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mindspeed_rl.workers.generation_unit import FaultPlan
+from mindspeed_rl.workers.fault_plan import FaultPlan
 
 if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord

@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any
 from mindspeed_rl.runtime.faults import FaultKind
 from mindspeed_rl.runtime.gu_policy import Action, Drop, GuPolicy, Reload, Start
 from mindspeed_rl.runtime.records import Assignment, StartDecision
-from mindspeed_rl.workers.control_unit import (
+from mindspeed_rl.workers.fault_plan import FaultPlan
+from mindspeed_rl.workers.gu_messages import (
     ConversionReport,
     GuFaultSettings,
     GuPoll,
@@ -67,25 +68,6 @@ if TYPE_CHECKING:
     from mindspeed_rl.trainer.run_plan import RolloutSpec
 
 logger = logging.getLogger(__name__)
-
-
-FAULT_KINDS = ("exit", "hang", "raise")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FaultPlan:
-    """Test-only fault injection: which processes exit, hang or raise, and when (1-based counts)."""
-
-    actor_faults: Mapping[tuple[int, int], Mapping[int, str]] = field(default_factory=dict)
-    """(gu_id, actor_id) -> {N: fault}: the actor slot's N-th minibatch (counted across the
-    slot's replacements) exits the process, hangs or raises; N = 0 means every minibatch."""
-    gu_dies: Mapping[int, int] = field(default_factory=dict)
-    """gu_id -> the number of forwarded completions after which that GU's process exits (at the
-    end of the call that forwarded that many, which may carry more)."""
-
-    def actor_fault(self, gu_id: int, actor_id: int, n: int) -> str | None:
-        plan = self.actor_faults.get((gu_id, actor_id), {})
-        return plan.get(n, plan.get(0))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,7 @@ import pytest
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.trainer import async_setup, components
-from mindspeed_rl.workers.generation_unit import FaultPlan
+from mindspeed_rl.workers.fault_plan import FaultPlan
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SMALL = (

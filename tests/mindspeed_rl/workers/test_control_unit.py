@@ -19,14 +19,8 @@ from mindspeed_rl.runtime.records import (
     StartDecision,
     StartRefusal,
 )
-from mindspeed_rl.workers.control_unit import (
-    ControlUnit,
-    ConversionReport,
-    GuPoll,
-    GuReport,
-    ReloadReport,
-    StartRequest,
-)
+from mindspeed_rl.workers.control_unit import ControlUnit
+from mindspeed_rl.workers.gu_messages import ConversionReport, GuPoll, GuReport, ReloadReport, StartRequest
 
 N = 2  # samples per prompt
 
