@@ -97,6 +97,15 @@ def with_behaviour_log_probs(batch: TrainBatch, log_probs: list[np.ndarray], see
     return batch.with_log_probs(old=old, ref=ref)
 
 
+def init_gloo(rank: int, world_size: int, port: int) -> None:
+    """A spawned worker's process group on this host: gloo, one torch thread (2 ranks, 2 cores)."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,9 +123,7 @@ def _worker(
 ) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    init_gloo(rank, world_size, port)
     try:
         from mindspeed_rl.models.training.megatron.engine import (
             MegatronReferenceModel,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mindspeed_rl.models.training.megatron.parity import LAYOUTS, free_port, parity_engine_config
+from mindspeed_rl.models.training.megatron.parity import LAYOUTS, free_port, init_gloo, parity_engine_config
 
 PROMPTS = ([5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16])
 SAMPLES_PER_PROMPT = 2
@@ -42,19 +42,11 @@ def _config(num_samples: int) -> Any:
     )
 
 
-def _init(rank: int, port: int) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-
-
 def _train_and_export(rank: int, port: int, model_dir: str, layout: str, out: str) -> None:
     """One update, then this rank's snapshot shard (version 1) and the gathered HF folder."""
     import torch.distributed as dist
 
-    _init(rank, port)
+    init_gloo(rank, 2, port)
     try:
         from mindspeed_rl.models.training.batch import TrainBatch
         from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
@@ -84,7 +76,7 @@ def _train_and_export(rank: int, port: int, model_dir: str, layout: str, out: st
 def _score(rank: int, port: int, layout: str, out: str) -> None:
     import torch.distributed as dist
 
-    _init(rank, port)
+    init_gloo(rank, 2, port)
     try:
         from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
 

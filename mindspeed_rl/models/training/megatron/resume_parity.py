@@ -24,6 +24,7 @@ import torch
 from mindspeed_rl.models.training.megatron.parity import (
     LAYOUTS,
     free_port,
+    init_gloo,
     parity_batch,
     parity_engine_config,
     with_behaviour_log_probs,
@@ -45,9 +46,7 @@ class ResumeResult:
 def _worker(rank: int, port: int, model_dir: str, out_dir: str, save_layout: str, load_layout: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    init_gloo(rank, 2, port)
     try:
         from megatron.core import parallel_state
 
