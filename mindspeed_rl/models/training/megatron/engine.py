@@ -137,9 +137,11 @@ def _shard_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def gather_hf_weights(
     model: torch.nn.Module, dims: GPTDims, layout: MegatronLayout
 ) -> dict[str, torch.Tensor]:
-    """Full HF-named weights on every rank (a collective: all-gathers every shard).
+    """The full HF-named weights on rank 0, ``{}`` on the other ranks (a collective: every rank
+    sends its shards, only rank 0 receives, so the full model is never on every rank).
 
-    Meant for tiny models and ``final_model``; snapshots export per-rank shards instead.
+    Meant for ``final_model``, checkpoints' HF copy, evaluation and the hybrid push; snapshots
+    export per-rank shards instead.
     """
     coords = rank_coords(layout)
     pieces = [p for name, t in _shard_weights(model).items() for p in hf_pieces(name, t, dims, coords)]
@@ -148,8 +150,11 @@ def gather_hf_weights(
 
     # DP replicas of dense weights are identical; experts differ per EP rank, so EP "DP" ranks send too.
     keep = dp_rank == 0 or ps.get_expert_data_parallel_rank() == 0
-    gathered: list[list[Any] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, pieces if keep else [])
+    receiver = dist.get_rank() == 0
+    gathered: list[list[Any] | None] | None = [None] * dist.get_world_size() if receiver else None
+    dist.gather_object(pieces if keep else [], gathered, dst=0)
+    if gathered is None:
+        return {}
     unique: dict[tuple[str, int | None, int], Any] = {}
     for part in gathered:
         for p in part or []:
@@ -356,6 +361,8 @@ class MegatronTrainingEngine:
         return export_shard(_shard_weights(self.model.module), self.dims, coords), coords
 
     def named_weights_for_inference(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective: every rank must call it; rank 0 yields the whole model, the others nothing
+        (a Training Unit group returns rank 0's result)."""
         yield from gather_hf_weights(self.model.module, self.dims, self.layout).items()
 
     def save_hf(self, path: str | os.PathLike[str]) -> None:
@@ -365,8 +372,8 @@ class MegatronTrainingEngine:
         dist.barrier()
 
     def policy_for_eval(self) -> PreTrainedModel | None:
-        """An HF model of the current weights on rank 0 (collective: every rank gathers), None on
-        the others. A full copy on one rank: fine for the CPU configs; large models would decode
+        """An HF model of the current weights on rank 0 (collective: every rank sends its shards),
+        None on the others. A full copy on one rank: fine for the CPU configs; large models would decode
         held-out prompts on the rollout engines instead (not built)."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
