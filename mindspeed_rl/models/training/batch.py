@@ -6,7 +6,7 @@ it into tensors with :func:`pad_batch` only for the micro-batch they are about t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -210,3 +210,19 @@ def check_update_batch(batch: TrainBatch, config: TorchEngineConfig) -> int:
             "or set rl_config.init_kl_coef: 0"
         )
     return num_steps
+
+
+def mini_batches(batch: TrainBatch, config: TorchEngineConfig, *, update_index: int) -> Iterator[TrainBatch]:
+    """The mini-batches one ``update`` steps the optimizer on, in order: ``epochs`` passes over
+    ``batch`` in slices of ``samples_per_mini_batch``, each pass reshuffled when
+    ``shuffle_mini_batch``. The shuffle is seeded by ``(seed, update_index)``, so a resumed run
+    (which restores the update count) shuffles exactly as the uninterrupted one would.
+    ``check_update_batch`` first: it says how many there will be, or why there cannot be."""
+    rng = np.random.default_rng((config.seed, update_index))
+    size = config.samples_per_mini_batch
+    for _ in range(config.epochs):
+        order = (
+            rng.permutation(batch.num_samples) if config.shuffle_mini_batch else np.arange(batch.num_samples)
+        )
+        for start in range(0, batch.num_samples, size):
+            yield batch.select(order[start : start + size])

@@ -30,7 +30,7 @@ import torch
 
 from mindspeed_rl.models.loss.grpo import grpo_loss
 from mindspeed_rl.models.loss.kl_control import build_kl_controller
-from mindspeed_rl.models.training.batch import TrainBatch, check_update_batch, pad_batch
+from mindspeed_rl.models.training.batch import TrainBatch, check_update_batch, mini_batches, pad_batch
 from mindspeed_rl.models.training.device import resolve_device, torch_dtype
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.hf_names import tied_targets, to_checkpoint_format
@@ -65,7 +65,8 @@ class TorchTrainingEngine:
         self._export_dtype = torch_dtype(config.export_dtype or config.param_dtype)
         self.kl_controller = build_kl_controller(config.loss)
         self.num_optimizer_steps = 0
-        self._num_updates = 0
+        self.num_updates = 0
+        """Calls of ``update`` so far: seeds each update's mini-batch shuffle (checkpointed)."""
 
     def _new_optimizer(self) -> ParamOptimizer:
         config = self.config
@@ -93,21 +94,10 @@ class TorchTrainingEngine:
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
         check_temperature(temperature)
         num_steps = check_update_batch(batch, self.config)
-        rng = np.random.default_rng((self.config.seed, self._num_updates))
-        self._num_updates += 1
-        per_step: list[dict[str, float]] = []
+        minis = mini_batches(batch, self.config, update_index=self.num_updates)
+        self.num_updates += 1
         kl_coef = self.kl_controller.value
-        size = self.config.samples_per_mini_batch
-        for _ in range(self.config.epochs):
-            order = (
-                rng.permutation(batch.num_samples)
-                if self.config.shuffle_mini_batch
-                else np.arange(batch.num_samples)
-            )
-            for start in range(0, batch.num_samples, size):
-                per_step.append(
-                    self._optimizer_step(batch.select(order[start : start + size]), temperature, kl_coef)
-                )
+        per_step = [self._optimizer_step(mini, temperature, kl_coef) for mini in minis]
         assert len(per_step) == num_steps
         metrics = {k: float(np.mean([m[k] for m in per_step])) for k in STEP_METRICS}
         metrics["lr"] = self.optimizer.lr
@@ -199,7 +189,7 @@ class TorchTrainingEngine:
             path,
             {
                 "num_optimizer_steps": self.num_optimizer_steps,
-                "num_updates": self._num_updates,
+                "num_updates": self.num_updates,
                 "kl_controller": self.kl_controller.state_dict(),
                 "optimizer": self.optimizer.state_dict() if optimizer else None,
                 "rng": trainer_state.capture_rng() if rng else None,
@@ -222,7 +212,7 @@ class TorchTrainingEngine:
         if optimizer:
             self.optimizer.load_state_dict(state["optimizer"])
         self.num_optimizer_steps = int(state["num_optimizer_steps"])
-        self._num_updates = int(state["num_updates"])
+        self.num_updates = int(state["num_updates"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         if rng:
             trainer_state.restore_rng(state["rng"])

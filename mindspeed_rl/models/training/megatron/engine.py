@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from mindspeed_rl.models.loss.grpo import grpo_loss
 from mindspeed_rl.models.loss.kl_control import build_kl_controller
-from mindspeed_rl.models.training.batch import TrainBatch, check_update_batch
+from mindspeed_rl.models.training.batch import TrainBatch, check_update_batch, mini_batches
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.log_probs import check_temperature
 from mindspeed_rl.models.training.megatron import patches
@@ -248,20 +248,10 @@ class MegatronTrainingEngine:
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
         check_temperature(temperature)
         num_steps = check_update_batch(batch, self.config)
-        rng = np.random.default_rng((self.config.seed, self.num_updates))
+        minis = mini_batches(batch, self.config, update_index=self.num_updates)
         self.num_updates += 1
-        per_step: list[dict[str, float]] = []
         kl_coef = self.kl_controller.value
-        size = self.config.samples_per_mini_batch
-        for _ in range(self.config.epochs):
-            order = (
-                rng.permutation(batch.num_samples)
-                if self.config.shuffle_mini_batch
-                else np.arange(batch.num_samples)
-            )
-            for start in range(0, batch.num_samples, size):
-                mini = batch.select(order[start : start + size])
-                per_step.append(self._optimizer_step(mini, temperature, kl_coef))
+        per_step = [self._optimizer_step(mini, temperature, kl_coef) for mini in minis]
         assert len(per_step) == num_steps
         metrics = {k: float(np.mean([m[k] for m in per_step])) for k in STEP_METRICS}
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
