@@ -105,7 +105,7 @@ def _resume_cases(model: Path) -> list[dict[str, Any]]:
         result = dataclasses.asdict(run_resume_case(model, saved, loaded))
         result["model"], result["seconds"] = str(model), round(time.perf_counter() - start, 1)
         goal = 0.0 if saved == loaded else RESUME_CROSS_LAYOUT_GOAL
-        result["ok"] = result["resume_max_abs_diff"] <= goal
+        result["ok"] = result["resume_max_abs_diff"] <= goal and result["load_max_abs_diff"] == 0.0
         print(json.dumps(result), flush=True)
         out.append(result)
     return out

@@ -40,10 +40,20 @@ class ResumeResult:
     """Weights after one more update: continued in the saving engine vs resumed in a new one."""
     loss_abs_diff: float
     """That update's loss, continued vs resumed (restored old log-probs, KL and moments agree)."""
+    load_max_abs_diff: float
+    """Weights right after ``load_state`` vs those saved (0: the load is exact at any layout)."""
     checkpoint_files: tuple[str, ...]
 
 
-def _worker(rank: int, port: int, model_dir: str, out_dir: str, save_layout: str, load_layout: str) -> None:
+def _max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    if set(a) != set(b):
+        raise AssertionError(f"weight names differ: {sorted(set(a) ^ set(b))[:5]}")
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _worker(
+    rank: int, port: int, model_dir: str, out_dir: str, layouts: tuple[str, str], load_optimizer: bool
+) -> None:
     import torch.distributed as dist
 
     init_gloo(rank, 2, port)
@@ -55,36 +65,42 @@ def _worker(rank: int, port: int, model_dir: str, out_dir: str, save_layout: str
         batch = torch.load(Path(out_dir) / "batch.pt", weights_only=False)
         config = parity_engine_config(num_samples=batch.num_samples)
         checkpoint = Path(out_dir) / "checkpoint"
+        save_layout, load_layout = layouts
         engine = MegatronTrainingEngine(model_dir, config, LAYOUTS[save_layout])
         engine.update(batch, temperature=0.7)
         if rank == 0:
             checkpoint.mkdir()
         dist.barrier()
         engine.save_state(checkpoint)
+        saved_weights = dict(engine.named_weights_for_inference())
         continued = engine.update(batch, temperature=0.7)
         continued_weights = dict(engine.named_weights_for_inference())
         del engine
         parallel_state.destroy_model_parallel()
         engine = MegatronTrainingEngine(model_dir, config, LAYOUTS[load_layout])
-        engine.load_state(checkpoint, rng=save_layout == load_layout)
+        engine.load_state(checkpoint, optimizer=load_optimizer, rng=save_layout == load_layout)
+        loaded_weights = dict(engine.named_weights_for_inference())
         resumed = engine.update(batch, temperature=0.7)
         resumed_weights = dict(engine.named_weights_for_inference())
         if rank == 0:
-            diff = max(
-                float((continued_weights[k] - resumed_weights[k]).abs().max()) for k in continued_weights
-            )
             files = sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file())
-            torch.save(
-                {"diff": diff, "loss": (continued["loss"], resumed["loss"]), "files": files},
-                Path(out_dir) / "result.pt",
-            )
+            result = {
+                "diff": _max_abs_diff(continued_weights, resumed_weights),
+                "load_diff": _max_abs_diff(saved_weights, loaded_weights),
+                "loss": (continued["loss"], resumed["loss"]),
+                "files": files,
+            }
+            torch.save(result, Path(out_dir) / "result.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def run_resume_case(model_dir: str | os.PathLike[str], save_layout: str, load_layout: str) -> ResumeResult:
-    """Save at ``save_layout``, resume at ``load_layout`` (names of ``parity.LAYOUTS``), compare."""
+def run_resume_case(
+    model_dir: str | os.PathLike[str], save_layout: str, load_layout: str, *, load_optimizer: bool = True
+) -> ResumeResult:
+    """Save at ``save_layout``, resume at ``load_layout`` (names of ``parity.LAYOUTS``), compare.
+    ``load_optimizer`` False: ``no_load_optim`` (fresh AdamW moments, so the next update differs)."""
     import numpy as np
     import torch.multiprocessing as mp
 
@@ -101,7 +117,8 @@ def run_resume_case(model_dir: str | os.PathLike[str], save_layout: str, load_la
     )
     with tempfile.TemporaryDirectory(prefix="megatron-resume-") as tmp:
         torch.save(batch, Path(tmp) / "batch.pt")
-        args: tuple[Any, ...] = (free_port(), os.fspath(model_dir), tmp, save_layout, load_layout)
+        layouts = (save_layout, load_layout)
+        args: tuple[Any, ...] = (free_port(), os.fspath(model_dir), tmp, layouts, load_optimizer)
         mp.spawn(_worker, args=args, nprocs=2, join=True)
         result = torch.load(Path(tmp) / "result.pt", weights_only=False)
     continued_loss, resumed_loss = result["loss"]
@@ -111,5 +128,6 @@ def run_resume_case(model_dir: str | os.PathLike[str], save_layout: str, load_la
         loaded_layout=load_layout,
         resume_max_abs_diff=float(result["diff"]),
         loss_abs_diff=abs(continued_loss - resumed_loss),
+        load_max_abs_diff=float(result["load_diff"]),
         checkpoint_files=tuple(result["files"]),
     )
