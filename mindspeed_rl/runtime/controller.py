@@ -38,10 +38,9 @@ from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.runtime.backpressure import Backpressure
 from mindspeed_rl.runtime.clock import Clock, WallClock
 from mindspeed_rl.runtime.config import RuntimeConfig
-from mindspeed_rl.runtime.database import Database, InFlight, MinibatchState
+from mindspeed_rl.runtime.database import Database, MinibatchState
 from mindspeed_rl.runtime.errors import ProtocolError
 from mindspeed_rl.runtime.faults import (
-    FailedAttempt,
     FaultKind,
     FaultLedger,
     PipelineFailure,
@@ -64,6 +63,7 @@ from mindspeed_rl.runtime.records import (
     StartDecision,
     StartRefusal,
 )
+from mindspeed_rl.runtime.recovery import Recovery
 from mindspeed_rl.runtime.sender import Sender
 from mindspeed_rl.runtime.summary import RuntimeSummary, build_summary
 from mindspeed_rl.runtime.timings import ActorActivityLog, TimingStats, eq4_d_off_estimate
@@ -71,12 +71,6 @@ from mindspeed_rl.runtime.training_queue import TrainingQueue
 from mindspeed_rl.runtime.weight_flow import WeightFlowLedger
 
 P = ParamSpec("P")
-# MinibatchRequeued.reason per fault (a death keeps the name it had before restarts existed).
-_REQUEUE_REASON = {
-    FaultKind.DIED: "actor_failed",
-    FaultKind.ERROR: "actor_error",
-    FaultKind.TIMEOUT: "actor_timeout",
-}
 R = TypeVar("R")
 
 
@@ -134,14 +128,18 @@ class ControlLoop:
         )
         self.prompts_consumed = 0
         self.faults = FaultLedger(max_attempts=config.minibatch_max_attempts)
-        self.fatal: PipelineFailure | None = None
-        """Set once the run cannot go on (a poison minibatch); nothing is dispatched after it."""
-        self.actor_restarts = 0
+        self.recovery = Recovery(
+            database=self.database,
+            sender=self.sender,
+            budget=self.budget,
+            faults=self.faults,
+            events=self.events,
+            clock=self.clock,
+        )
         self.last_progress = self.clock.now()
         self._last_refusal: dict[int, str] = {}  # gu -> its latest refused start's reason
         self._actors_registered: dict[int, int] = {}
-        self._retry_now: set[int] = set()  # failed attempts, re-issued ahead of the queue marks
-        self._running_on: dict[tuple[int, int], int] = {}  # (gu, actor) -> minibatch id
+        self._running_on = self.recovery.running_on  # (gu, actor) -> minibatch id it runs
         self._step_in_progress: tuple[int, float] | None = None  # (step, popped at)
         self._lock = threading.RLock()
 
@@ -172,8 +170,9 @@ class ControlLoop:
     def _dispatch(self) -> list[Assignment]:
         if self.fatal is not None:
             return []
-        assignments = self.sender.dispatch(urgent=self._retry_now)
-        self._retry_now.difference_update(a.minibatch.minibatch_id for a in assignments)
+        retry_now = self.recovery.retry_now
+        assignments = self.sender.dispatch(urgent=retry_now)
+        retry_now.difference_update(a.minibatch.minibatch_id for a in assignments)
         for a in assignments:
             self.events.append(
                 ev.MinibatchIssued(
@@ -296,50 +295,20 @@ class ControlLoop:
 
     @_serialized
     def on_actor_failed(self, gu_id: int, actor_id: int) -> list[int]:
-        """An actor died; re-queue what it was running. A GU left without actors fails whole."""
-        victims = self._take_in_flight(lambda rec: rec.gu_id == gu_id and rec.actor_id == actor_id)
-        requeued = self.database.fail_actor(gu_id, actor_id)
-        self._after_requeue(victims, requeued, "actor_failed")
-        if self.sender.gu(gu_id) is not None and self.sender.lose_actor(gu_id) == 0:
-            requeued += self._fail_gu(gu_id, "gu_without_actors")
-        return requeued
+        """An actor died; re-queue what it was running (``runtime/recovery.py``)."""
+        return self.recovery.actor_failed(gu_id, actor_id)
 
     @_serialized
     def on_actor_fault(
         self, gu_id: int, actor_id: int, kind: FaultKind, detail: str, *, retire: bool
     ) -> list[int]:
-        """An actor raised, hung past the timeout or died; its GU is replacing it (``retire``
-        False) or gave up on it (its restarts are spent). Re-queues what it ran, counts the failed
-        attempt, and sets ``fatal`` once that minibatch has failed ``minibatch_max_attempts`` times."""
-        running = self._running_on.get((gu_id, actor_id))
-        self.events.append(
-            ev.ActorFaulted(
-                time=self.clock.now(),
-                gu_id=gu_id,
-                actor_id=actor_id,
-                kind=kind.value,
-                detail=detail[:300],
-                replaced=not retire,
-            )
-        )
-        if kind is FaultKind.DIED:
-            self.faults.by_kind[kind] += running is None  # a death between minibatches is counted too
-        if running is not None:
-            attempt = FailedAttempt(
-                minibatch_id=running, gu_id=gu_id, actor_id=actor_id, kind=kind, detail=detail[:300]
-            )
-            poison = self.faults.record(attempt, self.database.minibatch(running).prompt_ids)
-            if poison is not None and self.fatal is None:
-                self.fatal = poison
-        if running is not None:
-            self._retry_now.add(running)
-        if retire:
-            return self.on_actor_failed(gu_id, actor_id)
-        self.actor_restarts += 1
-        victims = self._take_in_flight(lambda rec: rec.gu_id == gu_id and rec.actor_id == actor_id)
-        requeued = self.database.fail_actor(gu_id, actor_id)
-        self._after_requeue(victims, requeued, _REQUEUE_REASON[kind])
-        return requeued
+        """An actor raised, hung or died; re-queue and count it (``Recovery.actor_fault``)."""
+        return self.recovery.actor_fault(gu_id, actor_id, kind, detail, retire=retire)
+
+    @property
+    def fatal(self) -> PipelineFailure | None:
+        """Set once the run cannot go on (a poison minibatch); nothing is dispatched after it."""
+        return self.recovery.fatal
 
     @_serialized
     def failure(self) -> PipelineFailure | None:
@@ -386,34 +355,7 @@ class ControlLoop:
     @_serialized
     def on_gu_failed(self, gu_id: int) -> list[int]:
         """A whole GU died; re-queue its queued and running minibatches and stop sending to it."""
-        return self._fail_gu(gu_id, "gu_failed")
-
-    def _fail_gu(self, gu_id: int, reason: str) -> list[int]:
-        victims = self._take_in_flight(lambda rec: rec.gu_id == gu_id)
-        requeued = self.database.fail_gu(gu_id)
-        self._after_requeue(victims, requeued, reason)
-        self.sender.remove_gu(gu_id)
-        return requeued
-
-    def _take_in_flight(self, match: Callable[[InFlight], bool]) -> dict[int, InFlight]:
-        # The Database drops these records on re-queue without mutating them, so keeping refs is safe.
-        return {mb_id: rec for mb_id, rec in self.database.in_flight_items() if match(rec)}
-
-    def _after_requeue(self, victims: dict[int, InFlight], requeued: list[int], reason: str) -> None:
-        assert set(victims) == set(requeued)
-        now = self.clock.now()
-        for mb_id in requeued:
-            rec = victims[mb_id]
-            if rec.actor_id is not None:  # it had started: give its lag reservation back
-                assert rec.policy_version is not None
-                self.budget.release(self.database.minibatch(mb_id).num_prompts, rec.policy_version)
-                self._running_on.pop((rec.gu_id, rec.actor_id), None)
-            self.sender.on_finished(mb_id, rec.gu_id)
-            self.events.append(
-                ev.MinibatchRequeued(
-                    time=now, minibatch_id=mb_id, gu_id=rec.gu_id, actor_id=rec.actor_id, reason=reason
-                )
-            )
+        return self.recovery.gu_failed(gu_id, "gu_failed")
 
     # ---- weight flow ---------------------------------------------------------------------------
     @property
@@ -575,7 +517,7 @@ class ControlLoop:
             minibatches_timed_out=self.faults.by_kind[FaultKind.TIMEOUT],
             minibatch_errors=self.faults.by_kind[FaultKind.ERROR],
             actor_deaths=self.faults.by_kind[FaultKind.DIED],
-            actor_restarts=self.actor_restarts,
+            actor_restarts=self.recovery.actor_restarts,
         )
 
     @_serialized
