@@ -139,7 +139,6 @@ class ControlLoop:
         self.last_progress = self.clock.now()
         self._last_refusal: dict[int, str] = {}  # gu -> its latest refused start's reason
         self._actors_registered: dict[int, int] = {}
-        self._running_on = self.recovery.running_on  # (gu, actor) -> minibatch id it runs
         self._step_in_progress: tuple[int, float] | None = None  # (step, popped at)
         self._lock = threading.RLock()
 
@@ -222,7 +221,7 @@ class ControlLoop:
         self.database.mark_started(minibatch_id, actor_id, policy_version, now)
         self.sender.on_started(minibatch_id, gu_id)
         self.budget.reserve(mb.num_prompts, policy_version)
-        self._running_on[(gu_id, actor_id)] = minibatch_id
+        self.recovery.running_on[(gu_id, actor_id)] = minibatch_id
         self._last_refusal.pop(gu_id, None)
         self.events.append(
             ev.MinibatchStarted(
@@ -242,10 +241,10 @@ class ControlLoop:
         issued_here = self.database.state(minibatch_id) is MinibatchState.ISSUED
         if not issued_here or record is None or (record.gu_id, record.attempt) != (gu_id, attempt):
             return StartRefusal.REVOKED
-        if (gu_id, actor_id) in self._running_on:
+        if (gu_id, actor_id) in self.recovery.running_on:
             raise ProtocolError(
                 f"GU {gu_id} actor {actor_id} asked to start minibatch {minibatch_id} while still running "
-                f"{self._running_on[(gu_id, actor_id)]}; an actor decodes one minibatch at a time."
+                f"{self.recovery.running_on[(gu_id, actor_id)]}; an actor decodes one minibatch at a time."
             )
         if policy_version > self.latest_version:
             raise ProtocolError(
@@ -271,7 +270,7 @@ class ControlLoop:
             )
             self.faults.forget(completed.minibatch_id)
             self.last_progress = self.clock.now()
-            self._running_on.pop((completed.gu_id, completed.actor_id))
+            self.recovery.running_on.pop((completed.gu_id, completed.actor_id))
             self.sender.on_finished(completed.minibatch_id, completed.gu_id)
             self.timings.gen.add(completed.generation_seconds)
             timings = self.timings.current()
@@ -539,7 +538,9 @@ class ControlLoop:
         """Cross-check the parts' bookkeeping (tests and debug runs)."""
         self.database.check_invariants()
         running = {i for i, rec in self.database.in_flight_items() if rec.actor_id is not None}
-        assert running == set(self._running_on.values()), "running minibatches disagree with actor map"
+        assert running == set(self.recovery.running_on.values()), (
+            "running minibatches disagree with actor map"
+        )
         queued_prompts = self.queue.depth_prompts
         completed_prompts = sum(
             self.database.minibatch(i).num_prompts

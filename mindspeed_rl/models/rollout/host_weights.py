@@ -57,7 +57,3 @@ class HostWeights:
 
     def __len__(self) -> int:
         return len(self.arrays)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for _, a in self.arrays)

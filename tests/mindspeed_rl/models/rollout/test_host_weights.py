@@ -40,4 +40,4 @@ def test_tensors_from_read_only_arrays_are_writable_copies() -> None:
         array.flags.writeable = False  # as read from Ray's object store
     ((_, tensor),) = list(weights)
     tensor += 1  # an engine writing into what it was given must not touch shared memory
-    assert float(weights.arrays[0][1].sum()) == 0.0 and weights.nbytes == 12
+    assert float(weights.arrays[0][1].sum()) == 0.0
