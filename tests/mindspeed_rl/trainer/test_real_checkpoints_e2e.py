@@ -3,7 +3,7 @@
 1. In process: the torch trainer updates, its export reloads a live vLLM engine, and vLLM's
    log-probs of what it then samples match the trainer's (<= 1e-4 in fp32), refresh after refresh.
 2. The async pipeline through the CLI (1 GU x 1 actor, few iterations): the run completes with
-   >= 2 weight refreshes of the actor.
+   >= 2 weight refreshes of the actor (forced by max_policy_lag 1).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_vllm_log_probs_match_the_trainer_after_each_refresh(tmp_path: Path, nam
 
 
 TINY = (
-    "megatron_training.train_iters=4", "megatron_training.global_batch_size=4", "rl_config.mini_batch_size=4",
+    "megatron_training.train_iters=6", "megatron_training.global_batch_size=4", "rl_config.mini_batch_size=4",
     "rl_config.n_samples_per_prompt=4", "actor_config.micro_batch_size=16",
     "rl_config.actor_forward_micro_batch_size=16", "rl_config.ref_forward_micro_batch_size=16",
     "warmup_config.steps=5", "asp_config.b=2", "asp_config.kappa=0", "asp_config.k=2",
@@ -87,6 +87,10 @@ TINY = (
     "async_config.gu_queue_low=1", "async_config.gu_queue_high=2", "async_config.num_generation_units=1",
     "async_config.actors_per_unit=1", "generate_config.sampling_config.max_tokens=24",
     "rl_config.use_tensorboard=false",
+    # Lag 1 over 6 steps forces two reloads whatever the timing: step 3 needs samples of v2 or v3,
+    # generated before v4 exists (v4 follows step 3), and step 5 needs v4 or later. With the
+    # default bound over 4 steps the count depended on timing (one run here saw a single reload).
+    "async_config.max_policy_lag=1",
 )  # fmt: skip
 
 
@@ -108,4 +112,4 @@ def test_async_run_refreshes_real_checkpoint_layouts(tmp_path: Path, name: str) 
     assert len(loaded) >= 2, f"{name}: {len(loaded)} weight refreshes"
     assert [e["version"] for e in loaded] == sorted(e["version"] for e in loaded)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["prompts_scheduled"] == summary["prompts_consumed"] == 16
+    assert summary["prompts_scheduled"] == summary["prompts_consumed"] == 24
