@@ -33,7 +33,7 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 typecheck: setup
-	$(VENV)/bin/mypy asp_scheduler mindspeed_rl cli
+	$(VENV)/bin/mypy asp_scheduler mindspeed_rl cli benchmarks/parity
 
 bench: setup
 	$(PY) -m asp_scheduler bench --json runs/bench_scheduler.json

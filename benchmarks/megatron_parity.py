@@ -37,8 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.parity.engine import LAYOUTS, build_parity_model, run_parity_case  # noqa: E402
 from mindspeed_rl.models.training.megatron.hf_mapping import load_dims  # noqa: E402
-from mindspeed_rl.models.training.megatron.parity import LAYOUTS, build_parity_model, run_parity_case  # noqa: E402
 
 LOGPROB_GOAL = 1e-4
 CONVERT_GOAL = 1e-4
@@ -96,7 +96,7 @@ def _skip_reason(model: Path, layout: str) -> str | None:
 
 
 def _resume_cases(model: Path) -> list[dict[str, Any]]:
-    from mindspeed_rl.models.training.megatron.resume_parity import run_resume_case
+    from benchmarks.parity.resume import run_resume_case
 
     sharded = "ep2" if load_dims(model).is_moe else "tp2"
     out = []
@@ -112,7 +112,7 @@ def _resume_cases(model: Path) -> list[dict[str, Any]]:
 
 
 def _reload_case(model: Path) -> dict[str, Any]:
-    from mindspeed_rl.models.training.megatron.reload_parity import run_reload_case
+    from benchmarks.parity.reload import run_reload_case
 
     layout = "ep2" if load_dims(model).is_moe else "tp2"
     start = time.perf_counter()

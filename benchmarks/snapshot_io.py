@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from mindspeed_rl.workers.resharding.convert import GuConverter
-from mindspeed_rl.workers.resharding.export import ExportResult, SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout, hf_dense_rules
-from mindspeed_rl.workers.resharding.manifest import SnapshotInfo
-from mindspeed_rl.workers.resharding.reload import ReloadPolicy
-from mindspeed_rl.workers.resharding.store import fsync_path
+from mindspeed_rl.weights.convert import GuConverter
+from mindspeed_rl.weights.export import ExportResult, SnapshotWriter
+from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout, hf_dense_rules
+from mindspeed_rl.weights.manifest import SnapshotInfo
+from mindspeed_rl.weights.reload import ReloadPolicy
+from mindspeed_rl.weights.store import fsync_path
 
 TP2 = TrainingLayout(tp_size=2, rules=hf_dense_rules())
 

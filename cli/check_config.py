@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mindspeed_rl.config_cls import load_config_from_files
-from mindspeed_rl.trainer.run_plan import build_run_plan
+from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.utils.placement import ClusterSpec
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -42,8 +42,8 @@ def with_commit_delay(
     if config.rl_config.pipeline != "async":
         raise ValueError(f"{DELAY_ENV} is implemented for rl_config.pipeline=async only")
     if inputs is None:
+        from mindspeed_rl.plan.sections import checkpoint_spec
         from mindspeed_rl.trainer import async_setup, checkpointing, components
-        from mindspeed_rl.trainer.run_plan_parts import checkpoint_spec
 
         policy_path = str(components.prepare_policy_model(config))
         resumed = checkpointing.resume_point(config, checkpoint_spec(config))

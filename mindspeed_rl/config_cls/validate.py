@@ -166,7 +166,7 @@ def _async(config: GRPOConfig, p: Problems) -> None:
         p.add("async_config.snapshot_keep", "must be >= 2 so a snapshot being loaded is never deleted")
     # Queue, backpressure and lag rules live in ONE place, the Control Unit's RuntimeConfig: build
     # it here so a config passes load exactly when the run's Control Unit accepts it.
-    from mindspeed_rl.trainer.run_plan import runtime_config
+    from mindspeed_rl.plan.build import runtime_config
 
     try:
         runtime_config(config)

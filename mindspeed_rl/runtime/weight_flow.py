@@ -1,7 +1,7 @@
 """Bookkeeping of the weight flow as the CU sees it: which snapshot is newest, what each export,
 conversion and reload cost, and whether reloads always picked the newest snapshot.
 
-Moving the bytes is the workers' job (``mindspeed_rl.workers.resharding``); this only records.
+Moving the bytes is the workers' job (``mindspeed_rl.weights``); this only records.
 """
 
 from __future__ import annotations

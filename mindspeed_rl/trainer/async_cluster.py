@@ -31,8 +31,9 @@ from mindspeed_rl.utils.run_summary import write_summary
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
+    from mindspeed_rl.contracts import TrainerSpec
+    from mindspeed_rl.plan.build import RunPlan
     from mindspeed_rl.runtime.records import GlobalBatch
-    from mindspeed_rl.trainer.run_plan import RunPlan, TrainerSpec
     from mindspeed_rl.utils.placement import Placement
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
 

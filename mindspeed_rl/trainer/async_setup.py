@@ -127,7 +127,7 @@ def build_schedule(
 
 def runtime_config(config: GRPOConfig) -> RuntimeConfig:
     """The Control Unit's settings, from the run plan's one mapping (``run_plan.runtime_config``)."""
-    from mindspeed_rl.trainer.run_plan import runtime_config as plan_runtime_config
+    from mindspeed_rl.plan.build import runtime_config as plan_runtime_config
 
     return plan_runtime_config(config)
 
@@ -137,9 +137,9 @@ def snapshot_root(config: GRPOConfig, run_dir: Path) -> Path:
 
     A configured ``snapshot_dir`` is reused run after run (``./snapshots`` in the cluster YAMLs),
     so each run gets its own subfolder (the run dir name is unique: timestamp + config name);
-    see ``workers/resharding/store.py`` for why a subfolder rather than refusing the folder.
+    see ``weights/store.py`` for why a subfolder rather than refusing the folder.
     """
-    from mindspeed_rl.workers.resharding.store import run_root
+    from mindspeed_rl.weights.store import run_root
 
     configured = config.async_config.snapshot_dir
     return run_root(Path(configured), run_dir.name) if configured else run_dir / "snapshots"
@@ -147,7 +147,7 @@ def snapshot_root(config: GRPOConfig, run_dir: Path) -> Path:
 
 def check_resources(config: GRPOConfig, available: Mapping[str, float]) -> None:
     """The plan's layout checks (``build_run_plan``) and its resource fit against ``available``."""
-    from mindspeed_rl.trainer.run_plan import build_run_plan
+    from mindspeed_rl.plan.build import build_run_plan
 
     build_run_plan(config).check_fits(available)
 
@@ -164,7 +164,7 @@ def gu_specs(
 ) -> list[GuSpec]:
     """One spec per Generation Unit; ``prompts`` is the prompt mapping or a Ray reference to it.
     ``reserved`` (the run's placement) gives each actor its own options (its bundle)."""
-    from mindspeed_rl.trainer.run_plan import rollout_spec
+    from mindspeed_rl.plan.build import rollout_spec
     from mindspeed_rl.utils.ray_setup import ray_actor_options
     from mindspeed_rl.workers.generation_unit import GuSpec
 

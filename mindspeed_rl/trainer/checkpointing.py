@@ -45,7 +45,7 @@ from mindspeed_rl.runtime.records import ScheduledMinibatch
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
-    from mindspeed_rl.trainer.run_plan import CheckpointSpec
+    from mindspeed_rl.plan.build import CheckpointSpec
 
 logger = logging.getLogger(__name__)
 MANIFEST = "checkpoint.json"

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets import PromptRecord, PromptSet
     from mindspeed_rl.datasets.split import PromptSplits
-    from mindspeed_rl.trainer.run_plan_parts import WarmupSpec
+    from mindspeed_rl.plan.sections import WarmupSpec
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ def prepare_policy_model(config: GRPOConfig) -> Path:
     warm-up runs only when the folder is created by this call: re-running a config never
     re-trains an existing model behind the user's back.
     """
-    from mindspeed_rl.trainer.run_plan import model_spec
-    from mindspeed_rl.trainer.run_plan_parts import warmup_spec
+    from mindspeed_rl.plan.build import model_spec
+    from mindspeed_rl.plan.sections import warmup_spec
 
     spec = model_spec(config)
     if spec.initial_weights is not None:

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mindspeed_rl.plan.build import RunPlan, build_run_plan
 from mindspeed_rl.trainer import async_setup as setup
 from mindspeed_rl.trainer import checkpointing as ckpt
 from mindspeed_rl.trainer import components
 from mindspeed_rl.trainer.async_cluster import AsyncCluster
 from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
 from mindspeed_rl.trainer.reporting import IterationReport
-from mindspeed_rl.trainer.run_plan import RunPlan, build_run_plan
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from mindspeed_rl.config_cls import GRPOConfig
-    from mindspeed_rl.trainer.run_plan import RunPlan
+    from mindspeed_rl.plan.build import RunPlan
 
 CONSOLE_KEYS = ("reward_mean", "response_length_mean", "tokens_per_s", "iteration_time_s", "eval/accuracy")
 
@@ -38,7 +38,7 @@ CONSOLE_KEYS = ("reward_mean", "response_length_mean", "tokens_per_s", "iteratio
 def train(config: GRPOConfig, run_dir: Path) -> None:
     import ray
 
-    from mindspeed_rl.trainer.run_plan import build_run_plan
+    from mindspeed_rl.plan.build import build_run_plan
     from mindspeed_rl.utils.ray_setup import live_cluster, reserve
 
     plan = build_run_plan(config)
@@ -98,7 +98,7 @@ def _start_workers(
     written for accelerators, not run here: no accelerator with vLLM was available)."""
     import ray
 
-    from mindspeed_rl.trainer.run_plan_parts import colocated_offload
+    from mindspeed_rl.plan.sections import colocated_offload
     from mindspeed_rl.workers.colocation import ColocatedWorker
     from mindspeed_rl.workers.generation_actor import GenerationActor
     from mindspeed_rl.workers.training_group import remote_training_unit

@@ -17,7 +17,7 @@ from mindspeed_rl.workers.evaluator import EvalSettings, select_eval_prompts, wr
 
 if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
-    from mindspeed_rl.trainer.run_plan import RunPlan
+    from mindspeed_rl.plan.build import RunPlan
 
 logger = logging.getLogger("mindspeed_rl.trainer")
 

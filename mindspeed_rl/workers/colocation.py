@@ -30,39 +30,14 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mindspeed_rl.contracts import OffloadPart, OffloadSpec
 
 if TYPE_CHECKING:
+    from mindspeed_rl.contracts import RolloutSpec, TrainerSpec
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, ScheduledMinibatch
-    from mindspeed_rl.trainer.run_plan import RolloutSpec, TrainerSpec
-
-OffloadPart = Literal["optimizer", "grad", "param"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffloadSpec:
-    """Which training state goes to host memory while the rollout engine generates."""
-
-    optimizer: bool = False
-    """``offload_train_optimizer``: Adam moments (and fp32 master weights under bf16)."""
-    grad: bool = False
-    """``offload_train_grad``: gradients kept between steps."""
-    param: bool = False
-    """``offload_train_param``: the model parameters (after they were pushed to the engine)."""
-
-    def before_push(self) -> tuple[OffloadPart, ...]:
-        chosen: tuple[tuple[OffloadPart, bool], ...] = (("optimizer", self.optimizer), ("grad", self.grad))
-        return tuple(part for part, on in chosen if on)
-
-    def after_push(self) -> tuple[OffloadPart, ...]:
-        return ("param",) if self.param else ()
-
-    def all_parts(self) -> tuple[OffloadPart, ...]:
-        """Reload order: params first (optimizer masters are built from nothing else, but a
-        step needs every part back; params are what the next forward pass touches first)."""
-        return (*self.after_push(), *self.before_push())
 
 
 class Phase(enum.Enum):

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from mindspeed_rl.contracts import EvalConfig
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rewards import RewardFunction
     from mindspeed_rl.models.rollout.base import SamplingConfig
-    from mindspeed_rl.trainer.eval_config import EvalConfig
 
 EVAL_PROMPTS_FILE = "eval_prompts.jsonl"
 # Float slack for "every verifier gave full marks": weights are summed in a different order.

@@ -29,10 +29,10 @@ from mindspeed_rl.workers.training_unit import torch_threads_for
 if TYPE_CHECKING:
     import torch
 
+    from mindspeed_rl.contracts import RolloutSpec
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rollout.base import Completion
-    from mindspeed_rl.trainer.run_plan import RolloutSpec
-    from mindspeed_rl.workers.resharding.reload import ReloadPolicy, ReloadResult
+    from mindspeed_rl.weights.reload import ReloadPolicy, ReloadResult
 
 
 logger = logging.getLogger(__name__)
@@ -181,9 +181,9 @@ class GenerationActor:
         its weights and reports ``status="rejected"``."""
         from pathlib import Path
 
-        from mindspeed_rl.workers.resharding.manifest import SnapshotInfo
-        from mindspeed_rl.workers.resharding.reload import ReloadPolicy
-        from mindspeed_rl.workers.resharding.store import lease
+        from mindspeed_rl.weights.manifest import SnapshotInfo
+        from mindspeed_rl.weights.reload import ReloadPolicy
+        from mindspeed_rl.weights.store import lease
 
         if self._reload_policy is None:
             self._reload_policy = ReloadPolicy(self.policy_version, num_threads=1)

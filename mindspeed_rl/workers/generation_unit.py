@@ -64,8 +64,8 @@ from mindspeed_rl.workers.gu_messages import (
 )
 
 if TYPE_CHECKING:
+    from mindspeed_rl.contracts import RolloutSpec
     from mindspeed_rl.datasets import PromptRecord
-    from mindspeed_rl.trainer.run_plan import RolloutSpec
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +148,8 @@ class GenerationUnit:
         """Create the actors, wait until their engines are up, register with the CU."""
         import ray
 
-        from mindspeed_rl.workers.resharding.convert import GuConverter
-        from mindspeed_rl.workers.resharding.layout import InferenceLayout
+        from mindspeed_rl.weights.convert import GuConverter
+        from mindspeed_rl.weights.layout import InferenceLayout
 
         s = self.spec
         for a in range(s.num_actors):
@@ -261,8 +261,8 @@ class GenerationUnit:
     # ---- weight flow -----------------------------------------------------------------------------
     def convert_snapshot(self, version: int, path: str) -> ConversionDone:
         """Convert one published snapshot (called on another thread of this actor by ``run``)."""
-        from mindspeed_rl.workers.resharding.manifest import SnapshotError
-        from mindspeed_rl.workers.resharding.manifest import SnapshotInfo as StoredSnapshot
+        from mindspeed_rl.weights.manifest import SnapshotError
+        from mindspeed_rl.weights.manifest import SnapshotInfo as StoredSnapshot
 
         started, cpu_started = time.perf_counter(), time.thread_time()
         try:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from mindspeed_rl.trainer.run_plan import TrainerSpec
+    from mindspeed_rl.contracts import TrainerSpec
 
 logger = logging.getLogger(__name__)
 

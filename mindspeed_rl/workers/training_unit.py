@@ -26,15 +26,14 @@ from mindspeed_rl.runtime.records import PromptGroup, Sample
 if TYPE_CHECKING:
     import torch
 
+    from mindspeed_rl.contracts import OffloadPart, TrainerSpec
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rewards import RewardResult
     from mindspeed_rl.models.rollout.host_weights import HostWeights
     from mindspeed_rl.models.training.batch import TrainBatch
-    from mindspeed_rl.trainer.run_plan import TrainerSpec
-    from mindspeed_rl.workers.colocation import OffloadPart
+    from mindspeed_rl.weights.export import ExportResult, SnapshotWriter
+    from mindspeed_rl.weights.layout import TrainingLayout
     from mindspeed_rl.workers.evaluator import EvalSettings
-    from mindspeed_rl.workers.resharding.export import ExportResult, SnapshotWriter
-    from mindspeed_rl.workers.resharding.layout import TrainingLayout
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ EngineFactory = Callable[["TrainerSpec", str], Engines]
 def torch_engines(spec: TrainerSpec, policy_path: str) -> Engines:
     from mindspeed_rl.models.training.reference import ReferenceModel
     from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
-    from mindspeed_rl.workers.resharding.layout import TrainingLayout
+    from mindspeed_rl.weights.layout import TrainingLayout
 
     engine = TorchTrainingEngine(policy_path, spec.engine)
     # The reference is only needed for a KL term; skipping it halves the forward cost otherwise.
@@ -101,7 +100,7 @@ def torch_engines(spec: TrainerSpec, policy_path: str) -> Engines:
 def default_engines(spec: TrainerSpec, policy_path: str) -> Engines:
     if spec.megatron is None:
         return torch_engines(spec, policy_path)
-    from mindspeed_rl.models.training.megatron.unit import megatron_engines
+    from mindspeed_rl.workers.megatron_engines import megatron_engines
 
     return megatron_engines(spec, policy_path)
 
@@ -279,7 +278,7 @@ class TrainingUnit:
         together through the staging dir); None = a fresh id (a one-process TU)."""
         from pathlib import Path
 
-        from mindspeed_rl.workers.resharding.export import SnapshotWriter
+        from mindspeed_rl.weights.export import SnapshotWriter
 
         if self._writer is not None:
             raise ValueError("enable_snapshots was already called; a TU exports to one snapshot root")

@@ -12,7 +12,7 @@ import pytest
 from mindspeed_rl.config_cls import GRPOConfig, load_config_from_files
 from mindspeed_rl.config_cls.coverage import FieldRef, record_reads, unread_fields
 from mindspeed_rl.config_cls.fields import opt
-from mindspeed_rl.trainer.run_plan import build_run_plan
+from mindspeed_rl.plan.build import build_run_plan
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SHIPPED = sorted(p.stem for p in CONFIGS.glob("grpo_*.yaml"))

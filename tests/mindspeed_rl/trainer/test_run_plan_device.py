@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mindspeed_rl.config_cls import load_config_from_files
-from mindspeed_rl.trainer.run_plan import RunPlan, build_run_plan
+from mindspeed_rl.plan.build import RunPlan, build_run_plan
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 

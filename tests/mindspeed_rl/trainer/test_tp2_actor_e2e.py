@@ -98,9 +98,9 @@ from mindspeed_rl.models.tiny import TINY_QWEN3_TIED_ARCH, create_tiny_model
 from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
-from mindspeed_rl.workers.resharding.convert import GuConverter
-from mindspeed_rl.workers.resharding.export import SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
+from mindspeed_rl.weights.convert import GuConverter
+from mindspeed_rl.weights.export import SnapshotWriter
+from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
 
 
 def main(tmp):

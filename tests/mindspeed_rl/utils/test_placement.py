@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mindspeed_rl.config_cls import load_config_from_files
-from mindspeed_rl.trainer.run_plan import build_run_plan
+from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.utils.placement import ClusterSpec, Placement, PlacementRequest, RoleRequest, plan_placement
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"

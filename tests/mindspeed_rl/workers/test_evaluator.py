@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from mindspeed_rl.contracts import EvalConfig
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.rewards import RewardConfig, build_reward_fn, register_verifier, unregister_verifier
 from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, build_char_tokenizer, create_tiny_model
 from mindspeed_rl.models.training.reference import load_causal_lm
-from mindspeed_rl.trainer.eval_config import EvalConfig
 from mindspeed_rl.workers.evaluator import (
     EvalSettings,
     evaluate_policy,

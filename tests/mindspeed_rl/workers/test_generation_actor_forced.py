@@ -11,8 +11,8 @@ import torch
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
+from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.runtime.records import ScheduledMinibatch
-from mindspeed_rl.trainer.run_plan import build_run_plan
 from mindspeed_rl.workers.generation_actor import GenerationActor
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"

@@ -17,13 +17,13 @@ import torch
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
+from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.runtime.records import ScheduledMinibatch
-from mindspeed_rl.trainer.run_plan import build_run_plan
+from mindspeed_rl.weights.convert import GuConverter
+from mindspeed_rl.weights.export import SnapshotWriter
+from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
+from mindspeed_rl.weights.manifest import MANIFEST_NAME
 from mindspeed_rl.workers.generation_actor import GenerationActor
-from mindspeed_rl.workers.resharding.convert import GuConverter
-from mindspeed_rl.workers.resharding.export import SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
-from mindspeed_rl.workers.resharding.manifest import MANIFEST_NAME
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 _FRESH = itertools.count(1)

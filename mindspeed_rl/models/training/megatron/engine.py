@@ -346,7 +346,7 @@ class MegatronTrainingEngine:
 
     def snapshot_shard(self) -> tuple[dict[str, torch.Tensor], ShardCoords]:
         """This rank's weights in the training layout (global megatron names, this rank's shapes):
-        what the rank writes into a snapshot for the GU's convert (``resharding.megatron_rules``)."""
+        what the rank writes into a snapshot for the GU's convert (``weights.megatron_rules``)."""
         coords = rank_coords(self.layout)
         return export_shard(_shard_weights(self.model.module), self.dims, coords), coords
 

@@ -94,9 +94,9 @@ def test_bf16_save_hf_writes_a_bf16_folder(tiny_model_path: Path, tmp_path: Path
 
 
 def test_bf16_snapshot_is_bf16_on_disk(tiny_model_path: Path, tmp_path: Path) -> None:
-    from mindspeed_rl.workers.resharding.export import SnapshotWriter
-    from mindspeed_rl.workers.resharding.layout import TrainingLayout
-    from mindspeed_rl.workers.resharding.manifest import SnapshotManifest
+    from mindspeed_rl.weights.export import SnapshotWriter
+    from mindspeed_rl.weights.layout import TrainingLayout
+    from mindspeed_rl.weights.manifest import SnapshotManifest
 
     writer = SnapshotWriter(tmp_path / "snapshots", keep_last=2)
     engine = _engine(tiny_model_path, export_dtype="bfloat16")

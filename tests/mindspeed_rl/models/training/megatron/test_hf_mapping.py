@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.parity.engine import build_parity_model
 from mindspeed_rl.models.training.megatron.hf_mapping import (
     DictSource,
     SafetensorsSource,
@@ -22,7 +23,6 @@ from mindspeed_rl.models.training.megatron.hf_mapping import (
     megatron_names,
     megatron_shard,
 )
-from mindspeed_rl.models.training.megatron.parity import build_parity_model
 
 
 @pytest.fixture(scope="module")

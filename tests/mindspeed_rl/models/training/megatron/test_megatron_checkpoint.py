@@ -32,8 +32,8 @@ CASES = [
     ("family", "tied", "saved", "loaded"), CASES, ids=[f"{c[0]}-{c[2]}-to-{c[3]}" for c in CASES]
 )
 def test_resume_continues_the_run(tmp_path: Path, family: str, tied: bool, saved: str, loaded: str) -> None:
-    from mindspeed_rl.models.training.megatron.parity import build_parity_model
-    from mindspeed_rl.models.training.megatron.resume_parity import run_resume_case
+    from benchmarks.parity.engine import build_parity_model
+    from benchmarks.parity.resume import run_resume_case
 
     result = run_resume_case(build_parity_model(tmp_path / family, family, tied=tied), saved, loaded)
     if saved == loaded:
@@ -51,8 +51,8 @@ def test_resume_continues_the_run(tmp_path: Path, family: str, tied: bool, saved
 @needs_megatron
 @pytest.mark.timeout(300)
 def test_no_load_optim_restores_the_weights_with_fresh_moments(tmp_path: Path) -> None:
-    from mindspeed_rl.models.training.megatron.parity import build_parity_model
-    from mindspeed_rl.models.training.megatron.resume_parity import run_resume_case
+    from benchmarks.parity.engine import build_parity_model
+    from benchmarks.parity.resume import run_resume_case
 
     model = build_parity_model(tmp_path / "qwen3", "qwen3")
     result = run_resume_case(model, "tp2", "tp2", load_optimizer=False)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mindspeed_rl.models.training.megatron.parity import build_parity_model, run_parity_case
+from benchmarks.parity.engine import build_parity_model, run_parity_case
 
 # find_spec, not importorskip: importing megatron at collection would slow every test tier.
 pytestmark = [
@@ -57,9 +57,7 @@ def test_several_shuffled_steps_with_clipping_and_sequence_loss_match_at_tp2(tmp
     sequence-level aggregation: the engine's loop, schedule and clip agree with the torch engine."""
     import dataclasses
 
-    from mindspeed_rl.models.loss.config import GRPOLossConfig
-    from mindspeed_rl.models.training.megatron.hf_mapping import load_dims
-    from mindspeed_rl.models.training.megatron.parity import (
+    from benchmarks.parity.engine import (
         LAYOUTS,
         parity_batch,
         parity_engine_config,
@@ -67,6 +65,8 @@ def test_several_shuffled_steps_with_clipping_and_sequence_loss_match_at_tp2(tmp
         update_rel_diffs,
         with_behaviour_log_probs,
     )
+    from mindspeed_rl.models.loss.config import GRPOLossConfig
+    from mindspeed_rl.models.training.megatron.hf_mapping import load_dims
     from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
 
     model_dir = build_parity_model(tmp_path / "qwen3", "qwen3")

@@ -25,8 +25,8 @@ pytestmark = [
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(("arch_name", "layout"), [("TINY_TEST_ARCH", "tp2"), ("TINY_QWEN3_MOE_ARCH", "ep2")])
 def test_reloaded_vllm_actor_scores_like_the_trainer(tmp_path: Path, arch_name: str, layout: str) -> None:
+    from benchmarks.parity.reload import run_reload_case
     from mindspeed_rl.models import tiny
-    from mindspeed_rl.models.training.megatron.reload_parity import run_reload_case
 
     model = tiny.create_tiny_model(tmp_path / "model", dict(getattr(tiny, arch_name)), seed=0)
     result = run_reload_case(model, layout)

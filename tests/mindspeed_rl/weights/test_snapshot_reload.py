@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mindspeed_rl.workers.resharding.convert import GuConverter
-from mindspeed_rl.workers.resharding.export import SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
-from mindspeed_rl.workers.resharding.manifest import MANIFEST_NAME, SnapshotError, SnapshotInfo
-from mindspeed_rl.workers.resharding.reload import ReloadPolicy
-from mindspeed_rl.workers.resharding.store import latest_published
+from mindspeed_rl.weights.convert import GuConverter
+from mindspeed_rl.weights.export import SnapshotWriter
+from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
+from mindspeed_rl.weights.manifest import MANIFEST_NAME, SnapshotError, SnapshotInfo
+from mindspeed_rl.weights.reload import ReloadPolicy
+from mindspeed_rl.weights.store import latest_published
 
 SHARD = "rank-00000.safetensors"
 
@@ -87,7 +87,7 @@ def test_damaged_snapshot_is_never_loaded(tmp_path, model_factory, caplog, damag
     policy = ReloadPolicy(1)
     damage(tmp_path / "v2")
 
-    with caplog.at_level(logging.ERROR, logger="mindspeed_rl.workers.resharding.reload"):
+    with caplog.at_level(logging.ERROR, logger="mindspeed_rl.weights.reload"):
         result = policy.maybe_reload(SnapshotInfo(version=2, path=tmp_path / "v2"), engine.load)
 
     assert result.status == "rejected" and result.version == 1 and result.target_version == 2

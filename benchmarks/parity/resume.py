@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mindspeed_rl.models.training.megatron.parity import (
+from benchmarks.parity.engine import (
     LAYOUTS,
     free_port,
     init_gloo,

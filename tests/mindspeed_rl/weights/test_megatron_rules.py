@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.parity.engine import build_parity_model
 from mindspeed_rl.models.training.megatron.hf_mapping import (
     DictSource,
     ShardCoords,
@@ -21,9 +22,8 @@ from mindspeed_rl.models.training.megatron.hf_mapping import (
     megatron_names,
     megatron_shard,
 )
-from mindspeed_rl.models.training.megatron.parity import build_parity_model
-from mindspeed_rl.workers.resharding import megatron_rules
-from mindspeed_rl.workers.resharding.merge import Piece, apply_name_map, merge_pieces
+from mindspeed_rl.weights import megatron_rules
+from mindspeed_rl.weights.merge import Piece, apply_name_map, merge_pieces
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mindspeed_rl.workers.resharding.convert import GuConverter
-from mindspeed_rl.workers.resharding.export import SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
-from mindspeed_rl.workers.resharding.manifest import SnapshotInfo
-from mindspeed_rl.workers.resharding.reload import ReloadPolicy
-from mindspeed_rl.workers.resharding.store import list_published, list_run_published, run_root
+from mindspeed_rl.weights.convert import GuConverter
+from mindspeed_rl.weights.export import SnapshotWriter
+from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
+from mindspeed_rl.weights.manifest import SnapshotInfo
+from mindspeed_rl.weights.reload import ReloadPolicy
+from mindspeed_rl.weights.store import list_published, list_run_published, run_root
 
 
 def _run(root: Path, run_id: str, versions: list[int], model: dict[str, torch.Tensor]) -> list:

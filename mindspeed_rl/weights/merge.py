@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mindspeed_rl.workers.resharding.hostcopy import cat, copy_tensor
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, PartitionSpec, RankCoords
-from mindspeed_rl.workers.resharding.manifest import SnapshotError
+from mindspeed_rl.weights.hostcopy import cat, copy_tensor
+from mindspeed_rl.weights.layout import InferenceLayout, PartitionSpec, RankCoords
+from mindspeed_rl.weights.manifest import SnapshotError
 
 
 @dataclass(frozen=True, slots=True)

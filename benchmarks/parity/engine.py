@@ -258,8 +258,8 @@ def update_rel_diffs(
 
 def merge_snapshot_shards(shards: list[Any], dims: Any, layout: MegatronLayout) -> dict[str, torch.Tensor]:
     """What the GU's convert does with the per-rank snapshot shards of one layout (DP rank 0's)."""
-    from mindspeed_rl.workers.resharding import megatron_rules
-    from mindspeed_rl.workers.resharding.merge import Piece, apply_name_map, merge_pieces
+    from mindspeed_rl.weights import megatron_rules
+    from mindspeed_rl.weights.merge import Piece, apply_name_map, merge_pieces
 
     tl = megatron_rules.training_layout(
         tp_size=layout.tensor_model_parallel_size,

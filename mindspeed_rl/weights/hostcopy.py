@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mindspeed_rl.workers.resharding.shardio import run_in_bins
+from mindspeed_rl.weights.shardio import run_in_bins
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from mindspeed_rl.workers.resharding.layout import PartitionSpec, RankCoords, TrainingLayout
+from mindspeed_rl.weights.layout import PartitionSpec, RankCoords, TrainingLayout
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"

@@ -27,8 +27,8 @@ from mindspeed_rl.models.training.megatron.hf_mapping import (
     GPTDims,
     ShardCoords,
 )
-from mindspeed_rl.workers.resharding.layout import PartitionRule, PartitionSpec, RankCoords, TrainingLayout
-from mindspeed_rl.workers.resharding.merge import NameMap, UnfuseRule
+from mindspeed_rl.weights.layout import PartitionRule, PartitionSpec, RankCoords, TrainingLayout
+from mindspeed_rl.weights.merge import NameMap, UnfuseRule
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 SCHEME = "megatron"

@@ -45,17 +45,17 @@ from pathlib import Path
 
 import torch
 
-from mindspeed_rl.workers.resharding.hostcopy import copy_tensors
-from mindspeed_rl.workers.resharding.layout import PartitionSpec, RankCoords, TrainingLayout
-from mindspeed_rl.workers.resharding.manifest import (
+from mindspeed_rl.weights.hostcopy import copy_tensors
+from mindspeed_rl.weights.layout import PartitionSpec, RankCoords, TrainingLayout
+from mindspeed_rl.weights.manifest import (
     MANIFEST_NAME,
     ShardEntry,
     SnapshotInfo,
     SnapshotManifest,
     TensorEntry,
 )
-from mindspeed_rl.workers.resharding.shardio import write_shard
-from mindspeed_rl.workers.resharding.store import (
+from mindspeed_rl.weights.shardio import write_shard
+from mindspeed_rl.weights.store import (
     DEFAULT_LEASE_TTL_S,
     check_run_id,
     fsync_path,

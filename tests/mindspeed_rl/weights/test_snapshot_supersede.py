@@ -9,10 +9,10 @@ import weakref
 import pytest
 import torch
 
-from mindspeed_rl.workers.resharding import export as export_module
-from mindspeed_rl.workers.resharding.export import SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import TrainingLayout, hf_dense_rules
-from mindspeed_rl.workers.resharding.store import list_published
+from mindspeed_rl.weights import export as export_module
+from mindspeed_rl.weights.export import SnapshotWriter
+from mindspeed_rl.weights.layout import TrainingLayout, hf_dense_rules
+from mindspeed_rl.weights.store import list_published
 
 
 class SlowWrites:

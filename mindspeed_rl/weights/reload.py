@@ -27,9 +27,9 @@ from typing import Literal
 
 import torch
 
-from mindspeed_rl.workers.resharding.manifest import SnapshotError, SnapshotInfo, SnapshotManifest
-from mindspeed_rl.workers.resharding.shardio import read_shard
-from mindspeed_rl.workers.resharding.store import lease
+from mindspeed_rl.weights.manifest import SnapshotError, SnapshotInfo, SnapshotManifest
+from mindspeed_rl.weights.shardio import read_shard
+from mindspeed_rl.weights.store import lease
 
 logger = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from typing import Literal
 
 import torch
 
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
-from mindspeed_rl.workers.resharding.manifest import (
+from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
+from mindspeed_rl.weights.manifest import (
     MANIFEST_NAME,
     ShardEntry,
     SnapshotError,
@@ -55,9 +55,9 @@ from mindspeed_rl.workers.resharding.manifest import (
     SnapshotManifest,
     TensorEntry,
 )
-from mindspeed_rl.workers.resharding.merge import NameMap, Piece, apply_name_map, merge_pieces, split_for_rank
-from mindspeed_rl.workers.resharding.shardio import check_shard_file, read_shards, write_shard
-from mindspeed_rl.workers.resharding.store import (
+from mindspeed_rl.weights.merge import NameMap, Piece, apply_name_map, merge_pieces, split_for_rank
+from mindspeed_rl.weights.shardio import check_shard_file, read_shards, write_shard
+from mindspeed_rl.weights.store import (
     DEFAULT_LEASE_TTL_S,
     fsync_path,
     latest_published,
@@ -134,7 +134,7 @@ def conversion_steps(
     if training.naming is None:
         return name_map or NameMap(), None
     if training.naming.get("scheme") == "megatron":
-        from mindspeed_rl.workers.resharding import megatron_rules
+        from mindspeed_rl.weights import megatron_rules
 
         return megatron_rules.convert_steps(training)
     raise SnapshotError(

@@ -23,13 +23,13 @@ from mindspeed_rl.models.training.megatron.engine import MegatronReferenceModel,
 from mindspeed_rl.models.training.megatron.hf_mapping import ShardCoords
 
 if TYPE_CHECKING:
-    from mindspeed_rl.trainer.run_plan import TrainerSpec
-    from mindspeed_rl.workers.resharding.layout import TrainingLayout
+    from mindspeed_rl.contracts import TrainerSpec
+    from mindspeed_rl.weights.layout import TrainingLayout
     from mindspeed_rl.workers.training_unit import Engines, SnapshotPart
 
 
 def layout_rank(coords: ShardCoords) -> int:
-    """This rank's index in the snapshot layout (``resharding.layout``'s numbering)."""
+    """This rank's index in the snapshot layout (``weights.layout``'s numbering)."""
     return coords.tp_rank + coords.tp_size * (coords.ep_rank + coords.ep_size * coords.pp_rank)
 
 
@@ -67,7 +67,7 @@ class MegatronSnapshots:
 
 
 def manifest_layout(engine: MegatronTrainingEngine, coords: ShardCoords) -> TrainingLayout:
-    from mindspeed_rl.workers.resharding import megatron_rules
+    from mindspeed_rl.weights import megatron_rules
 
     return megatron_rules.training_layout(
         tp_size=coords.tp_size,

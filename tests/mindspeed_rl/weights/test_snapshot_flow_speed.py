@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mindspeed_rl.workers.resharding import shardio, store
-from mindspeed_rl.workers.resharding.convert import GuConverter
-from mindspeed_rl.workers.resharding.export import SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout, hf_dense_rules
-from mindspeed_rl.workers.resharding.manifest import MANIFEST_NAME, SnapshotError, SnapshotInfo
-from mindspeed_rl.workers.resharding.merge import NameMap
-from mindspeed_rl.workers.resharding.reload import ReloadPolicy
+from mindspeed_rl.weights import shardio, store
+from mindspeed_rl.weights.convert import GuConverter
+from mindspeed_rl.weights.export import SnapshotWriter
+from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout, hf_dense_rules
+from mindspeed_rl.weights.manifest import MANIFEST_NAME, SnapshotError, SnapshotInfo
+from mindspeed_rl.weights.merge import NameMap
+from mindspeed_rl.weights.reload import ReloadPolicy
 
 SHARD = "rank-00000.safetensors"
 

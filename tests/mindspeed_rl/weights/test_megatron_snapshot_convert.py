@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from benchmarks.parity.engine import build_parity_model
 from mindspeed_rl.models.training.megatron.hf_mapping import (
     DictSource,
     ShardCoords,
@@ -19,13 +20,12 @@ from mindspeed_rl.models.training.megatron.hf_mapping import (
     megatron_names,
     megatron_shard,
 )
-from mindspeed_rl.models.training.megatron.parity import build_parity_model
-from mindspeed_rl.models.training.megatron.unit import first_holders, layout_rank
-from mindspeed_rl.workers.resharding import megatron_rules
-from mindspeed_rl.workers.resharding.convert import GuConverter
-from mindspeed_rl.workers.resharding.export import SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout
-from mindspeed_rl.workers.resharding.manifest import SnapshotManifest
+from mindspeed_rl.weights import megatron_rules
+from mindspeed_rl.weights.convert import GuConverter
+from mindspeed_rl.weights.export import SnapshotWriter
+from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
+from mindspeed_rl.weights.manifest import SnapshotManifest
+from mindspeed_rl.workers.megatron_engines import first_holders, layout_rank
 
 
 def _export(model: Path, root: Path, tp: int, ep: int, *, with_naming: bool = True) -> SnapshotManifest:
@@ -57,7 +57,7 @@ def test_gu_converts_a_megatron_snapshot_to_the_hf_weights(
     assert len(manifest.shards) == tp * ep
     layout = TrainingLayout.from_json(manifest.layout)
     assert layout.naming is not None and layout.naming["scheme"] == "megatron"
-    from mindspeed_rl.workers.resharding.store import latest_published
+    from mindspeed_rl.weights.store import latest_published
 
     snapshot = latest_published(tmp_path / "snap")
     assert snapshot is not None
@@ -73,7 +73,7 @@ def test_gu_converts_a_megatron_snapshot_to_the_hf_weights(
 def test_a_layout_without_naming_keeps_the_training_names(tmp_path: Path) -> None:
     model = build_parity_model(tmp_path / "hf", "qwen3")
     _export(model, tmp_path / "snap", 2, 1, with_naming=False)
-    from mindspeed_rl.workers.resharding.store import latest_published
+    from mindspeed_rl.weights.store import latest_published
 
     snapshot = latest_published(tmp_path / "snap")
     assert snapshot is not None

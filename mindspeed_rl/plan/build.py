@@ -28,22 +28,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mindspeed_rl.config_cls.grpo_config import InertKey
 from mindspeed_rl.config_cls.resources import ActorResources
+from mindspeed_rl.contracts import EvalConfig, OldLogProbs, RolloutSpec, TrainerSpec
 from mindspeed_rl.models.rewards.config import RewardConfig
-from mindspeed_rl.models.rollout.base import SamplingConfig
-from mindspeed_rl.models.training.engine_config import TorchEngineConfig
-from mindspeed_rl.models.training.megatron.layout import MegatronLayout
+from mindspeed_rl.plan import placement as placing
+from mindspeed_rl.plan import sections as parts
 from mindspeed_rl.runtime.config import RuntimeConfig
-from mindspeed_rl.trainer import run_plan_parts as parts
-from mindspeed_rl.trainer import run_plan_placement as placing
-from mindspeed_rl.trainer.eval_config import EvalConfig
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.placement import ClusterSpec, Placement, PlacementRequest, plan_placement
 
 if TYPE_CHECKING:
     from asp_scheduler.params import ScheduleParams
     from mindspeed_rl.config_cls import ASPConfig, GRPOConfig
-
-OldLogProbs = Literal["rollout", "recompute", "current"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,54 +67,6 @@ class DataSpec:
     seed: int
     num_prompts_per_global_batch: int
     train_iters: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainerSpec:
-    """What the Training Unit needs; nothing else of the config reaches it."""
-
-    engine: TorchEngineConfig
-    reward: RewardConfig
-    reference_micro_batch_size: int | None
-    """None: no KL anywhere, so no reference model is loaded."""
-    temperature: float
-    """Sampling temperature: log-probs are of the temperature-scaled distribution."""
-    n_samples_per_prompt: int
-    adv_estimator: Literal["group_norm"]
-    old_log_probs: OldLogProbs
-    """Which log-probs the ratio is taken against (see TrainingUnit)."""
-    num_cpus: float
-    """The worker's CPU request; sets its torch threads."""
-    megatron: MegatronLayout | None = None
-    """``use_mcore_models: true``: the megatron engine with this layout, one Training Unit per rank
-    of a ``TrainingGroup`` of ``num_ranks``; None: the torch engine in one process."""
-    num_ranks: int = 1
-    """Ranks of the Training Unit (TP x PP x DP of the megatron layout; 1 for the torch engine)."""
-
-    def layout_summary(self) -> dict[str, int]:
-        """The parallel layout for summary.json (the torch engine: one rank)."""
-        m = self.megatron
-        if m is None:
-            return {"tp": 1, "pp": 1, "ep": 1, "dp": 1}
-        return {
-            "tp": m.tensor_model_parallel_size,
-            "pp": m.pipeline_model_parallel_size,
-            "ep": m.expert_model_parallel_size,
-            "dp": m.data_parallel_size(self.num_ranks),
-        }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RolloutSpec:
-    """What a generation actor needs."""
-
-    backend: Literal["vllm", "hf"]
-    engine_keys: Mapping[str, Any]
-    """``generate_config`` engine keys, in upstream names (``rollout.factory`` maps them)."""
-    sampling: SamplingConfig
-    n_samples_per_prompt: int
-    num_cpus: float
-    seed: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

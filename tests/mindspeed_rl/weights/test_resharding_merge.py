@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mindspeed_rl.workers.resharding.convert import GuConverter, convert_snapshot
-from mindspeed_rl.workers.resharding.export import SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import (
+from mindspeed_rl.weights.convert import GuConverter, convert_snapshot
+from mindspeed_rl.weights.export import SnapshotWriter
+from mindspeed_rl.weights.layout import (
     InferenceLayout,
     PartitionRule,
     PartitionSpec,
@@ -13,16 +13,16 @@ from mindspeed_rl.workers.resharding.layout import (
     TrainingLayout,
     hf_dense_rules,
 )
-from mindspeed_rl.workers.resharding.manifest import SnapshotError, SnapshotInfo
-from mindspeed_rl.workers.resharding.merge import (
+from mindspeed_rl.weights.manifest import SnapshotError, SnapshotInfo
+from mindspeed_rl.weights.merge import (
     NameMap,
     Piece,
     apply_name_map,
     megatron_unfuse_rules,
     merge_pieces,
 )
-from mindspeed_rl.workers.resharding.reload import ReloadPolicy
-from mindspeed_rl.workers.resharding.store import latest_published
+from mindspeed_rl.weights.reload import ReloadPolicy
+from mindspeed_rl.weights.store import latest_published
 
 TP2 = TrainingLayout(tp_size=2, rules=hf_dense_rules())
 

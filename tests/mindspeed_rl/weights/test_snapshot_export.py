@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mindspeed_rl.workers.resharding import export as export_module
-from mindspeed_rl.workers.resharding.convert import GuConverter
-from mindspeed_rl.workers.resharding.export import SnapshotWriter
-from mindspeed_rl.workers.resharding.layout import InferenceLayout, TrainingLayout, hf_dense_rules
-from mindspeed_rl.workers.resharding.manifest import SnapshotInfo, SnapshotManifest
-from mindspeed_rl.workers.resharding.reload import ReloadPolicy
-from mindspeed_rl.workers.resharding.store import latest_published, lease, list_published
+from mindspeed_rl.weights import export as export_module
+from mindspeed_rl.weights.convert import GuConverter
+from mindspeed_rl.weights.export import SnapshotWriter
+from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout, hf_dense_rules
+from mindspeed_rl.weights.manifest import SnapshotInfo, SnapshotManifest
+from mindspeed_rl.weights.reload import ReloadPolicy
+from mindspeed_rl.weights.store import latest_published, lease, list_published
 
 SINGLE = TrainingLayout()
 
@@ -150,7 +150,7 @@ def test_user_errors_name_the_fix(tmp_path, tiny_model):
 def test_manifest_layout_and_store_import_without_torch():
     code = (
         "import sys\n"
-        "import mindspeed_rl.workers.resharding.manifest, mindspeed_rl.workers.resharding.store\n"
+        "import mindspeed_rl.weights.manifest, mindspeed_rl.weights.store\n"
         "assert 'torch' not in sys.modules, 'the CU must read manifests without torch'\n"
     )
     root = Path(__file__).resolve().parents[4]

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mindspeed_rl.models.training.megatron.parity import LAYOUTS, free_port, init_gloo, parity_engine_config
+from benchmarks.parity.engine import LAYOUTS, free_port, init_gloo, parity_engine_config
 
 PROMPTS = ([5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16])
 SAMPLES_PER_PROMPT = 2
@@ -50,8 +50,8 @@ def _train_and_export(rank: int, port: int, model_dir: str, layout: str, out: st
     try:
         from mindspeed_rl.models.training.batch import TrainBatch
         from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
-        from mindspeed_rl.models.training.megatron.unit import MegatronSnapshots
-        from mindspeed_rl.workers.resharding.export import SnapshotWriter
+        from mindspeed_rl.weights.export import SnapshotWriter
+        from mindspeed_rl.workers.megatron_engines import MegatronSnapshots
 
         rng = np.random.default_rng(0)
         batch = TrainBatch.from_lists(
@@ -101,9 +101,9 @@ def run_reload_case(model_dir: str | os.PathLike[str], layout: str) -> dict[str,
     from mindspeed_rl.models.rollout.base import SamplingConfig
     from mindspeed_rl.models.rollout.vllm_engine import VLLMEngine, VLLMOptions
     from mindspeed_rl.models.training.batch import TrainBatch
-    from mindspeed_rl.workers.resharding.convert import GuConverter
-    from mindspeed_rl.workers.resharding.layout import InferenceLayout
-    from mindspeed_rl.workers.resharding.store import latest_published
+    from mindspeed_rl.weights.convert import GuConverter
+    from mindspeed_rl.weights.layout import InferenceLayout
+    from mindspeed_rl.weights.store import latest_published
 
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose from {sorted(LAYOUTS)}")

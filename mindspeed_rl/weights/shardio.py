@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from mindspeed_rl.workers.resharding.layout import PartitionSpec
-from mindspeed_rl.workers.resharding.manifest import (
+from mindspeed_rl.weights.layout import PartitionSpec
+from mindspeed_rl.weights.manifest import (
     ShardEntry,
     SnapshotError,
     SnapshotManifest,

@@ -54,7 +54,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from mindspeed_rl.workers.resharding.manifest import MANIFEST_NAME, SnapshotInfo
+from mindspeed_rl.weights.manifest import MANIFEST_NAME, SnapshotInfo
 
 _PUBLISHED = re.compile(r"^v(\d+)$")
 _SCRATCH = re.compile(r"^\.(staging|tmp|trash)-v(\d+)")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mindspeed_rl.workers.resharding.hostcopy import cat, copy_tensor, copy_tensors
+from mindspeed_rl.weights.hostcopy import cat, copy_tensor, copy_tensors
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.float8_e4m3fn)
 

@@ -18,20 +18,20 @@ from mindspeed_rl.config_cls.grpo_config import InertKey
 from mindspeed_rl.config_cls.inert import dedupe
 from mindspeed_rl.config_cls.model_arch import ModelArchitecture
 from mindspeed_rl.config_cls.resources import ActorResources
+from mindspeed_rl.contracts import EvalConfig, OffloadSpec
 from mindspeed_rl.models.loss.config import GRPOLossConfig
 from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.lr_schedule import LRSchedule
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
-from mindspeed_rl.trainer.eval_config import EvalConfig
-from mindspeed_rl.trainer.run_plan_placement import device_kind
+from mindspeed_rl.plan.placement import device_kind
 from mindspeed_rl.utils.logging_config import LoggingConfig
-from mindspeed_rl.workers.colocation import OffloadSpec
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
+    from mindspeed_rl.contracts import TrainerSpec
+    from mindspeed_rl.plan.build import CheckpointSpec, RunPlan
     from mindspeed_rl.runtime.config import RuntimeConfig
-    from mindspeed_rl.trainer.run_plan import CheckpointSpec, RunPlan, TrainerSpec
 
 T = TypeVar("T")
 # generate_config keys handed to the rollout factory (it maps them to vLLM / HF engine options).
@@ -109,7 +109,7 @@ def initial_weights(config: GRPOConfig) -> str | None:
 
 def checkpoint_spec(config: GRPOConfig) -> CheckpointSpec:
     """``save_interval`` / ``save`` / ``load`` / ``no_{save,load}_{optim,rng}`` (``trainer/checkpointing.py``)."""
-    from mindspeed_rl.trainer.run_plan import CheckpointSpec
+    from mindspeed_rl.plan.build import CheckpointSpec
 
     t = config.actor_config.training
     return CheckpointSpec(

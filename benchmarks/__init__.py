@@ -1,0 +1,1 @@
+"""Benchmarks and verification harnesses (not part of the installed package)."""

@@ -1,0 +1,1 @@
+"""The run plan: the one reader of the typed config (``build``), its sections and its placement."""
