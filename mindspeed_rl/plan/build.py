@@ -13,7 +13,7 @@
 ``cli/check_config.py`` and both trainers call ``build_run_plan``, so every error the run would
 raise from its configuration (layouts, lag/minibatch fit, unsupported keys) is raised by the
 check too, before any model, data or scheduling work. Every schema field is either read here or
-declared inert (``fields.opt(inert=...)``); ``tests/.../test_run_plan_coverage.py`` enforces it.
+declared inert (``fields.opt(inert=...)``); ``tests/.../plan/test_build_coverage.py`` enforces it.
 
 Torch-free: it builds plain dataclasses only.
 """

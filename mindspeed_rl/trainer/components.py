@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from mindspeed_rl.datasets.split import PromptSplits
     from mindspeed_rl.plan.sections import WarmupSpec
 
+from mindspeed_rl.models.tokenizer import load_tokenizer
+
 logger = logging.getLogger(__name__)
 
 
@@ -88,13 +90,6 @@ def _run_warmup(warm: WarmupSpec, path: Path) -> None:
         seed=warm.seed,
     )
     logger.info("SFT warm-up: %s", {k: round(v, 4) for k, v in stats.items()})
-
-
-def load_tokenizer(path: str | Path) -> Any:
-    """The policy's HF tokenizer (local folder only: runs never reach for a hub)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
 def load_prompt_set(config: GRPOConfig, tokenizer: Any) -> PromptSet:

@@ -121,7 +121,7 @@ class TrainingUnit:
         import torch
 
         from mindspeed_rl.models.rewards import build_reward_fn
-        from mindspeed_rl.trainer.components import load_tokenizer
+        from mindspeed_rl.models.tokenizer import load_tokenizer
 
         torch.set_num_threads(torch_threads_for(spec.num_cpus))
         self._spec = spec
