@@ -1,0 +1,307 @@
+"""Device memory per trainer rank and per rollout actor, by term, before anything is loaded.
+
+``check_config --cluster NxD`` prints these next to the placement, and a plan that does not fit
+its device stops there (exit 2) naming the rank, the largest term and a key that shrinks it:
+a 30 B run should fail on a laptop in a second, not after an hour of weight loading.
+
+Deterministic terms (exact, in bytes, for the megatron engine as built by
+``models/training/megatron``): parameters, gradient buffer, optimizer state, reference model.
+Their per-rank parameter counts follow megatron-core's GPTModel sharding (vocabulary padded to a
+multiple of ``make_vocab_size_divisible_by x TP`` and split over TP; QKV, output projection and
+dense MLP split over TP; routed experts split over EP, whole on each rank; norms, q/k norms and the
+router replicated; layers split evenly over PP; embedding on the first stage, output layer and
+final norm on the last, and a tied output layer still holds a copy of the embedding on the last
+stage when PP > 1). A test checks them against the tensors of real megatron models on CPU.
+
+Estimated terms: activations and headroom for the trainer, activations and the KV cache for
+vLLM. The activation model is that of Korthikanti et al., "Reducing Activation Recomputation in
+Large Transformer Models" (2022, arXiv:2205.05198, section 4), re-derived for this model family:
+16-bit activations, no dropout (RL trains without it), grouped-query attention, SwiGLU MLPs and
+top-k routed experts. Per layer, per micro-batch of ``b`` sequences of ``s`` tokens (bytes):
+
+    norm inputs 4sbh + QKV input 2sbh + Q,K,V 2sb(a+2g)d + attention output 2sbad
+    + [no flash attention: softmax output 2as^2b] + MLP: fc1 input 2sbh + 6sbf
+    (fc1 output 2 x 2sbf, activation 2sbf; f = ffn width) or, routed, topk x (2sbh + 6sbf_moe)
+
+Tensor parallelism divides every term except the four ``sbh`` norm and block inputs, which
+sequence parallelism divides too (the paper's 10sbh, minus its two dropout masks). Full
+recomputation keeps only each layer's input (2sbh, /TP under SP) plus one layer's full set while
+it recomputes. The last stage adds the micro-batch's vocab-parallel logits (2 s b V / TP) and the
+fp32 log-softmax chunk of ``LOGPROB_CHUNK`` tokens. With 1F1B the first stage holds up to PP
+micro-batches in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+GB = 1e9
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Device memory (GB) per accelerator when ``--device-memory-gb`` is not given: the smallest common
+# part of each kind (Ascend 910B/910C: 64 GB per die; H100: 80 GB).
+DEFAULT_DEVICE_MEMORY_GB = {"NPU": 64.0, "GPU": 80.0}
+# Runtime context, communicator buffers and allocator slack of a training process: a fixed
+# estimate, not a measurement.
+TRAINER_HEADROOM_GB = 3.0
+# Tokens of the fp32 log-softmax temporaries (``models/training/log_probs.py`` chunks of 1024);
+# three fp32 temporaries of the chunk's vocab-parallel logits are alive at once.
+LOGPROB_CHUNK = 1024
+LOGPROB_TEMPORARIES = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelShape:
+    """The transformer shape the planner needs (from the YAML's ``model:`` file or an HF config)."""
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    qk_layernorm: bool
+    num_experts: int = 0
+    """0 = dense."""
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def padded_vocab(self, tp: int, divisible_by: int) -> int:
+        step = divisible_by * tp
+        return -(-self.vocab_size // step) * step
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamCount:
+    """Parameters one rank holds: ``dense`` ones are replicated over DP, ``expert`` ones over the
+    expert-data-parallel group (world / (EP x PP)); the distributed optimizer shards each over its
+    own group."""
+
+    dense: int
+    expert: int
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.expert
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerMemorySpec:
+    """What the trainer's memory depends on (``plan`` fills it from the config)."""
+
+    shape: ModelShape
+    tp: int
+    pp: int
+    ep: int
+    world_size: int
+    make_vocab_size_divisible_by: int
+    param_dtype: Literal["float32", "bfloat16", "float16"]
+    grads_in_fp32: bool
+    """Megatron DDP's gradient buffer dtype: fp32, or the parameters' dtype."""
+    distributed_optimizer: bool
+    reference: bool
+    """A reference model (KL anywhere) on the device, in the parameters' dtype."""
+    micro_batch_size: int
+    seq_length: int
+    sequence_parallel: bool
+    flash_attention: bool
+    recompute_granularity: Literal["full", "selective"] | None
+    recompute_num_layers: int | None = None
+    """Full recomputation: layers per recomputed chunk (``uniform``); the rest keep their inputs."""
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp)
+
+    @property
+    def expert_dp(self) -> int:
+        return self.world_size // (self.ep * self.pp)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutMemorySpec:
+    shape: ModelShape
+    tp: int
+    dtype: Literal["float32", "bfloat16", "float16"]
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Bytes per term; ``total`` is their sum, ``budget`` what the device (or vLLM's share) has."""
+
+    terms: Mapping[str, float]
+    budget: float
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+    def fits(self) -> bool:
+        return self.total <= self.budget
+
+    def largest(self) -> str:
+        return max(self.terms, key=lambda k: self.terms[k])
+
+    def as_gb(self) -> dict[str, float]:
+        out = {"total": round(self.total / GB, 2)}
+        out.update({k: round(v / GB, 2) for k, v in self.terms.items()})
+        return out
+
+
+def rank_parameters(
+    shape: ModelShape, *, tp: int, pp: int, ep: int, pp_rank: int, divisible_by: int
+) -> ParamCount:
+    """Parameters of one rank at pipeline stage ``pp_rank`` (every TP/EP rank holds the same count)."""
+    if shape.num_layers % pp:
+        raise ValueError(
+            f"num_layers={shape.num_layers} is not divisible by pipeline_model_parallel_size={pp}"
+        )
+    if shape.is_moe and shape.num_experts % ep:
+        raise ValueError(
+            f"num_experts={shape.num_experts} is not divisible by expert_model_parallel_size={ep}"
+        )
+    h, d = shape.hidden_size, shape.head_dim
+    a, g = shape.num_attention_heads, shape.num_query_groups
+    qkv_out = (a + 2 * g) * d
+    attention = h * qkv_out // tp + a * d * h // tp + (qkv_out // tp if shape.qkv_bias else 0)
+    norms = 2 * h + (2 * d if shape.qk_layernorm else 0)
+    if shape.is_moe:
+        dense_mlp = shape.num_experts * h  # the router (replicated)
+        expert = shape.num_experts // ep * 3 * h * shape.moe_ffn_hidden_size
+    else:
+        dense_mlp = 3 * h * shape.ffn_hidden_size // tp
+        expert = 0
+    layers = shape.num_layers // pp
+    dense = layers * (attention + norms + dense_mlp)
+    vocab_rows = shape.padded_vocab(tp, divisible_by) // tp
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    if first:
+        dense += vocab_rows * h
+    if last:
+        dense += h  # final norm
+        if not shape.tied_embeddings or not first:
+            dense += vocab_rows * h  # output layer (a tied one is the embedding on a single stage)
+    return ParamCount(dense=dense, expert=layers * expert)
+
+
+def trainer_memory(spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank: int = 0) -> MemoryEstimate:
+    """One rank's memory at stage ``pp_rank``."""
+    params = rank_parameters(
+        spec.shape, tp=spec.tp, pp=spec.pp, ep=spec.ep, pp_rank=pp_rank,
+        divisible_by=spec.make_vocab_size_divisible_by,
+    )  # fmt: skip
+    pbytes = DTYPE_BYTES[spec.param_dtype]
+    grad_bytes = 4 if spec.grads_in_fp32 else pbytes
+    # Adam's two moments in fp32, plus fp32 master weights when the parameters are not fp32.
+    state_bytes = 8 + (0 if spec.param_dtype == "float32" else 4)
+    if spec.distributed_optimizer:
+        optimizer = state_bytes * (params.dense / spec.dp + params.expert / spec.expert_dp)
+    else:
+        optimizer = float(state_bytes * params.total)
+    terms = {
+        "parameters": float(pbytes * params.total),
+        "gradients": float(grad_bytes * params.total),
+        "optimizer_state": optimizer,
+        "reference": float(pbytes * params.total) if spec.reference else 0.0,
+        "activations": activation_bytes(spec, pp_rank=pp_rank),
+        "headroom": TRAINER_HEADROOM_GB * GB,
+    }
+    return MemoryEstimate(terms=terms, budget=device_memory_gb * GB)
+
+
+def activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
+    """Activations kept for the backward pass of the micro-batches in flight (module docstring)."""
+    shape = spec.shape
+    s, b, h, t = spec.seq_length, spec.micro_batch_size, shape.hidden_size, spec.tp
+    a, g, d = shape.num_attention_heads, shape.num_query_groups, shape.head_dim
+    sbh = s * b * h
+    replicated = 8 * sbh / (t if spec.sequence_parallel else 1)
+    attention = (2 * s * b * (a + 2 * g) * d + 2 * s * b * a * d) / t
+    if not spec.flash_attention and spec.recompute_granularity != "selective":
+        attention += 2 * a * s * s * b / t
+    if shape.is_moe:
+        # Routed tokens: each token's hidden state visits topk experts (tokens are split over TP by
+        # sequence parallelism before dispatch; experts are whole, so no TP split inside them).
+        tokens = s * b / (t if spec.sequence_parallel else 1)
+        mlp = shape.moe_topk * tokens * (2 * h + 6 * shape.moe_ffn_hidden_size)
+    else:
+        mlp = 6 * s * b * shape.ffn_hidden_size / t
+    per_layer = replicated + attention + mlp
+    layers = shape.num_layers // spec.pp
+    if spec.recompute_granularity == "full":
+        chunk = spec.recompute_num_layers or 1
+        layer_input = 2 * sbh / (t if spec.sequence_parallel else 1)
+        kept = layers * layer_input + chunk * per_layer
+    else:
+        kept = layers * per_layer
+    in_flight = spec.pp - pp_rank  # 1F1B: stage i holds up to PP - i micro-batches
+    total = in_flight * kept
+    if pp_rank == spec.pp - 1:
+        vocab = shape.padded_vocab(t, spec.make_vocab_size_divisible_by) / t
+        total += 2 * s * b * vocab + LOGPROB_TEMPORARIES * 4 * min(LOGPROB_CHUNK, s * b) * vocab
+    return float(total)
+
+
+def rollout_memory(spec: RolloutMemorySpec, device_memory_gb: float) -> MemoryEstimate:
+    """One vLLM engine worker: vLLM reserves ``gpu_memory_utilization`` of the device and gives
+    its KV cache whatever the weights and its profiled activation peak leave of that."""
+    shape = spec.shape
+    pbytes = DTYPE_BYTES[spec.dtype]
+    total_params = rank_parameters(shape, tp=1, pp=1, ep=1, pp_rank=0, divisible_by=1).total
+    weights = pbytes * total_params / spec.tp
+    tokens = spec.max_num_batched_tokens
+    width = shape.moe_topk * shape.moe_ffn_hidden_size if shape.is_moe else shape.ffn_hidden_size
+    # Profiled peak of one forward over the token budget (hidden states, QKV, the MLP's widest
+    # intermediate) plus the sampler's fp32 logits of every running sequence.
+    activations = pbytes * tokens * (4 * shape.hidden_size + 3 * width) / spec.tp
+    activations += 4 * spec.max_num_seqs * shape.vocab_size
+    reserved = spec.gpu_memory_utilization * device_memory_gb * GB
+    kv_cache = max(0.0, reserved - weights - activations)
+    terms = {"weights": weights, "activations": activations, "kv_cache": kv_cache}
+    estimate = MemoryEstimate(terms=terms, budget=reserved)
+    return estimate
+
+
+def kv_bytes_per_token(shape: ModelShape, *, tp: int, dtype: str) -> float:
+    """K and V of every layer for one token on one TP worker (KV heads split over TP)."""
+    heads = max(1, shape.num_query_groups // tp)
+    return 2 * shape.num_layers * heads * shape.head_dim * DTYPE_BYTES[dtype]
+
+
+def rollout_shortfall(spec: RolloutMemorySpec, estimate: MemoryEstimate) -> str | None:
+    """Why vLLM would refuse to start, or None: its KV cache must hold one ``max_model_len``
+    sequence, and the weights plus activations must fit its reserved share."""
+    needed = kv_bytes_per_token(spec.shape, tp=spec.tp, dtype=spec.dtype) * spec.max_model_len
+    if estimate.terms["weights"] + estimate.terms["activations"] > estimate.budget:
+        return "weights and activations exceed gpu_memory_utilization of the device"
+    if estimate.terms["kv_cache"] < needed:
+        return (
+            f"KV cache {estimate.terms['kv_cache'] / GB:.2f} GB cannot hold one max_model_len="
+            f"{spec.max_model_len} sequence ({needed / GB:.2f} GB)"
+        )
+    return None
+
+
+# The key that shrinks each trainer term the most, for the error message.
+SHRINK_HINTS = {
+    "parameters": "raise actor_config.tensor_model_parallel_size / pipeline_model_parallel_size "
+    "(or expert_model_parallel_size for MoE)",
+    "gradients": "raise the model-parallel sizes, or leave accumulate_allreduce_grads_in_fp32 off",
+    "optimizer_state": "set actor_config.use_distributed_optimizer: true (shards it over data parallel)",
+    "reference": "raise the model-parallel sizes (the reference is sharded like the policy)",
+    "activations": "set actor_config.recompute_granularity: full (and sequence_parallel: true at TP > 1), "
+    "or lower micro_batch_size / seq_length",
+    "headroom": "use a device with more memory",
+}

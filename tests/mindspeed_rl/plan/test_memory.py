@@ -1,0 +1,186 @@
+"""The memory planner: exact per-rank parameter counts against real megatron models, and the
+arithmetic of the estimated terms."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import Any
+
+import pytest
+
+from mindspeed_rl.plan.memory import (
+    GB,
+    ModelShape,
+    RolloutMemorySpec,
+    TrainerMemorySpec,
+    activation_bytes,
+    rank_parameters,
+    rollout_memory,
+    rollout_shortfall,
+    trainer_memory,
+)
+
+# Shapes nobody tuned the planner on: odd widths, head_dim != hidden / heads, QKV bias, tied and
+# untied, experts narrower than hidden / 2, a vocabulary megatron must pad.
+SHAPES: dict[str, ModelShape] = {
+    "dense_tied_bias": ModelShape(
+        num_layers=2, hidden_size=96, ffn_hidden_size=160, num_attention_heads=4, num_query_groups=2,
+        head_dim=24, vocab_size=201, tied_embeddings=True, qkv_bias=True, qk_layernorm=False,
+    ),
+    "dense_untied_qknorm": ModelShape(
+        num_layers=4, hidden_size=64, ffn_hidden_size=96, num_attention_heads=8, num_query_groups=2,
+        head_dim=40, vocab_size=100, tied_embeddings=False, qkv_bias=False, qk_layernorm=True,
+    ),
+    "moe_narrow_experts": ModelShape(
+        num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
+        head_dim=32, vocab_size=130, tied_embeddings=False, qkv_bias=False, qk_layernorm=True,
+        num_experts=6, moe_topk=2, moe_ffn_hidden_size=24,
+    ),
+}  # fmt: skip
+LAYOUTS = {"tp2": (2, 1, 1), "pp2": (1, 2, 1), "ep2": (1, 1, 2)}
+
+
+def _dims(shape: ModelShape) -> Any:
+    from mindspeed_rl.models.training.megatron.hf_mapping import GPTDims
+
+    return GPTDims(
+        family="qwen3_moe" if shape.is_moe else "qwen3",
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_query_groups,
+        head_dim=shape.head_dim,
+        vocab_size=shape.vocab_size,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        norm_epsilon=1e-6,
+        tied_embeddings=shape.tied_embeddings,
+        qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_layernorm,
+        num_experts=shape.num_experts or None,
+        moe_ffn_hidden_size=shape.moe_ffn_hidden_size or None,
+        moe_topk=shape.moe_topk or None,
+    )
+
+
+def _count_worker(rank: int, port: int, layout_name: str, shapes: list[str], out: Any) -> None:
+    import torch.distributed as dist
+
+    from benchmarks.parity.engine import init_gloo
+    from mindspeed_rl.models.training.megatron.layout import MegatronLayout
+    from mindspeed_rl.models.training.megatron.model import build_gpt_model, init_model_parallel
+
+    init_gloo(rank, 2, port)
+    tp, pp, ep = LAYOUTS[layout_name]
+    layout = MegatronLayout(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+        make_vocab_size_divisible_by=8,
+    )  # fmt: skip
+    init_model_parallel(layout, seed=0)
+    from megatron.core import parallel_state as ps
+
+    for name in shapes:
+        moe = SHAPES[name].is_moe
+        if (moe and tp > 1) or (not moe and ep > 1):
+            continue  # MoE at TP > 1 needs sequence parallelism (not on CPU); EP needs experts
+        model = build_gpt_model(_dims(SHAPES[name]), layout, param_dtype="float32")
+        # By name: megatron flags expert parameters (``allreduce=False``) only when EP > 1.
+        sizes = [(".experts." in n, p.numel()) for n, p in model.named_parameters()]
+        dense = sum(size for is_expert, size in sizes if not is_expert)
+        expert = sum(size for is_expert, size in sizes if is_expert)
+        out.put((layout_name, name, rank, ps.get_pipeline_model_parallel_rank(), dense, expert))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+@pytest.mark.parametrize("layout_name", sorted(LAYOUTS))
+def test_parameter_counts_equal_real_megatron_models(layout_name: str) -> None:
+    import torch.multiprocessing as mp
+
+    from benchmarks.parity.engine import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.start_processes(
+        _count_worker, args=(free_port(), layout_name, sorted(SHAPES), out), nprocs=2, start_method="spawn"
+    )
+    seen = 0
+    tp, pp, ep = LAYOUTS[layout_name]
+    while not out.empty():
+        _, name, rank, pp_rank, dense, expert = out.get()
+        planned = rank_parameters(SHAPES[name], tp=tp, pp=pp, ep=ep, pp_rank=pp_rank, divisible_by=8)
+        assert (planned.dense, planned.expert) == (dense, expert), (name, rank, pp_rank)
+        seen += 1
+    assert seen >= 2 * (1 if layout_name == "ep2" else 2)  # every buildable shape, both ranks
+
+
+def _trainer_spec(**overrides: Any) -> TrainerMemorySpec:
+    base = TrainerMemorySpec(
+        shape=SHAPES["moe_narrow_experts"], tp=1, pp=1, ep=2, world_size=4, make_vocab_size_divisible_by=8,
+        param_dtype="bfloat16", grads_in_fp32=False, distributed_optimizer=False, reference=True,
+        micro_batch_size=2, seq_length=128, sequence_parallel=False, flash_attention=False,
+        recompute_granularity=None,
+    )  # fmt: skip
+    return dataclasses.replace(base, **overrides)
+
+
+def test_byte_terms_follow_dtypes_and_sharding() -> None:
+    spec = _trainer_spec()
+    n = rank_parameters(spec.shape, tp=1, pp=1, ep=2, pp_rank=0, divisible_by=8)
+    terms = trainer_memory(spec, 64).terms
+    assert terms["parameters"] == 2 * n.total and terms["reference"] == 2 * n.total
+    assert terms["gradients"] == 2 * n.total
+    assert terms["optimizer_state"] == 12 * n.total  # fp32 masters + two fp32 moments
+    assert trainer_memory(dataclasses.replace(spec, grads_in_fp32=True), 64).terms["gradients"] == 4 * n.total
+    fp32 = trainer_memory(dataclasses.replace(spec, param_dtype="float32", reference=False), 64).terms
+    assert fp32["optimizer_state"] == 8 * n.total and fp32["reference"] == 0
+    # The distributed optimizer shards dense state over DP (world / TP / PP = 4) and expert state
+    # over expert-DP (world / EP / PP = 2).
+    sharded = trainer_memory(dataclasses.replace(spec, distributed_optimizer=True), 64).terms
+    assert sharded["optimizer_state"] == pytest.approx(12 * (n.dense / 4 + n.expert / 2))
+
+
+def test_recompute_flash_and_sequence_parallel_shrink_activations() -> None:
+    plain = activation_bytes(_trainer_spec(tp=2, ep=1, world_size=2))
+    flash = activation_bytes(_trainer_spec(tp=2, ep=1, world_size=2, flash_attention=True))
+    sp = activation_bytes(
+        _trainer_spec(tp=2, ep=1, world_size=2, flash_attention=True, sequence_parallel=True)
+    )
+    full = activation_bytes(
+        _trainer_spec(tp=2, ep=1, world_size=2, flash_attention=True, sequence_parallel=True,
+                      recompute_granularity="full", recompute_num_layers=1)
+    )  # fmt: skip
+    assert plain > flash > sp > full > 0
+    # The quadratic attention term alone: 2 a s^2 b / t bytes per layer.
+    shape = SHAPES["moe_narrow_experts"]
+    assert plain - flash == pytest.approx(shape.num_layers * 2 * 4 * 128**2 * 2 / 2)
+
+
+def test_pipeline_stages_hold_their_in_flight_micro_batches() -> None:
+    spec = _trainer_spec(shape=SHAPES["dense_untied_qknorm"], pp=2, ep=1, world_size=2)
+    first, last = activation_bytes(spec, pp_rank=0), activation_bytes(spec, pp_rank=1)
+    # The same two layers on one stage: one micro-batch in flight, plus the logits.
+    two_layers = dataclasses.replace(spec.shape, num_layers=2)
+    one_stage = activation_bytes(dataclasses.replace(spec, pp=1, world_size=1, shape=two_layers))
+    vocab = spec.shape.padded_vocab(1, 8)
+    tokens = spec.seq_length * spec.micro_batch_size
+    logits = 2 * tokens * vocab + 3 * 4 * min(1024, tokens) * vocab
+    assert last == pytest.approx(one_stage)
+    assert first == pytest.approx(2 * (one_stage - logits))  # 1F1B: stage 0 holds PP micro-batches
+
+
+def test_rollout_kv_cache_is_what_vllm_leaves() -> None:
+    spec = RolloutMemorySpec(
+        shape=SHAPES["dense_untied_qknorm"], tp=2, dtype="bfloat16", gpu_memory_utilization=0.5,
+        max_model_len=256, max_num_seqs=8, max_num_batched_tokens=512,
+    )  # fmt: skip
+    est = rollout_memory(spec, 1.0)
+    assert est.total == pytest.approx(0.5 * GB)
+    assert rollout_shortfall(spec, est) is None
+    tiny = rollout_memory(spec, 1e-5)
+    assert rollout_shortfall(spec, tiny) is not None
