@@ -87,12 +87,17 @@ class RankWorker:
 
         import torch.distributed as dist
 
+        from mindspeed_rl.utils.devices import bind_device, kind_of_backend
+
+        # The device is bound before the process group exists: NCCL/HCCL pick their device from it.
+        kind = kind_of_backend(backend)
+        index = 0 if kind is None else bind_device(kind).index
         os.environ.update(
             MASTER_ADDR=address,
             MASTER_PORT=str(port),
             RANK=str(self.rank),
             WORLD_SIZE=str(self.world_size),
-            LOCAL_RANK="0",  # Ray gives each rank actor its own device, always index 0 inside it
+            LOCAL_RANK=str(index),
         )
         dist.init_process_group(
             backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=timeout_s)

@@ -72,8 +72,12 @@ EngineFactory = Callable[["TrainerSpec", str], Engines]
 def torch_engines(spec: TrainerSpec, policy_path: str) -> Engines:
     from mindspeed_rl.models.training.reference import ReferenceModel
     from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+    from mindspeed_rl.utils.devices import bind_device
     from mindspeed_rl.weights.layout import TrainingLayout
 
+    if spec.engine.device != "cpu":
+        # The engine and its reference allocate on the default device: make it this actor's own.
+        bind_device("GPU" if spec.engine.device == "cuda" else "NPU")
     engine = TorchTrainingEngine(policy_path, spec.engine)
     # The reference is only needed for a KL term; skipping it halves the forward cost otherwise.
     reference = (

@@ -24,7 +24,8 @@ def two_nodes() -> Iterator[Any]:
     )
     cluster.add_node(num_cpus=2, num_gpus=4, resources={"NPU": 4})
     try:
-        ray.init(address=cluster.address)
+        # The production runtime_env: what it sets (or leaves unset) decides the visible devices.
+        ray.init(address=cluster.address, runtime_env=ray_setup.load_runtime_env(ray_setup.REPO_RUNTIME_ENV))
         cluster.wait_for_nodes()
         yield ray
     finally:
@@ -40,8 +41,12 @@ def _probe_class() -> type:
 
             import ray
 
+            from mindspeed_rl.utils.devices import current_binding
+
             context = ray.get_runtime_context()
             ids = [str(i) for i in context.get_accelerator_ids().get(kind, [])]
+            # Every actor drives the first of its own devices, never another actor's.
+            assert current_binding(kind).index == 0, current_binding(kind)  # type: ignore[arg-type]
             return (
                 context.get_node_id(),
                 ids,
