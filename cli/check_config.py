@@ -4,7 +4,7 @@
 
 Prints the resolved, typed config as JSON (stdout) and exits 0; on a bad config prints what is
 wrong and how to fix it (stderr, no traceback) and exits 2. It builds the same run plan as
-``train_grpo.py`` (``trainer.run_plan.build_run_plan``), so every configuration error the run
+``train_grpo.py`` (``plan.build.build_run_plan``), so every configuration error the run
 would raise (unsupported keys, layouts, queue/lag rules) is raised here, before any model or data
 work. ``--available CPU=2,NPU=16`` also checks that the plan's actors fit one node with those
 resources. ``--cluster NxD`` (N nodes of D devices; ``NxDxC`` also gives C CPUs per node, else
@@ -13,6 +13,12 @@ indices of every trainer rank and generation actor (``utils.placement``); the de
 when the config asks ``num_npus``, GPU when it asks ``num_gpus`` (a CPU-only config uses no
 devices). The run does the same check against its live cluster's nodes. Keys that have no effect
 here are listed on stderr (``--list-inert`` prints only that list, on stdout).
+
+``--placement-dry-run`` joins the running Ray cluster (``--fake-cluster NxD``: starts Ray's test
+cluster with N nodes of D fake devices instead), reserves the run's placement groups, starts one
+placeholder per trainer rank and rollout actor with the run's runtime_env, prints where each
+landed, its visible devices and the device index it would bind (``utils.placement_dry_run``),
+releases everything, and exits 2 if anything differs from the plan.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mindspeed_rl.config_cls import load_config_from_files
-from mindspeed_rl.plan.build import build_run_plan
+from mindspeed_rl.plan.build import RunPlan, build_run_plan
 from mindspeed_rl.utils.placement import ClusterSpec
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -47,6 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="N nodes of D devices (8x8; 8x8x192 also checks 192 CPUs per node): print the placement as JSON",
     )
+    parser.add_argument(
+        "--placement-dry-run",
+        action="store_true",
+        help="reserve the placement on the Ray cluster, start a placeholder per rank/actor, print where each landed",
+    )
+    parser.add_argument(
+        "--fake-cluster",
+        type=parse_cluster,
+        default=None,
+        help="with --placement-dry-run: Ray's test cluster of N nodes of D fake devices (2x8) instead of address=auto",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rl_config.pipeline=async")
     return parser
 
@@ -59,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.available is not None:
             plan.check_fits(args.available)
         placement = plan.check_fits(args.cluster) if args.cluster is not None else None
+        if args.placement_dry_run:
+            return placement_dry_run(plan, args.fake_cluster)
     except ValueError as err:  # ConfigError is a ValueError; the plan raises plain ValueErrors
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -72,6 +91,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key in plan.inert_keys:
             print(f"  {key}", file=sys.stderr)
     return 0
+
+
+def placement_dry_run(plan: RunPlan, fake: ClusterSpec | None) -> int:
+    from mindspeed_rl.utils import placement_dry_run as dry
+    from mindspeed_rl.utils.ray_setup import REPO_RUNTIME_ENV, load_runtime_env
+
+    kind = plan.placement.device_kind
+    if kind is None:
+        raise ValueError(
+            "this config runs on CPU only (no num_npus / num_gpus): there is no device placement to dry-run"
+        )
+    runtime_env = load_runtime_env(plan.runtime_env_path or REPO_RUNTIME_ENV)
+    cluster = dry.fake_cluster(fake, kind, runtime_env) if fake else dry.connected_cluster(kind, runtime_env)
+    with cluster as live:
+        result = dry.dry_run(plan.check_fits(live))
+    print(json.dumps(result, indent=2))
+    for problem in result["problems"]:
+        print(f"error: {problem}", file=sys.stderr)
+    return 0 if result["ok"] else 2
 
 
 def parse_cluster(text: str) -> ClusterSpec:

@@ -4,8 +4,9 @@
 sections included, properties and methods resolved against the proxy) lands in a set of
 ``(class, field)`` pairs. ``unread_fields(GRPOConfig, reads)`` walks the schema and returns the
 leaf fields neither read nor declared inert (``fields.opt(inert=...)``): the keys a user could set
-with no effect and no report. The run-plan coverage test runs ``build_run_plan`` through the proxy
-over configs that exercise every branch and requires that list to be empty.
+with no effect and no report. A field inert only on the torch engine (``inert_on_torch``) is read
+by the megatron engine, so it must be read too. The run-plan coverage test runs ``build_run_plan``
+through the proxy over configs that exercise every branch and requires that list to be empty.
 """
 
 from __future__ import annotations

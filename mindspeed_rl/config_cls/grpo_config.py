@@ -15,6 +15,7 @@ from mindspeed_rl.config_cls.model_arch import ModelArchitecture
 from mindspeed_rl.config_cls.rl_config import RLConfig
 from mindspeed_rl.config_cls.tool_configs import MsprobeConfig, ProfilerRoleConfig
 from mindspeed_rl.config_cls.warmup_config import WarmupConfig
+from mindspeed_rl.runtime.config import RuntimeConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +75,16 @@ class GRPOConfig:
     @property
     def mini_batch_prompts(self) -> int:
         return self.rl_config.mini_batch_prompts(self.num_prompts_per_global_batch)
+
+    def runtime_config(self) -> RuntimeConfig:
+        """The Control Unit's settings: ``async_config``'s knobs counted against this batch.
+        Building it runs the queue, backpressure and lag rules; the loader builds it for an async
+        run, so a loaded config never fails here."""
+        return RuntimeConfig.from_knobs(
+            self.async_config,
+            num_prompts_per_global_batch=self.num_prompts_per_global_batch,
+            num_samples_per_prompt=self.rl_config.n_samples_per_prompt,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict in the YAML's own shape; ``load_config`` accepts it back unchanged."""

@@ -1,5 +1,5 @@
-"""Which of the keys a user set have no effect here: Megatron/NPU-only keys on the torch backend,
-and whole sections the chosen pipeline does not read."""
+"""Which of the keys a user set have no effect here: Megatron/NPU-only keys (on the torch engine,
+or everywhere), and whole sections the chosen pipeline does not read."""
 
 from __future__ import annotations
 
@@ -8,19 +8,37 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from mindspeed_rl.config_cls.fields import inert_reason
+from mindspeed_rl.config_cls.fields import inert_reason, torch_inert_reason
 from mindspeed_rl.config_cls.grpo_config import InertKey
 from mindspeed_rl.config_cls.megatron_config import MEGATRON_FIELDS
 from mindspeed_rl.config_cls.tool_configs import ProfilerRoleConfig
 
 _ASYNC_ONLY = "read only when rl_config.pipeline = async"
 _HYBRID_ONLY = "hybrid rollout layout; async actors use async_config.actor_*_parallel_size"
+# Role sections the megatron engine never reads its layout from (every role trains like the actor).
+_OTHER_ROLES = ("ref_config", "reward_config", "critic_config")
+_SHARES_ACTOR_LAYOUT = (
+    "the megatron engine reads actor_config's; every role shares the actor's engine and layout"
+)
 
 
-def megatron_inert_keys(origins: Mapping[str, str]) -> list[InertKey]:
+def megatron_inert_keys(origins: Mapping[str, str], *, megatron_engine: bool) -> list[InertKey]:
+    """Inert keys among one role's merged keys (``origins``: key -> the section it came from).
+
+    ``megatron_engine`` is the run's engine choice, ``actor_config``'s ``use_mcore_models`` (as in
+    ``plan.sections.megatron_layout``). On it, the engine-dependent keys act when they reach the
+    actor (from the model file, megatron_training or actor_config); set in another role's section
+    they still have no effect.
+    """
     out = []
     for key, section in origins.items():
-        reason = inert_reason(MEGATRON_FIELDS[key])
+        field = MEGATRON_FIELDS[key]
+        reason = inert_reason(field)
+        if reason is None and torch_inert_reason(field) is not None:
+            if not megatron_engine:
+                reason = torch_inert_reason(field)
+            elif section in _OTHER_ROLES:
+                reason = _SHARES_ACTOR_LAYOUT
         if reason is not None:
             out.append(InertKey(section=section, key=key, reason=reason))
     return out

@@ -51,13 +51,17 @@ def load_config(cfg: DictConfig | Mapping[str, Any]) -> GRPOConfig:
     ]
     megatron, origins = build_megatron_config(base, problems)
     roles: dict[str, MegatronConfig | None] = {}
-    inert_found = inert.megatron_inert_keys(origins)
+    role_origins: dict[str, dict[str, str]] = {"megatron_training": origins}
     for role in ROLE_SECTIONS:
         if role not in raw and role in ("reward_config", "critic_config"):
             roles[role] = None
             continue
-        roles[role], role_origins = build_megatron_config([*base, (role, raw.get(role))], problems)
-        inert_found += inert.megatron_inert_keys(role_origins)
+        roles[role], role_origins[role] = build_megatron_config([*base, (role, raw.get(role))], problems)
+    # The engine that decides which Megatron keys act (``plan.sections.megatron_layout``).
+    megatron_engine = _present(roles["actor_config"]).megatron_only.use_mcore_models
+    inert_found = []
+    for role_keys in role_origins.values():
+        inert_found += inert.megatron_inert_keys(role_keys, megatron_engine=megatron_engine)
     sections = _parse_sections(raw, problems)
     run_dir = raw.get("run_dir", "runs")
     if not isinstance(run_dir, str) or not run_dir:

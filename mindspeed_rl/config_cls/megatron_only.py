@@ -1,7 +1,9 @@
-"""Megatron/NPU keys that upstream YAML carries and the torch backend ignores.
+"""Megatron/NPU keys that upstream YAML carries.
 
-They are accepted (so upstream YAML keeps working), typed (so typos still fail) and each one is
-marked inert; ``check_config`` lists the ones a user set.
+They are accepted (so upstream YAML keeps working) and typed (so typos still fail). Most are
+inert everywhere; ``use_mcore_models`` and the four parallel sizes are read by the megatron engine
+and so are inert only on the torch engine (``fields.opt(inert_on_torch=...)``). ``check_config``
+lists the ones a user set that have no effect on the chosen engine.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ _RECOMPUTE = "Megatron activation recomputation; the torch backend keeps activat
 class ParallelKeys:
     """Megatron parallel layout of a training role (actor, reference, reward, critic)."""
 
-    tensor_model_parallel_size: int = opt(1, "Tensor-parallel ranks.", inert=PARALLEL_ONLY)
-    pipeline_model_parallel_size: int = opt(1, "Pipeline stages.", inert=PARALLEL_ONLY)
-    expert_model_parallel_size: int = opt(1, "Expert-parallel ranks (MoE).", inert=PARALLEL_ONLY)
-    context_parallel_size: int = opt(1, "Context-parallel ranks.", inert=PARALLEL_ONLY)
+    tensor_model_parallel_size: int = opt(1, "Tensor-parallel ranks.", inert_on_torch=PARALLEL_ONLY)
+    pipeline_model_parallel_size: int = opt(1, "Pipeline stages.", inert_on_torch=PARALLEL_ONLY)
+    expert_model_parallel_size: int = opt(1, "Expert-parallel ranks (MoE).", inert_on_torch=PARALLEL_ONLY)
+    context_parallel_size: int = opt(
+        1, "Context-parallel ranks (the megatron engine implements 1 only).", inert_on_torch=PARALLEL_ONLY
+    )
     num_layers_per_virtual_pipeline_stage: int | None = opt(
         None, "Interleaved pipeline chunk size.", inert=PARALLEL_ONLY
     )
@@ -36,7 +40,9 @@ class ParallelKeys:
 class MegatronOnlyKeys:
     """Kernel, memory and checkpoint-format switches of Megatron/MindSpeed."""
 
-    use_mcore_models: bool = opt(False, "Use megatron-core model classes.", inert=MEGATRON_ONLY)
+    use_mcore_models: bool = opt(
+        False, "Train on the megatron-core engine with actor_config's layout.", inert_on_torch=MEGATRON_ONLY
+    )
     use_fused_rmsnorm: bool = opt(False, "Fused RMSNorm kernel.", inert=MEGATRON_ONLY)
     use_fused_swiglu: bool = opt(False, "Fused SwiGLU kernel.", inert=MEGATRON_ONLY)
     use_fused_rotary_pos_emb: bool = opt(False, "Fused RoPE kernel.", inert=MEGATRON_ONLY)

@@ -1,4 +1,11 @@
-"""Cross-field rules. Each message names the keys, their units, and what to change."""
+"""Value ranges and cross-field rules, checked at load. Each message names the keys, their units,
+and what to change.
+
+One home per rule: ranges and cross-field rules of the schema live here; the async pipeline's
+queue, backpressure and lag rules are the Control Unit's own (``runtime.config.RuntimeConfig``),
+run here by building one; values this backend does not implement are refused by the run plan
+(``plan.sections``), which ``check_config`` and the trainers build right after loading.
+"""
 
 from __future__ import annotations
 
@@ -164,14 +171,23 @@ def _async(config: GRPOConfig, p: Problems) -> None:
             p.add(f"async_config.{key}", f"must be >= 1, got {getattr(a, key)}")
     if a.snapshot_keep < 2:
         p.add("async_config.snapshot_keep", "must be >= 2 so a snapshot being loaded is never deleted")
+    if config.num_prompts_per_global_batch < 1 or config.rl_config.n_samples_per_prompt < 1:
+        return  # _batch_units names the key; the queue rules below count in those units
     # Queue, backpressure and lag rules live in ONE place, the Control Unit's RuntimeConfig: build
     # it here so a config passes load exactly when the run's Control Unit accepts it.
-    from mindspeed_rl.plan.build import runtime_config
-
     try:
-        runtime_config(config)
+        runtime = config.runtime_config()
     except ValueError as err:
         p.add("async_config", str(err))
+        return
+    asp = config.asp_config
+    if asp.schedule_path is None:
+        # The ASP schedule's largest minibatch has b + kappa prompts; the Control Unit refuses at
+        # run start a lag bound that can deadlock with it (a fixed schedule is checked there only).
+        try:
+            runtime.check_minibatch_fits(asp.b + asp.kappa)
+        except ValueError as err:
+            p.add("async_config.max_policy_lag", str(err))
 
 
 def _resources(config: GRPOConfig, p: Problems) -> None:

@@ -184,6 +184,13 @@ class ReservedPlacement:
         share = COLOCATED_SHARE if self.placement.request.colocated else None
         return self._options(slot, self.generation_bundles[index], configured, share)
 
+    def colocated_shard_options(self, rank: int) -> dict[str, Any]:
+        """Options of a colocated rollout engine's shard on trainer rank ``rank``'s device: the
+        rank's bundle and device share, no CPUs of its own (the rank's process hosts it)."""
+        slot = self.placement.trainer_ranks[rank]
+        shard = Slot(name=slot.name, index=slot.index, node=slot.node, devices=slot.devices, num_cpus=0.0)
+        return self._options(shard, self.trainer_bundles[rank], ActorResources(num_cpus=0.0), COLOCATED_SHARE)
+
     def release(self) -> None:
         if self.group is not None:
             from ray.util import remove_placement_group

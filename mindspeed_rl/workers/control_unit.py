@@ -132,9 +132,7 @@ class ControlUnit:
             self._urgent.setdefault(gu_id, 0)
             self._told.setdefault(gu_id, (-1, -1, False))  # its first poll answers at once
             c = self._config
-            return GuFaultSettings(
-                minibatch_timeout_s=c.minibatch_timeout_s, actor_max_restarts=c.actor_max_restarts
-            )
+            return GuFaultSettings(deadlines=c.deadline_settings(), actor_max_restarts=c.actor_max_restarts)
 
     def start(self) -> int:
         """First dispatch, once every GU has registered; returns the number of assignments."""

@@ -30,7 +30,7 @@ completions keep flowing while the next snapshot converts. The loop sleeps in on
 until something happens: no periodic polling (the long-poll's ``wait_s`` is only a safety net).
 
 The GU itself keeps no authoritative state; if it dies, the CU re-queues everything it held.
-An actor that dies, raises inside generate, or runs past ``minibatch_timeout_s`` (the loop's
+An actor that dies, raises inside generate, or runs past its bound (``runtime.minibatch_deadline``; the loop's
 wait also wakes at the earliest such deadline) is killed and replaced in the background, up to
 ``actor_max_restarts`` per slot; the CU re-issues its minibatch and counts the failed attempt
 (a minibatch failing ``minibatch_max_attempts`` times fails the run as poison input). A slot out
@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime.faults import FaultKind
 from mindspeed_rl.runtime.gu_policy import Action, Drop, GuPolicy, Reload, Start
+from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings, MinibatchDeadlines
 from mindspeed_rl.runtime.records import Assignment, StartDecision
 from mindspeed_rl.workers.fault_plan import FaultPlan
 from mindspeed_rl.workers.gu_messages import (
@@ -121,7 +122,12 @@ class GenerationUnit:
         self._num_started: Counter[int] = Counter()  # per actor slot, across its replacements
         self._restarts: Counter[int] = Counter()
         self._starting: set[int] = set()  # slots whose replacement engine is coming up
-        self._faults = GuFaultSettings(minibatch_timeout_s=None, actor_max_restarts=0)
+        self._faults = GuFaultSettings(
+            deadlines=DeadlineSettings(fixed_s=None, factor=None, floor_s=1.0, warmup_s=1.0, stall_s=None),
+            actor_max_restarts=0,
+        )
+        self._deadline_model = MinibatchDeadlines(self._faults.deadlines)
+        self._started_at: dict[Any, tuple[float, float]] = {}  # receipt -> (start time, predicted load)
         self._samples: dict[Any, Any] = {}  # generate receipt ref -> the samples' ref, not opened here
         self._reload_chosen_at: dict[int, float] = {}
         # version -> answer time of the poll it was chosen on: it was the newest published then.
@@ -159,6 +165,7 @@ class GenerationUnit:
         # The torch backend's inference layout is one full replica per actor (TP = EP = 1).
         self._converter = GuConverter(Path(s.cache_dir), InferenceLayout(), num_threads=1)
         self._faults = ray.get(self._cu.register_gu.remote(self.gu_id, len(self._handles)))
+        self._deadline_model = MinibatchDeadlines(self._faults.deadlines)
         return len(self._handles)
 
     def _new_actor(self, a: int) -> Any:
@@ -332,8 +339,10 @@ class GenerationUnit:
                     .remote(a.minibatch, attempt=a.attempt, sent_at=a.issued_at, fault=fault)
                 )
                 self._pending[receipt] = ("generate", action.actor_id)
-                if (timeout := self._faults.minibatch_timeout_s) is not None:
-                    self._deadlines[receipt] = time.monotonic() + timeout
+                load, now = a.minibatch.predicted_load, time.monotonic()
+                self._started_at[receipt] = (now, load)
+                if (timeout := self._deadline_model.timeout_for(load)) is not None:
+                    self._deadlines[receipt] = now + timeout
                 self.calls["actor.generate"] += 1
                 self._samples[receipt] = samples
             elif isinstance(action, Drop):
@@ -393,6 +402,7 @@ class GenerationUnit:
         kind, actor_id = self._pending.pop(ref)
         samples = self._samples.pop(ref, None)
         self._deadlines.pop(ref, None)
+        started = self._started_at.pop(ref, None)
         try:
             result = ray.get(ref)  # a receipt or a reload result: small, and raises if the actor died
         except ray.exceptions.RayActorError as err:
@@ -409,6 +419,8 @@ class GenerationUnit:
         if kind == "reload":
             self._on_reloaded(actor_id, result)
             return
+        if started is not None:
+            self._deadline_model.observe(time.monotonic() - started[0], started[1])
         self._policy.on_generation_done(actor_id)
         self._completions.append((actor_id, samples))
         if self._held_since is None:
@@ -416,13 +428,17 @@ class GenerationUnit:
 
     # ---- faults ------------------------------------------------------------------------------------
     def _expire_timeouts(self) -> None:
-        """Kill the actors whose minibatch ran past ``minibatch_timeout_s`` (a hung engine)."""
+        """Kill the actors whose minibatch ran past its bound (a hung engine; ``runtime.minibatch_deadline``)."""
         now = time.monotonic()
         for ref, deadline in list(self._deadlines.items()):
             if deadline <= now and ref in self._pending:
                 _, actor_id = self._pending[ref]
-                timeout = self._faults.minibatch_timeout_s
-                self._on_actor_fault(actor_id, FaultKind.TIMEOUT, f"no result after {timeout:g} s")
+                started, load = self._started_at[ref]
+                self._on_actor_fault(
+                    actor_id, FaultKind.TIMEOUT,
+                    f"no result after {now - started:.0f} s (bound {deadline - started:.0f} s for "
+                    f"{load:.0f} predicted tokens; async_config.minibatch_timeout_*)",
+                )  # fmt: skip
 
     def _on_actor_fault(self, actor_id: int, kind: FaultKind, detail: str) -> None:
         """Take the actor out, tell the CU (it re-issues the minibatch), and start a replacement
@@ -438,6 +454,7 @@ class GenerationUnit:
             del self._pending[ref]
             self._samples.pop(ref, None)
             self._deadlines.pop(ref, None)
+            self._started_at.pop(ref, None)
         handle = self._handles.pop(actor_id, None)
         if handle is not None and kind is not FaultKind.DIED:
             ray.kill(handle)  # a hung or failing engine is not trusted with another minibatch

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings
 from mindspeed_rl.runtime.records import Assignment, SnapshotInfo, StartDecision
 
 
@@ -87,5 +88,5 @@ class GuReport:
 class GuFaultSettings:
     """What ``register_gu`` tells a GU about handling its actors' faults (``RuntimeConfig``)."""
 
-    minibatch_timeout_s: float | None
+    deadlines: DeadlineSettings
     actor_max_restarts: int

@@ -185,9 +185,10 @@ def test_overrides_and_list_inert(upstream_dir: Path, capsys: pytest.CaptureFixt
     assert "a minibatch of 34 prompts cannot always be admitted" in capsys.readouterr().err
     assert check_config.main([*args, "+rl_config.pipeline=async", *queue, *minibatch]) == 0
     lines = capsys.readouterr().out.splitlines()
-    # use_mcore_models: true selects the megatron engine, which reads the layout; other
-    # megatron-only switches stay inert.
+    # use_mcore_models: true selects the megatron engine, which reads the actor's layout; the
+    # reference shares it, and other megatron-only switches stay inert.
     assert not any(line.startswith("actor_config.tensor_model_parallel_size: ") for line in lines)
+    assert any(line.startswith("ref_config.tensor_model_parallel_size: ") for line in lines)
     assert any(".sequence_parallel: " in line for line in lines)
     assert any(line.startswith("generate_config.infer_tensor_parallel_size: ") for line in lines)  # async
     assert all(": " in line for line in lines)

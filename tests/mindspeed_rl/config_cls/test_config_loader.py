@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from mindspeed_rl.config_cls import ConfigError, load_config, load_config_from_files
+from mindspeed_rl.runtime.config import ControlKnobs
 
 REPO_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -129,6 +131,68 @@ def test_async_queue_limits_are_checked_against_one_global_batch_only_in_async_m
     assert "raise queue_max_samples to >= 16" in message
 
 
+def _async_raw(**async_config: Any) -> dict[str, Any]:
+    """``_raw`` on the async pipeline, with queues and minibatches that fit its 16-sample batch."""
+    queue = {"queue_max_samples": 64, "queue_resume_samples": 32}
+    return _raw(
+        rl_config={"pipeline": "async"}, asp_config={"b": 4, "kappa": 0}, async_config=queue | async_config
+    )
+
+
+def test_inherited_async_knobs_parse_typed_and_typos_name_the_nearest_key() -> None:
+    config = load_config(_async_raw(gu_queue_high=7, max_policy_lag=None, stall_timeout_s=60))
+    a = config.async_config
+    assert (a.gu_queue_high, a.max_policy_lag, a.stall_timeout_s) == (7, None, 60.0)
+    assert isinstance(a.stall_timeout_s, float)
+    message = _error(_async_raw(gu_queu_high=3, max_policy_lag="x"))
+    assert "async_config: unknown key 'gu_queu_high'; did you mean 'gu_queue_high'?" in message
+    assert "async_config.max_policy_lag: expected an integer, got str 'x'" in message
+
+
+def test_every_async_knob_reaches_the_control_unit_unchanged() -> None:
+    knobs: dict[str, Any] = {
+        "gu_queue_low": 2, "gu_queue_high": 6, "queue_max_samples": 96, "queue_resume_samples": 40,
+        "snapshot_interval": 2, "max_policy_lag": 3, "minibatch_timeout_s": 30.0,
+        "minibatch_timeout_factor": 5.0, "minibatch_timeout_floor_s": 20.0, "minibatch_timeout_warmup_s": 90.0,
+        "actor_max_restarts": 1, "minibatch_max_attempts": 2, "stall_timeout_s": 120.0,
+    }  # fmt: skip
+    assert set(knobs) == {f.name for f in dataclasses.fields(ControlKnobs)}, "set every knob here"
+    runtime = load_config(_async_raw(**knobs)).runtime_config()
+    assert {k: getattr(runtime, k) for k in knobs} == knobs
+    assert (runtime.num_prompts_per_global_batch, runtime.num_samples_per_prompt) == (4, 4)
+
+
+@pytest.mark.parametrize(
+    ("async_config", "asp_config", "expected"),
+    [
+        (
+            {"actor_tensor_parallel_size": 0},
+            {},
+            "async_config.actor_tensor_parallel_size: must be >= 1, got 0",
+        ),
+        ({"snapshot_keep": 1}, {}, "async_config.snapshot_keep: must be >= 2"),
+        ({"gu_queue_low": 4, "gu_queue_high": 4}, {}, "async_config: need 0 <= gu_queue_low < gu_queue_high"),
+        ({"stall_timeout_s": 5.0, "minibatch_timeout_s": 10.0}, {}, "stall_timeout_s=5 must exceed"),
+        # b + kappa = 34 prompts > (max_policy_lag 4) x 4 prompts per batch + 1: it could deadlock.
+        ({}, {"b": 32, "kappa": 2}, "async_config.max_policy_lag: a minibatch of 34 prompts cannot always"),
+    ],
+)
+def test_async_rules_are_checked_at_load(
+    async_config: dict[str, Any], asp_config: dict[str, Any], expected: str
+) -> None:
+    raw = _async_raw(**async_config)
+    raw["asp_config"] |= asp_config
+    assert expected in _error(raw)
+
+
+def test_a_bad_batch_is_reported_once_under_its_own_key() -> None:
+    message = _error(
+        _async_raw() | {"megatron_training": _raw()["megatron_training"] | {"global_batch_size": 0}}
+    )
+    assert "megatron_training.global_batch_size: must be >= 1 prompt" in message
+    assert "(1 problem(s))" in message
+
+
 def test_build_model_if_missing_needs_a_complete_architecture() -> None:
     message = _error(_raw(rl_config={"build_model_if_missing": True}))
     assert "model.toy.ffn_hidden_size: required (> 0) to build a model" in message
@@ -161,6 +225,21 @@ def test_inert_keys_are_listed_with_their_section_and_reason() -> None:
     reasons = {k.key: k.reason for k in config.inert_keys}
     assert "torch backend" in reasons["use_flash_attn"] and "async" in reasons["*"]
     assert load_config(_raw()).inert_keys == ()
+
+
+def test_megatron_layout_keys_are_inert_only_on_the_torch_engine() -> None:
+    layout = {"tensor_model_parallel_size": 2}
+    torch = load_config(_raw(actor_config=layout, ref_config=layout))
+    reasons = {(k.section, k.key): k.reason for k in torch.inert_keys}
+    assert "torch backend" in reasons["actor_config", "tensor_model_parallel_size"]
+    assert ("ref_config", "tensor_model_parallel_size") in reasons
+    on_megatron = {"use_mcore_models": True, "use_flash_attn": True}
+    megatron = load_config(_raw(megatron_training=on_megatron, actor_config=layout, ref_config=layout))
+    reasons = {(k.section, k.key): k.reason for k in megatron.inert_keys}
+    assert ("actor_config", "tensor_model_parallel_size") not in reasons  # the engine's layout
+    assert ("megatron_training", "use_mcore_models") not in reasons  # it chose the engine
+    assert "actor_config's" in reasons["ref_config", "tensor_model_parallel_size"]  # roles share it
+    assert ("megatron_training", "use_flash_attn") in reasons  # inert on both engines
 
 
 def test_validation_never_mutates_the_users_config() -> None:

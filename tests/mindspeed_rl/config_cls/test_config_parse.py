@@ -131,6 +131,11 @@ def test_every_user_facing_field_has_a_doc_and_classes_are_slotted_keyword_only(
         assert missing == [], f"{cls.__name__} fields without a doc: {missing}"
 
 
+def test_a_field_is_inert_everywhere_or_on_the_torch_engine_not_both() -> None:
+    with pytest.raises(TypeError, match="not both"):
+        opt(1, "a size", inert="no engine reads it", inert_on_torch="only megatron reads it")
+
+
 def test_flat_megatron_keys_are_unique_across_groups() -> None:
     assert {"lr", "num_layers", "global_batch_size", "tensor_model_parallel_size", "use_flash_attn"} <= set(
         MEGATRON_KEY_GROUP

@@ -46,7 +46,7 @@ def _reads() -> set[FieldRef]:
 def test_every_schema_field_is_read_by_the_plan_or_inert() -> None:
     unread = unread_fields(GRPOConfig, _reads())
     assert not unread, (
-        "schema fields neither read by trainer/run_plan.py nor marked inert (fields.opt(inert=...)): "
+        "schema fields neither read by plan/build.py nor marked inert (fields.opt(inert=...)): "
         + ", ".join(unread)
     )
 
@@ -56,6 +56,7 @@ class _Section:
     used: int = opt(1, "read")
     forgotten: int = opt(2, "a field added without a reader")
     ignored: int = opt(3, "inert", inert="declared inert")
+    engine_only: int = opt(4, "read by one engine only", inert_on_torch="inert on the other engine")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,8 +68,11 @@ def test_the_checker_names_a_new_field_nobody_reads() -> None:
     reads: set[FieldRef] = set()
     proxy = record_reads(_Root(), reads)
     assert proxy.section.used == 1
-    assert unread_fields(_Root, reads) == ["_Root.section.forgotten"]
+    assert unread_fields(_Root, reads) == ["_Root.section.forgotten", "_Root.section.engine_only"]
     assert proxy.section.forgotten == 2
+    # Inert on one engine is not inert: the plan must still read it (when that engine is chosen).
+    assert unread_fields(_Root, reads) == ["_Root.section.engine_only"]
+    assert proxy.section.engine_only == 4
     assert unread_fields(_Root, reads) == []
 
 

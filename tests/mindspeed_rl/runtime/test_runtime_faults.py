@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Any
 
 import pytest
 from runtime_fakes import complete, make_config, make_schedule
@@ -200,3 +201,34 @@ def test_the_event_log_streams_to_a_file_and_keeps_only_unread_events() -> None:
     assert [json.loads(line)["step"] for line in sink.getvalue().splitlines()] == list(range(6))
     with pytest.raises(ValueError, match="trimmed"):
         log.since(0)
+
+
+def _deadlines(**overrides: Any) -> Any:
+    from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings, MinibatchDeadlines
+
+    values: dict[str, Any] = {
+        "fixed_s": None,
+        "factor": 8.0,
+        "floor_s": 10.0,
+        "warmup_s": 300.0,
+        "stall_s": 900.0,
+    }
+    values.update(overrides)
+    return MinibatchDeadlines(DeadlineSettings(**values))
+
+
+def test_derived_timeout_warms_up_then_scales_with_predicted_load() -> None:
+    d = _deadlines()
+    assert d.timeout_for(1000) == 300.0  # no measurement yet: the warm-up bound
+    for seconds, load in ((2.0, 100), (3.0, 100), (1.0, 200)):  # slowest: 0.03 s per predicted token
+        d.observe(seconds, load)
+    assert d.timeout_for(1000) == pytest.approx(8 * 0.03 * 1000)
+    assert d.timeout_for(10) == 10.0  # the floor
+    assert d.timeout_for(10_000_000) == pytest.approx(0.8 * 900)  # stays below the stall detector
+
+
+def test_an_explicit_timeout_wins_and_no_factor_means_no_bound() -> None:
+    assert _deadlines(fixed_s=42.0).timeout_for(5) == 42.0
+    assert _deadlines(factor=None).timeout_for(5) is None
+    with pytest.raises(ValueError, match="minibatch_timeout_factor=1"):
+        _deadlines(factor=1.0)

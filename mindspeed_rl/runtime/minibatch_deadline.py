@@ -1,0 +1,79 @@
+"""How long one minibatch may generate before its GU declares the engine hung.
+
+A fixed number of seconds (``minibatch_timeout_s``) fits no run: the tiny CPU demo finishes a
+minibatch in seconds, a 30 B model with 8 k-token answers in many minutes. By default the bound
+is therefore derived from the run: every completed minibatch tells its GU how many seconds one
+predicted token took (duration / the ASP schedule's predicted load), and a new minibatch may take
+``minibatch_timeout_factor`` times its own predicted load at the slowest such rate seen recently,
+never less than ``minibatch_timeout_floor_s``. Until a GU has seen a few completions (engine
+warm-up, graph capture, the first long answers) the bound is ``minibatch_timeout_warmup_s``.
+Every derived bound stays below the stall detector's (``stall_timeout_s``), so a hung minibatch is
+re-issued before the whole run is declared stalled.
+
+Per-token rates, not raw durations, because minibatches are length-homogeneous by design: a
+minibatch of short answers must not inherit the bound of the longest ones, nor the reverse.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+# Completions a GU must have seen before it trusts its own rate over the warm-up bound.
+MIN_OBSERVATIONS = 3
+# Recent completions the slowest rate is taken over: long enough to hold the tail of a length
+# distribution, short enough to follow a policy whose answers grow.
+WINDOW = 32
+# Derived bounds stop this far below the stall detector's.
+STALL_MARGIN = 0.8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadlineSettings:
+    """The ``async_config`` timeout knobs as one GU applies them."""
+
+    fixed_s: float | None
+    """``minibatch_timeout_s``: an explicit bound in seconds (then nothing is derived)."""
+    factor: float | None
+    """``minibatch_timeout_factor``; None with ``fixed_s`` None = no bound at all."""
+    floor_s: float
+    warmup_s: float
+    stall_s: float | None
+    """``stall_timeout_s`` (derived bounds stay below it)."""
+
+    def __post_init__(self) -> None:
+        if self.factor is not None and not self.factor > 1:
+            raise ValueError(
+                f"async_config.minibatch_timeout_factor={self.factor} must be > 1 (a multiple of the "
+                "expected duration), or null to derive no timeout"
+            )
+        for name in ("floor_s", "warmup_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"async_config.minibatch_timeout_{name} must be > 0 seconds")
+
+
+class MinibatchDeadlines:
+    """One GU's running estimate; ``timeout_for`` before each start, ``observe`` after each finish."""
+
+    def __init__(self, settings: DeadlineSettings) -> None:
+        self.settings = settings
+        self._rates: deque[float] = deque(maxlen=WINDOW)
+
+    def observe(self, seconds: float, predicted_load: float) -> None:
+        """A minibatch of ``predicted_load`` predicted tokens finished in ``seconds``."""
+        self._rates.append(seconds / max(predicted_load, 1.0))
+
+    def timeout_for(self, predicted_load: float) -> float | None:
+        """Seconds the next minibatch of ``predicted_load`` tokens may take; None = unbounded."""
+        s = self.settings
+        if s.fixed_s is not None:
+            return s.fixed_s
+        if s.factor is None:
+            return None
+        if len(self._rates) < MIN_OBSERVATIONS:
+            bound = s.warmup_s
+        else:
+            bound = max(s.floor_s, s.factor * max(self._rates) * max(predicted_load, 1.0))
+        if s.stall_s is not None:
+            bound = min(bound, STALL_MARGIN * s.stall_s)
+        return bound
