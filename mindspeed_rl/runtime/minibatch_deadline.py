@@ -5,8 +5,10 @@ minibatch in seconds, a 30 B model with 8 k-token answers in many minutes. By de
 is therefore derived from the run: every completed minibatch tells its GU how many seconds one
 predicted token took (duration / the ASP schedule's predicted load), and a new minibatch may take
 ``minibatch_timeout_factor`` times its own predicted load at the slowest such rate seen recently,
-never less than ``minibatch_timeout_floor_s``. Until a GU has seen a few completions (engine
-warm-up, graph capture, the first long answers) the bound is ``minibatch_timeout_warmup_s``.
+never less than ``minibatch_timeout_floor_s``. An engine's first minibatch (warm-up, graph
+capture, compilation) and any minibatch before its GU has measured one get
+``minibatch_timeout_warmup_s`` instead, and first minibatches are not measured: their start-up
+cost would inflate every later bound.
 Every derived bound stays below the stall detector's (``stall_timeout_s``), so a hung minibatch is
 re-issued before the whole run is declared stalled.
 
@@ -19,8 +21,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-# Completions a GU must have seen before it trusts its own rate over the warm-up bound.
-MIN_OBSERVATIONS = 3
 # Recent completions the slowest rate is taken over: long enough to hold the tail of a length
 # distribution, short enough to follow a policy whose answers grow.
 WINDOW = 32
@@ -63,17 +63,67 @@ class MinibatchDeadlines:
         """A minibatch of ``predicted_load`` predicted tokens finished in ``seconds``."""
         self._rates.append(seconds / max(predicted_load, 1.0))
 
-    def timeout_for(self, predicted_load: float) -> float | None:
-        """Seconds the next minibatch of ``predicted_load`` tokens may take; None = unbounded."""
+    def timeout_for(self, predicted_load: float, *, warm_engine: bool = True) -> float | None:
+        """Seconds the next minibatch of ``predicted_load`` tokens may take; None = unbounded.
+        ``warm_engine``: the engine has finished a minibatch before (else it may still warm up)."""
         s = self.settings
         if s.fixed_s is not None:
             return s.fixed_s
         if s.factor is None:
             return None
-        if len(self._rates) < MIN_OBSERVATIONS:
+        if not warm_engine or not self._rates:
             bound = s.warmup_s
         else:
             bound = max(s.floor_s, s.factor * max(self._rates) * max(predicted_load, 1.0))
         if s.stall_s is not None:
             bound = min(bound, STALL_MARGIN * s.stall_s)
         return bound
+
+
+@dataclass(slots=True)
+class Running:
+    actor_id: int
+    started: float
+    load: float
+    deadline: float | None
+
+
+class RunningMinibatches:
+    """One GU's minibatches in flight, keyed by their result reference: when each started, its
+    deadline, and which engines are warm. The GU calls ``start`` / ``pop`` / ``succeeded`` and asks
+    ``expired`` when it wakes; everything here is plain bookkeeping, so it is tested without Ray."""
+
+    def __init__(self, settings: DeadlineSettings) -> None:
+        self.model = MinibatchDeadlines(settings)
+        self._running: dict[object, Running] = {}
+        self._warm: set[int] = set()  # actor slots whose current engine has finished a minibatch
+
+    def start(self, key: object, actor_id: int, predicted_load: float, now: float) -> None:
+        timeout = self.model.timeout_for(predicted_load, warm_engine=actor_id in self._warm)
+        deadline = None if timeout is None else now + timeout
+        self._running[key] = Running(actor_id=actor_id, started=now, load=predicted_load, deadline=deadline)
+
+    def pop(self, key: object) -> Running | None:
+        """Stop tracking ``key`` (finished, failed or abandoned); its record, if it ran."""
+        return self._running.pop(key, None)
+
+    def succeeded(self, run: Running, now: float) -> None:
+        """``run`` completed: measured, unless it was its engine's first (warm-up inside)."""
+        if run.actor_id in self._warm:
+            self.model.observe(now - run.started, run.load)
+        self._warm.add(run.actor_id)
+
+    def engine_replaced(self, actor_id: int) -> None:
+        self._warm.discard(actor_id)
+
+    def deadlines(self) -> list[float]:
+        return [r.deadline for r in self._running.values() if r.deadline is not None]
+
+    def expired(self, now: float) -> list[tuple[object, int, str]]:
+        """``(key, actor id, why)`` of every minibatch past its deadline."""
+        return [
+            (key, r.actor_id, f"no result after {now - r.started:.0f} s (bound {r.deadline - r.started:.0f} s "
+             f"for {r.load:.0f} predicted tokens; async_config.minibatch_timeout_*)")
+            for key, r in self._running.items()
+            if r.deadline is not None and r.deadline <= now
+        ]  # fmt: skip

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime.faults import FaultKind
 from mindspeed_rl.runtime.gu_policy import Action, Drop, GuPolicy, Reload, Start
-from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings, MinibatchDeadlines
+from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings, RunningMinibatches
 from mindspeed_rl.runtime.records import Assignment, StartDecision
 from mindspeed_rl.workers.fault_plan import FaultPlan
 from mindspeed_rl.workers.gu_messages import (
@@ -118,7 +118,6 @@ class GenerationUnit:
         self._policy = GuPolicy(gu_id=spec.gu_id, actor_ids=())
         self._handles: dict[int, Any] = {}
         self._pending: dict[Any, tuple[str, int]] = {}  # ref -> ("generate" | "reload" | "ready", actor)
-        self._deadlines: dict[Any, float] = {}  # generate receipt -> monotonic time it times out
         self._num_started: Counter[int] = Counter()  # per actor slot, across its replacements
         self._restarts: Counter[int] = Counter()
         self._starting: set[int] = set()  # slots whose replacement engine is coming up
@@ -126,8 +125,7 @@ class GenerationUnit:
             deadlines=DeadlineSettings(fixed_s=None, factor=None, floor_s=1.0, warmup_s=1.0, stall_s=None),
             actor_max_restarts=0,
         )
-        self._deadline_model = MinibatchDeadlines(self._faults.deadlines)
-        self._started_at: dict[Any, tuple[float, float]] = {}  # receipt -> (start time, predicted load)
+        self._running = RunningMinibatches(self._faults.deadlines)  # generate receipts in flight
         self._samples: dict[Any, Any] = {}  # generate receipt ref -> the samples' ref, not opened here
         self._reload_chosen_at: dict[int, float] = {}
         # version -> answer time of the poll it was chosen on: it was the newest published then.
@@ -165,7 +163,7 @@ class GenerationUnit:
         # The torch backend's inference layout is one full replica per actor (TP = EP = 1).
         self._converter = GuConverter(Path(s.cache_dir), InferenceLayout(), num_threads=1)
         self._faults = ray.get(self._cu.register_gu.remote(self.gu_id, len(self._handles)))
-        self._deadline_model = MinibatchDeadlines(self._faults.deadlines)
+        self._running = RunningMinibatches(self._faults.deadlines)
         return len(self._handles)
 
     def _new_actor(self, a: int) -> Any:
@@ -237,7 +235,7 @@ class GenerationUnit:
         """How long the loop may sleep: a held completion must go out when its hold ends, and a
         running minibatch must be checked at its timeout (the only other wake-ups: no polling)."""
         now = time.monotonic()
-        wakes = [longest, *(d - now for d in self._deadlines.values())]
+        wakes = [longest, *(d - now for d in self._running.deadlines())]
         if self._held_since is not None:
             wakes.append(self._held_since + self.spec.completion_hold_seconds - now)
         return max(0.0, min(wakes))
@@ -339,10 +337,7 @@ class GenerationUnit:
                     .remote(a.minibatch, attempt=a.attempt, sent_at=a.issued_at, fault=fault)
                 )
                 self._pending[receipt] = ("generate", action.actor_id)
-                load, now = a.minibatch.predicted_load, time.monotonic()
-                self._started_at[receipt] = (now, load)
-                if (timeout := self._deadline_model.timeout_for(load)) is not None:
-                    self._deadlines[receipt] = now + timeout
+                self._running.start(receipt, action.actor_id, a.minibatch.predicted_load, time.monotonic())
                 self.calls["actor.generate"] += 1
                 self._samples[receipt] = samples
             elif isinstance(action, Drop):
@@ -401,8 +396,7 @@ class GenerationUnit:
 
         kind, actor_id = self._pending.pop(ref)
         samples = self._samples.pop(ref, None)
-        self._deadlines.pop(ref, None)
-        started = self._started_at.pop(ref, None)
+        run = self._running.pop(ref)
         try:
             result = ray.get(ref)  # a receipt or a reload result: small, and raises if the actor died
         except ray.exceptions.RayActorError as err:
@@ -419,8 +413,8 @@ class GenerationUnit:
         if kind == "reload":
             self._on_reloaded(actor_id, result)
             return
-        if started is not None:
-            self._deadline_model.observe(time.monotonic() - started[0], started[1])
+        if run is not None:
+            self._running.succeeded(run, time.monotonic())
         self._policy.on_generation_done(actor_id)
         self._completions.append((actor_id, samples))
         if self._held_since is None:
@@ -429,16 +423,9 @@ class GenerationUnit:
     # ---- faults ------------------------------------------------------------------------------------
     def _expire_timeouts(self) -> None:
         """Kill the actors whose minibatch ran past its bound (a hung engine; ``runtime.minibatch_deadline``)."""
-        now = time.monotonic()
-        for ref, deadline in list(self._deadlines.items()):
-            if deadline <= now and ref in self._pending:
-                _, actor_id = self._pending[ref]
-                started, load = self._started_at[ref]
-                self._on_actor_fault(
-                    actor_id, FaultKind.TIMEOUT,
-                    f"no result after {now - started:.0f} s (bound {deadline - started:.0f} s for "
-                    f"{load:.0f} predicted tokens; async_config.minibatch_timeout_*)",
-                )  # fmt: skip
+        for ref, actor_id, why in self._running.expired(time.monotonic()):
+            if ref in self._pending:
+                self._on_actor_fault(actor_id, FaultKind.TIMEOUT, why)
 
     def _on_actor_fault(self, actor_id: int, kind: FaultKind, detail: str) -> None:
         """Take the actor out, tell the CU (it re-issues the minibatch), and start a replacement
@@ -453,8 +440,7 @@ class GenerationUnit:
         for ref in [r for r, (_, a) in self._pending.items() if a == actor_id]:
             del self._pending[ref]
             self._samples.pop(ref, None)
-            self._deadlines.pop(ref, None)
-            self._started_at.pop(ref, None)
+            self._running.pop(ref)
         handle = self._handles.pop(actor_id, None)
         if handle is not None and kind is not FaultKind.DIED:
             ray.kill(handle)  # a hung or failing engine is not trusted with another minibatch
@@ -466,6 +452,7 @@ class GenerationUnit:
         if retire:
             return
         self._restarts[actor_id] += 1
+        self._running.engine_replaced(actor_id)
         self._handles[actor_id] = handle = self._new_actor(actor_id)
         self._pending[handle.__ray_ready__.remote()] = ("ready", actor_id)
         self._starting.add(actor_id)

@@ -103,7 +103,10 @@ class VLLMEngine:
             "logprobs_mode": "processed_logprobs",
             "seed": seed,
         }
-        if on_cpu and sharded:
+        if sharded:
+            # Worker processes of this actor, on the devices Ray gave it. Left to choose, vLLM picks
+            # its Ray executor inside a placement group (vllm 0.32 ``ParallelConfig.__post_init__``),
+            # whose workers would ask Ray for devices this actor and the trainer ranks already hold.
             kwargs["distributed_executor_backend"] = "mp"
         if opts.enable_sleep_mode:
             kwargs["enable_sleep_mode"] = True

@@ -219,10 +219,11 @@ def _deadlines(**overrides: Any) -> Any:
 
 def test_derived_timeout_warms_up_then_scales_with_predicted_load() -> None:
     d = _deadlines()
-    assert d.timeout_for(1000) == 300.0  # no measurement yet: the warm-up bound
+    assert d.timeout_for(1000) == 300.0  # nothing measured yet: the warm-up bound
     for seconds, load in ((2.0, 100), (3.0, 100), (1.0, 200)):  # slowest: 0.03 s per predicted token
         d.observe(seconds, load)
     assert d.timeout_for(1000) == pytest.approx(8 * 0.03 * 1000)
+    assert d.timeout_for(1000, warm_engine=False) == 300.0  # a fresh engine's first minibatch
     assert d.timeout_for(10) == 10.0  # the floor
     assert d.timeout_for(10_000_000) == pytest.approx(0.8 * 900)  # stays below the stall detector
 
@@ -232,3 +233,27 @@ def test_an_explicit_timeout_wins_and_no_factor_means_no_bound() -> None:
     assert _deadlines(factor=None).timeout_for(5) is None
     with pytest.raises(ValueError, match="minibatch_timeout_factor=1"):
         _deadlines(factor=1.0)
+
+
+def test_running_minibatches_expire_and_skip_warm_up_runs() -> None:
+    from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings, RunningMinibatches
+
+    running = RunningMinibatches(
+        DeadlineSettings(fixed_s=None, factor=4.0, floor_s=1.0, warmup_s=50.0, stall_s=None)
+    )
+    running.start("a", actor_id=0, predicted_load=10, now=0.0)  # a cold engine: the warm-up bound
+    assert running.deadlines() == [50.0]
+    first = running.pop("a")
+    assert first is not None
+    running.succeeded(first, now=30.0)  # warm-up inside: not measured
+    running.start("b", actor_id=0, predicted_load=10, now=30.0)
+    assert running.deadlines() == [80.0]  # still nothing measured on this GU
+    second = running.pop("b")
+    assert second is not None
+    running.succeeded(second, now=32.0)  # 0.2 s per predicted token
+    running.start("c", actor_id=0, predicted_load=10, now=32.0)
+    assert running.deadlines() == [pytest.approx(32.0 + 4 * 0.2 * 10)]
+    assert running.expired(now=39.0) == [] and [k for k, _, _ in running.expired(now=40.1)] == ["c"]
+    running.engine_replaced(0)
+    running.start("d", actor_id=0, predicted_load=10, now=41.0)
+    assert max(running.deadlines()) == 91.0  # the replacement warms up again
