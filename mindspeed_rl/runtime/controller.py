@@ -24,6 +24,7 @@ Adapters drive it: the Ray ControlUnit actor forwards GU/TU messages to these me
 what ``dispatch()`` returns; the simulator calls them with modeled times through a ``FakeClock``.
 Every public method holds one re-entrant lock, so a threaded Ray actor cannot interleave two
 updates; the parts inside are deliberately lock-free because they are only reached from here.
+The read-outs that gather from every part (``observe``, the stall view) live in ``readout.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
 
 from mindspeed_rl.runtime import events as ev
+from mindspeed_rl.runtime import readout
 from mindspeed_rl.runtime.backpressure import Backpressure
 from mindspeed_rl.runtime.clock import Clock, WallClock
 from mindspeed_rl.runtime.config import RuntimeConfig
@@ -44,15 +46,13 @@ from mindspeed_rl.runtime.faults import (
     FaultKind,
     FaultLedger,
     PipelineFailure,
-    RunningMinibatch,
     StalledPipeline,
-    StallView,
     diagnose_stall,
 )
 from mindspeed_rl.runtime.ingestor import Ingestor, IngestOutcome
 from mindspeed_rl.runtime.lag import LagTracker
 from mindspeed_rl.runtime.lag_budget import LagBudget
-from mindspeed_rl.runtime.observation import ActorObservation, LoopObservation
+from mindspeed_rl.runtime.observation import LoopObservation
 from mindspeed_rl.runtime.records import (
     Assignment,
     CompletedMinibatch,
@@ -137,7 +137,8 @@ class ControlLoop:
             clock=self.clock,
         )
         self.last_progress = self.clock.now()
-        self._last_refusal: dict[int, str] = {}  # gu -> its latest refused start's reason
+        self.last_refusal: dict[int, str] = {}
+        """GU -> the reason its latest start was refused, while it has not started since."""
         self._actors_registered: dict[int, int] = {}
         self._step_in_progress: tuple[int, float] | None = None  # (step, popped at)
         self._lock = threading.RLock()
@@ -214,7 +215,7 @@ class ControlLoop:
         if refusal is not None:
             self.starts_refused[refusal.value] += 1
             if refusal is not StartRefusal.REVOKED:
-                self._last_refusal[gu_id] = refusal.value
+                self.last_refusal[gu_id] = refusal.value
             return StartDecision(granted=False, refusal=refusal)
         mb = self.database.minibatch(minibatch_id)
         now = self.clock.now()
@@ -222,7 +223,7 @@ class ControlLoop:
         self.sender.on_started(minibatch_id, gu_id)
         self.budget.reserve(mb.num_prompts, policy_version)
         self.recovery.running_on[(gu_id, actor_id)] = minibatch_id
-        self._last_refusal.pop(gu_id, None)
+        self.last_refusal.pop(gu_id, None)
         self.events.append(
             ev.MinibatchStarted(
                 time=now,
@@ -324,32 +325,7 @@ class ControlLoop:
         timeout, now = self.config.stall_timeout_s, self.clock.now()
         if timeout is None or now - self.last_progress < timeout:
             return None
-        return diagnose_stall(self._stall_view(now), stall_timeout_s=timeout)
-
-    def _stall_view(self, now: float) -> StallView:
-        items = self.database.in_flight_items()
-        running = [
-            RunningMinibatch(minibatch_id=i, gu_id=r.gu_id, actor_id=r.actor_id, started_at=r.started_at)
-            for i, r in items
-            if r.actor_id is not None and r.started_at is not None
-        ]
-        num_unsent = sum(
-            self.database.state(i) in (MinibatchState.PENDING, MinibatchState.REQUEUED)
-            for i in self.database.minibatch_ids()
-        )
-        return StallView(
-            idle_seconds=now - self.last_progress,
-            live_gus=self.sender.gu_ids,
-            running=running,
-            num_issued_not_started=len(items) - len(running),
-            num_unsent=num_unsent,
-            paused=self.backpressure.paused,
-            queue_depth_samples=self.queue.depth_samples,
-            latest_version=self.latest_version,
-            next_step=self.budget.next_step,
-            last_refusal=dict(self._last_refusal),
-            now=now,
-        )
+        return diagnose_stall(readout.stall_view(self, now), stall_timeout_s=timeout)
 
     @_serialized
     def on_gu_failed(self, gu_id: int) -> list[int]:
@@ -466,58 +442,7 @@ class ControlLoop:
     @_serialized
     def observe(self, *, arrivals_since: int = 0, lag_steps_since: int = 0) -> LoopObservation:
         """Every number outsiders report, as one record; the two logs from the given offsets."""
-        db, now, outcomes = self.database, self.clock.now(), self.ingestor.outcomes
-        return LoopObservation(
-            time=now,
-            prompts_scheduled=db.num_prompts,
-            prompts_consumed=self.prompts_consumed,
-            minibatches_scheduled=db.num_minibatches,
-            minibatches_completed=db.num_completed,
-            minibatches_reissued=db.num_reissued,
-            duplicate_minibatches_dropped=outcomes[IngestOutcome.DUPLICATE],
-            superseded_completions_dropped=outcomes[IngestOutcome.SUPERSEDED],
-            minibatches_per_gu=dict(self.sender.num_assigned),
-            train_steps=self.budget.next_step,
-            max_policy_lag_limit=self.config.max_policy_lag,
-            max_policy_lag_measured=self.lag.max_d_off,
-            mean_policy_lag_measured=self.lag.mean_d_off,
-            mean_policy_lag_eq4_estimate=self.lag.mean_estimate,
-            num_lag_steps=len(self.lag.steps),
-            lag_steps=tuple(self.lag.steps.since(lag_steps_since)),
-            trainer_lag_holds=self.trainer_lag_holds,
-            starts_refused=dict(self.starts_refused),
-            queue_depth_samples=self.queue.depth_samples,
-            max_queue_depth_samples=self.queue.max_depth_samples,
-            queue_limit_samples=self.config.queue_max_samples,
-            queue_resume_samples=self.config.queue_resume_samples,
-            num_arrivals=len(self.queue.arrivals),
-            arrivals=tuple(self.queue.arrivals.since(arrivals_since)),
-            paused=self.backpressure.paused,
-            num_backpressure_pauses=self.backpressure.num_pauses,
-            seconds_paused=self.backpressure.seconds_paused,
-            latest_version=self.latest_version,
-            reloads_not_newest=self.weights.reloads_not_newest,
-            timings=self.timings.current(),
-            mean_train_seconds=self.timings.train.mean,
-            actors=tuple(
-                ActorObservation(
-                    gu_id=gu_id,
-                    actor_id=actor_id,
-                    num_minibatches=a.num_minibatches,
-                    num_reloads=a.num_reloads,
-                    generating_seconds=a.generating_seconds,
-                    loading_seconds=a.loading_seconds,
-                    duty_cycle=a.duty_cycle,
-                    busy_fraction=a.busy_fraction(now),
-                )
-                for (gu_id, actor_id), a in sorted(self.activity.actors.items())
-            ),
-            queue_bound_samples=self.queue_bound_samples,
-            minibatches_timed_out=self.faults.by_kind[FaultKind.TIMEOUT],
-            minibatch_errors=self.faults.by_kind[FaultKind.ERROR],
-            actor_deaths=self.faults.by_kind[FaultKind.DIED],
-            actor_restarts=self.recovery.actor_restarts,
-        )
+        return readout.observe(self, arrivals_since=arrivals_since, lag_steps_since=lag_steps_since)
 
     @_serialized
     def trim_history(self, *, arrivals: int, lag_steps: int) -> None:

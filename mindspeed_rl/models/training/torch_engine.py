@@ -10,6 +10,8 @@ One ``update`` call consumes one global batch::
             lr = schedule.lr_at(step); clip_grad_norm(clip_grad); AdamW.step()
     kl_controller.update(mean kl, samples)          # adaptive KL: coefficient for the next update
 
+The loop is ``update_loop.run_update``, shared with the megatron engine; what is this engine's
+own (its micro-batch loop, where loss sums accumulate, its optimizer) is ``_TorchStep``.
 The engine carries the state that outlives one update: the optimizer step count (which drives the
 learning-rate schedule) and the KL coefficient (adaptive controller). Precision (fp32, or bf16
 with fp32 masters) is the optimizer's business (``precision.py``); log-probs are projected to the
@@ -20,7 +22,6 @@ rollout dtype (``named_weights_for_inference``).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,27 +29,30 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mindspeed_rl.models.loss.grpo import grpo_loss
 from mindspeed_rl.models.loss.kl_control import build_kl_controller
-from mindspeed_rl.models.training.batch import TrainBatch, check_update_batch, mini_batches, pad_batch
+from mindspeed_rl.models.training.batch import TrainBatch, pad_batch
 from mindspeed_rl.models.training.device import resolve_device, torch_dtype
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+from mindspeed_rl.models.training.hf_folder import copy_non_weight_files
 from mindspeed_rl.models.training.hf_names import tied_targets, to_checkpoint_format
 from mindspeed_rl.models.training.log_probs import (
-    check_temperature,
     compute_response_log_probs,
     forward_with_entropy,
     micro_batches,
 )
 from mindspeed_rl.models.training.precision import AdamWSettings, ParamOptimizer, build_optimizer
 from mindspeed_rl.models.training.reference import load_causal_lm
+from mindspeed_rl.models.training.update_loop import (
+    LossSums,
+    MiniBatchLoss,
+    loss_term_values,
+    progress_state,
+    restore_progress,
+    run_update,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-STEP_METRICS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm")
-# Files of an HF folder that are not weights; copied by save_hf so the folder stays loadable.
-_NON_WEIGHT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
 
 
 class TorchTrainingEngine:
@@ -67,6 +71,7 @@ class TorchTrainingEngine:
         self.num_optimizer_steps = 0
         self.num_updates = 0
         """Calls of ``update`` so far: seeds each update's mini-batch shuffle (checkpointed)."""
+        self._step = _TorchStep(self)
 
     def _new_optimizer(self) -> ParamOptimizer:
         config = self.config
@@ -92,20 +97,7 @@ class TorchTrainingEngine:
         )
 
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
-        check_temperature(temperature)
-        num_steps = check_update_batch(batch, self.config)
-        minis = mini_batches(batch, self.config, update_index=self.num_updates)
-        self.num_updates += 1
-        kl_coef = self.kl_controller.value
-        per_step = [self._optimizer_step(mini, temperature, kl_coef) for mini in minis]
-        assert len(per_step) == num_steps
-        metrics = {k: float(np.mean([m[k] for m in per_step])) for k in STEP_METRICS}
-        metrics["lr"] = self.optimizer.lr
-        metrics["num_optimizer_steps"] = float(num_steps)
-        metrics["kl_coef"] = kl_coef
-        if self.config.loss.kl_in_loss:
-            self.kl_controller.update(metrics["kl"], batch.num_samples)
-        return metrics
+        return run_update(self, self._step, batch, temperature)
 
     @property
     def kl_coef(self) -> float:
@@ -115,45 +107,6 @@ class TorchTrainingEngine:
     def observe_kl(self, kl: float, num_samples: int) -> None:
         """Feed the controller the KL measured outside the loss (``use_kl_in_reward``)."""
         self.kl_controller.update(kl, num_samples)
-
-    def _optimizer_step(self, mini: TrainBatch, temperature: float, kl_coef: float) -> dict[str, float]:
-        cfg = self.config
-        num_tokens = mini.num_response_tokens
-        self.optimizer.zero_grad()
-        sums = dict.fromkeys(STEP_METRICS, 0.0)
-        for _, micro in micro_batches(mini, cfg.micro_batch_size):
-            padded = pad_batch(micro, pad_token_id=cfg.pad_token_id, device=self._device)
-            logp, entropy = forward_with_entropy(
-                self.model,
-                padded,
-                temperature,
-                entropy_grad=cfg.loss.entropy_coeff > 0,
-                chunk_tokens=cfg.log_prob_chunk_tokens,
-            )
-            # Without old log-probs (one step only) the behaviour policy IS the current one: ratio == 1.
-            old = padded.old_log_probs if padded.old_log_probs is not None else logp.detach()
-            terms = grpo_loss(
-                log_probs=logp,
-                old_log_probs=old,
-                advantages=padded.advantages,
-                mask=padded.response_mask,
-                config=cfg.loss,
-                num_tokens=num_tokens,
-                num_sequences=mini.num_samples,
-                ref_log_probs=padded.ref_log_probs,
-                entropy=entropy,
-                kl_coef=kl_coef,
-            )
-            terms.loss.backward()
-            self.optimizer.after_backward()
-            for name in ("loss", "pg_loss", "kl", "entropy", "clip_frac"):
-                sums[name] += float(getattr(terms, name).item())
-        max_norm = cfg.clip_grad if cfg.clip_grad > 0 else float("inf")
-        grad_norm = self.optimizer.clip_grad_norm(max_norm)
-        self.optimizer.step(cfg.schedule.lr_at(self.num_optimizer_steps + 1))
-        self.num_optimizer_steps += 1
-        sums["grad_norm"] = float(grad_norm.item())
-        return sums
 
     def named_weights_for_inference(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The working parameters (what this engine's log-probs are computed with) under checkpoint
@@ -169,11 +122,7 @@ class TorchTrainingEngine:
         target = Path(path)
         target.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(target, max_shard_size=max_shard_size)
-        if target.resolve() != self._source.resolve():
-            for f in self._source.iterdir():
-                copyable = f.is_file() and f.suffix in _NON_WEIGHT_SUFFIXES and ".safetensors" not in f.name
-                if copyable and not (target / f.name).exists():
-                    shutil.copy2(f, target / f.name)
+        copy_non_weight_files(self._source, target)
 
     def policy_for_eval(self) -> PreTrainedModel:
         """The live model itself: held-out decoding reads the weights being trained, no copy."""
@@ -188,9 +137,7 @@ class TorchTrainingEngine:
         trainer_state.save_trainer_state(
             path,
             {
-                "num_optimizer_steps": self.num_optimizer_steps,
-                "num_updates": self.num_updates,
-                "kl_controller": self.kl_controller.state_dict(),
+                **progress_state(self),
                 "optimizer": self.optimizer.state_dict() if optimizer else None,
                 "rng": trainer_state.capture_rng() if rng else None,
             },
@@ -211,8 +158,45 @@ class TorchTrainingEngine:
         self.optimizer = self._new_optimizer()
         if optimizer:
             self.optimizer.load_state_dict(state["optimizer"])
-        self.num_optimizer_steps = int(state["num_optimizer_steps"])
-        self.num_updates = int(state["num_updates"])
-        self.kl_controller.load_state_dict(state["kl_controller"])
+        restore_progress(self, state)
         if rng:
             trainer_state.restore_rng(state["rng"])
+
+
+class _TorchStep:
+    """The torch engine's side of an optimizer step (``update_loop.StepHooks``): a python loop
+    over length-sorted micro-batches, loss sums on the host, and the precision-aware optimizer
+    (``precision.py``), which accumulates each micro-batch's gradient after its backward."""
+
+    def __init__(self, engine: TorchTrainingEngine) -> None:
+        self._engine = engine
+
+    def zero_grad(self) -> None:
+        self._engine.optimizer.zero_grad()
+
+    def forward_backward(self, loss: MiniBatchLoss) -> dict[str, float]:
+        engine, cfg = self._engine, self._engine.config
+        sums = LossSums("cpu")
+        for _, micro in micro_batches(loss.mini, cfg.micro_batch_size):
+            padded = pad_batch(micro, pad_token_id=cfg.pad_token_id, device=engine._device)
+            logp, entropy = forward_with_entropy(
+                engine.model,
+                padded,
+                loss.temperature,
+                entropy_grad=loss.entropy_grad,
+                chunk_tokens=cfg.log_prob_chunk_tokens,
+            )
+            terms = loss(padded, logp, entropy)
+            terms.loss.backward()
+            engine.optimizer.after_backward()
+            sums.add(loss_term_values(terms))
+        return sums.totals()
+
+    def apply_gradients(self, *, lr: float, max_norm: float) -> float:
+        grad_norm = self._engine.optimizer.clip_grad_norm(max_norm)
+        self._engine.optimizer.step(lr)
+        return float(grad_norm.item())
+
+    @property
+    def lr(self) -> float:
+        return self._engine.optimizer.lr

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from mindspeed_rl.models.training import trainer_state
 from mindspeed_rl.models.training.megatron import patches
+from mindspeed_rl.models.training.update_loop import progress_state, restore_progress
 
 if TYPE_CHECKING:
     from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
@@ -94,9 +95,7 @@ def save(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimi
         trainer_state.save_trainer_state(
             target,
             {
-                "num_optimizer_steps": engine.num_optimizer_steps,
-                "num_updates": engine.num_updates,
-                "kl_controller": engine.kl_controller.state_dict(),
+                **progress_state(engine),
                 "optimizer": DIST_DIR if optimizer else None,
                 "layout": engine.layout_key(),
                 "rng": rng_states if rng else None,
@@ -112,7 +111,8 @@ def load(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimi
     source = Path(path)
     state = trainer_state.load_trainer_state(source)
     _check_loadable(state, source, engine, optimizer=optimizer, rng=rng)
-    engine.num_optimizer_steps = int(state["num_optimizer_steps"])
+    # First: the AdamW state this run builds to receive the saved moments carries the step count.
+    restore_progress(engine, state)
     with patches.cpu_runtime_mode():
         loaded = dist_checkpointing.load(
             sharded_state(engine, optimizer=optimizer), str(source / DIST_DIR), strict="assume_ok_unexpected"
@@ -127,8 +127,6 @@ def load(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimi
         engine.optimizer.load_state_dict(fresh)
     else:
         engine.optimizer.state.clear()
-    engine.num_updates = int(state["num_updates"])
-    engine.kl_controller.load_state_dict(state["kl_controller"])
     if rng:
         trainer_state.restore_rng(state["rng"][dist.get_rank()])
     dist.barrier()

@@ -1,7 +1,8 @@
 """GRPO training engine on megatron-core: one instance per rank of a TP/PP/EP/DP layout.
 
 Same contract as the torch engine (:class:`~mindspeed_rl.models.training.base.TrainingEngine`):
-every rank receives the whole batch and returns the same results. One ``update``::
+every rank receives the whole batch and returns the same results. One ``update`` runs the loop
+both engines share (``update_loop.run_update``); this engine's side of a step is ``_MegatronStep``::
 
     for each mini-batch (one optimizer step):
         DP rank d: its slice -> micro-batches -> forward_backward_func  (loss / global mini-batch count)
@@ -13,14 +14,15 @@ distributed optimizer accepts only ``torch.cuda.*Tensor`` parameters, so it cann
 host. The engine therefore steps ``torch.optim.AdamW`` on megatron DDP's ``main_grad`` buffers;
 with the per-rank shards and identical gradients on DP replicas this is the plain (non-sharded)
 optimizer, exact in fp32. On accelerators the megatron distributed optimizer is the production
-choice; it is not wired here because this machine cannot exercise it.
+choice, in place of ``_MegatronStep.apply_gradients``; it is not wired here because this machine
+cannot exercise it.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.models.loss.grpo import grpo_loss
 from mindspeed_rl.models.loss.kl_control import build_kl_controller
-from mindspeed_rl.models.training.batch import TrainBatch, check_update_batch, mini_batches
+from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+from mindspeed_rl.models.training.hf_folder import copy_non_weight_files
 from mindspeed_rl.models.training.log_probs import check_temperature
 from mindspeed_rl.models.training.megatron import patches
 from mindspeed_rl.models.training.megatron.forward import (
@@ -52,13 +54,16 @@ from mindspeed_rl.models.training.megatron.hf_mapping import (
 )
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.models.training.megatron.model import init_model_parallel, load_model, rank_coords
+from mindspeed_rl.models.training.update_loop import (
+    LOSS_TERMS,
+    LossSums,
+    MiniBatchLoss,
+    loss_term_values,
+    run_update,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-STEP_METRICS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm")
-_LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "clip_frac")
-_NON_WEIGHT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
 
 
 def _dp() -> tuple[int, int]:
@@ -226,6 +231,7 @@ class MegatronTrainingEngine:
         self.num_optimizer_steps = 0
         self.num_updates = 0
         """Calls of ``update`` so far: seeds each update's mini-batch shuffle (checkpointed)."""
+        self._step = _MegatronStep(self)
 
     def compute_log_probs(self, batch: TrainBatch, temperature: float) -> list[np.ndarray]:
         return compute_log_probs_megatron(
@@ -246,103 +252,7 @@ class MegatronTrainingEngine:
         self.kl_controller.update(kl, num_samples)
 
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
-        check_temperature(temperature)
-        num_steps = check_update_batch(batch, self.config)
-        minis = mini_batches(batch, self.config, update_index=self.num_updates)
-        self.num_updates += 1
-        kl_coef = self.kl_controller.value
-        per_step = [self._optimizer_step(mini, temperature, kl_coef) for mini in minis]
-        assert len(per_step) == num_steps
-        metrics = {k: float(np.mean([m[k] for m in per_step])) for k in STEP_METRICS}
-        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        metrics["num_optimizer_steps"] = float(num_steps)
-        metrics["kl_coef"] = kl_coef
-        if self.config.loss.kl_in_loss:
-            self.kl_controller.update(metrics["kl"], batch.num_samples)
-        return metrics
-
-    def _loss_fn(
-        self, mini: TrainBatch, temperature: float, kl_coef: float, micro: Micro, logits: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        cfg = self.config
-        count = micro.indices.size
-        if count == 0:  # a DP rank's filler micro-batch: same collectives, no loss
-            zero = logits.sum() * 0.0
-            return zero, torch.tensor(0), {name: zero.detach().reshape(1) for name in _LOSS_TERMS}
-        padded = real_rows(micro.padded, count)
-        logp, entropy = response_log_probs(
-            logits[:count], padded, temperature, vocab_size=self.dims.vocab_size, with_entropy=True
-        )
-        assert entropy is not None
-        if cfg.loss.entropy_coeff <= 0:
-            entropy = entropy.detach()
-        old = padded.old_log_probs if padded.old_log_probs is not None else logp.detach()
-        terms = grpo_loss(
-            log_probs=logp,
-            old_log_probs=old,
-            advantages=padded.advantages,
-            mask=padded.response_mask,
-            config=cfg.loss,
-            # Counts of the WHOLE mini-batch (every rank has it): DP ranks' summed gradients are exact.
-            num_tokens=mini.num_response_tokens,
-            num_sequences=mini.num_samples,
-            ref_log_probs=padded.ref_log_probs,
-            entropy=entropy,
-            kl_coef=kl_coef,
-        )
-        stats = {name: getattr(terms, name).detach().reshape(1) for name in _LOSS_TERMS}
-        return terms.loss, torch.tensor(int(padded.response_mask.sum())), stats
-
-    def _optimizer_step(self, mini: TrainBatch, temperature: float, kl_coef: float) -> dict[str, float]:
-        from functools import partial
-
-        from megatron.core.distributed import finalize_model_grads
-
-        dp_rank, dp_size = _dp()
-        micros = plan_micros(
-            mini,
-            dp_rank=dp_rank,
-            dp_size=dp_size,
-            micro_batch_size=self.config.micro_batch_size,
-            pad_token_id=self.config.pad_token_id,
-            device=self._device,
-        )
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad(set_to_none=True)
-        outputs = run_micros(
-            self.model, micros, partial(self._loss_fn, mini, temperature, kl_coef), forward_only=False
-        )
-        with patches.cpu_runtime_mode():
-            finalize_model_grads([self.model])
-        sums = torch.zeros(len(_LOSS_TERMS), dtype=torch.float64)
-        if _reports_stats():
-            for out in outputs:
-                sums += torch.cat([out[name].double() for name in _LOSS_TERMS])
-        dist.all_reduce(sums)
-        grad_norm = self._clip_main_grads()
-        lr = self.config.schedule.lr_at(self.num_optimizer_steps + 1)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-            for p in group["params"]:
-                p.grad = p.main_grad.to(p.dtype)
-        self.optimizer.step()
-        self.num_optimizer_steps += 1
-        result = {name: float(v) for name, v in zip(_LOSS_TERMS, sums.tolist())}
-        result["grad_norm"] = grad_norm
-        return result
-
-    def _clip_main_grads(self) -> float:
-        norm = float(global_grad_norm(self.model.module.parameters()))
-        if not np.isfinite(norm):
-            raise ValueError(f"non-finite gradient norm {norm}; lower actor_config.lr or check the batch")
-        max_norm = self.config.clip_grad if self.config.clip_grad > 0 else float("inf")
-        # torch.nn.utils.clip_grad_norm_'s rule, so both engines clip identically.
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0:
-            for p in self.model.module.parameters():
-                if p.requires_grad:
-                    p.main_grad.mul_(coef)
-        return norm
+        return run_update(self, self._step, batch, temperature)
 
     def snapshot_shard(self) -> tuple[dict[str, torch.Tensor], ShardCoords]:
         """This rank's weights in the training layout (global megatron names, this rank's shapes):
@@ -400,6 +310,87 @@ class MegatronTrainingEngine:
         }
 
 
+class _MegatronStep:
+    """The megatron engine's side of an optimizer step (``update_loop.StepHooks``): megatron's
+    schedule over this DP rank's micro-batches, megatron DDP's gradient reduction
+    (``finalize_model_grads``), loss sums reduced over every rank, and torch AdamW stepped on
+    ``main_grad`` (the module docstring says why not megatron's optimizer here)."""
+
+    def __init__(self, engine: MegatronTrainingEngine) -> None:
+        self._engine = engine
+
+    def zero_grad(self) -> None:
+        self._engine.model.zero_grad_buffer()
+        self._engine.optimizer.zero_grad(set_to_none=True)
+
+    def forward_backward(self, loss: MiniBatchLoss) -> dict[str, float]:
+        from megatron.core.distributed import finalize_model_grads
+
+        engine = self._engine
+        dp_rank, dp_size = _dp()
+        micros = plan_micros(
+            loss.mini,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            micro_batch_size=engine.config.micro_batch_size,
+            pad_token_id=engine.config.pad_token_id,
+            device=engine._device,
+        )
+        outputs = run_micros(engine.model, micros, partial(self._micro_loss, loss), forward_only=False)
+        with patches.cpu_runtime_mode():
+            finalize_model_grads([engine.model])
+        sums = LossSums("cpu")
+        if _reports_stats():
+            for out in outputs:
+                sums.add(out)
+        sums.all_reduce()
+        return sums.totals()
+
+    def _micro_loss(
+        self, loss: MiniBatchLoss, micro: Micro, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        count = micro.indices.size
+        if count == 0:  # a DP rank's filler micro-batch: same collectives, no loss
+            zero = logits.sum() * 0.0
+            return zero, torch.tensor(0), {name: zero.detach().reshape(1) for name in LOSS_TERMS}
+        padded = real_rows(micro.padded, count)
+        logp, entropy = response_log_probs(
+            logits[:count],
+            padded,
+            loss.temperature,
+            vocab_size=self._engine.dims.vocab_size,
+            with_entropy=True,
+        )
+        assert entropy is not None
+        if not loss.entropy_grad:
+            entropy = entropy.detach()
+        terms = loss(padded, logp, entropy)
+        stats = {name: value.reshape(1) for name, value in loss_term_values(terms).items()}
+        return terms.loss, torch.tensor(int(padded.response_mask.sum())), stats
+
+    def apply_gradients(self, *, lr: float, max_norm: float) -> float:
+        model, optimizer = self._engine.model, self._engine.optimizer
+        norm = float(global_grad_norm(model.module.parameters()))
+        if not np.isfinite(norm):
+            raise ValueError(f"non-finite gradient norm {norm}; lower actor_config.lr or check the batch")
+        # torch.nn.utils.clip_grad_norm_'s rule, so both engines clip identically.
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for p in model.module.parameters():
+                if p.requires_grad:
+                    p.main_grad.mul_(coef)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+            for p in group["params"]:
+                p.grad = p.main_grad.to(p.dtype)
+        optimizer.step()
+        return norm
+
+    @property
+    def lr(self) -> float:
+        return float(self._engine.optimizer.param_groups[0]["lr"])
+
+
 def global_grad_norm(params: Any) -> float:
     """L2 norm of every ``main_grad`` over the whole model, each shard counted once."""
     from megatron.core import parallel_state as ps
@@ -431,8 +422,4 @@ def write_hf_folder(path: str | os.PathLike[str], weights: Mapping[str, torch.Te
     target = Path(path)
     target.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(target / "model.safetensors"))
-    if target.resolve() != source.resolve():
-        for f in source.iterdir():
-            copyable = f.is_file() and f.suffix in _NON_WEIGHT_SUFFIXES and ".safetensors" not in f.name
-            if copyable and not (target / f.name).exists():
-                shutil.copy2(f, target / f.name)
+    copy_non_weight_files(source, target)
