@@ -32,11 +32,13 @@ import ray
 
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.records import ScheduledMinibatch
-from mindspeed_rl.trainer.async_cluster import GU_CHECK_SECONDS
 from mindspeed_rl.workers.control_unit import ControlUnit
 
 POLL_SECONDS = 0.02
 """The period of the polling driver this replaced (it no longer exists in the trainer)."""
+GU_CHECK_SECONDS = 0.5
+"""How often the long-polling driver of this comparison wakes to check its GUs (the trainer
+reaps dead GUs in a watcher thread and has no such period)."""
 
 
 def parse_args() -> argparse.Namespace:

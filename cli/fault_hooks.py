@@ -1,5 +1,5 @@
-"""Test-only fault injection for ``cli/train_grpo.py``: the plan is built here, from the environment,
-so no production code reads test hooks.
+"""Test-only fault injection for ``cli/train_grpo.py``: the fault plan is built here, from the
+environment, so no production code reads test hooks.
 
 ``MINDSPEED_RL_TEST_FAULTS`` holds comma-separated items: ``actor:G:A:N`` (actor A of GU G exits
 during its N-th minibatch), ``hang:G:A:N`` (it hangs there), ``raise:G:A:N`` (generate raises
@@ -10,14 +10,12 @@ An actor slot's minibatches are counted across its replacements, so one item fir
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mindspeed_rl.workers.fault_plan import FaultPlan
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
-    from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
 
 FAULTS_ENV = "MINDSPEED_RL_TEST_FAULTS"
 
@@ -47,14 +45,11 @@ def fault_plan(env: Mapping[str, str]) -> FaultPlan:
     return FaultPlan(actor_faults=actors, gu_dies=gus)
 
 
-def inputs_with_faults(config: GRPOConfig, run_dir: Path, env: Mapping[str, str]) -> PipelineInputs | None:
-    """The production inputs of an async run plus the faults ``env`` asks for; None when it asks none."""
+def faults_from_env(config: GRPOConfig, env: Mapping[str, str]) -> FaultPlan | None:
+    """The faults ``env`` asks the async run to inject; None when it asks none."""
     faults = fault_plan(env)
     if not faults.actor_faults and not faults.gu_dies:
         return None
     if config.rl_config.pipeline != "async":
         raise ValueError(f"{FAULTS_ENV} injects Generation Unit faults; it needs rl_config.pipeline=async")
-    from mindspeed_rl.trainer import async_setup, components
-
-    policy_path = str(components.prepare_policy_model(config))
-    return async_setup.asp_inputs(config, policy_path, run_dir).with_faults(faults)
+    return faults

@@ -33,7 +33,7 @@ from mindspeed_rl.sim.table4b import Table4bRow, format_table, table4b_row
 from mindspeed_rl.sim.workload import Workload, load_trace
 
 if TYPE_CHECKING:
-    from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
+    from mindspeed_rl.trainer.async_inputs import PipelineInputs
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PROMPT_TOKENS = 4
@@ -134,7 +134,7 @@ def run_condition(config: Any, plans: ReplayPlans, name: str, root: Path, skip_f
 def condition_inputs(config: Any, plan: ReplayPlan) -> PipelineInputs:
     """The async trainer's inputs for one replayed condition: its prompts, its order, forced
     lengths and a fixed-duration trainer step."""
-    from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
+    from mindspeed_rl.trainer.async_inputs import PipelineInputs
 
     expected = config.megatron_training.training.train_iters * config.num_prompts_per_global_batch
     if len(plan.prompts) != expected:

@@ -42,10 +42,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def simulate_report(report: dict[str, Any], calibration: Calibration) -> dict[str, Table4bRow]:
     """Simulate every condition of ``report`` with ``calibration``'s profile and the replay's settings."""
+    from mindspeed_rl.plan.build import runtime_config
     from mindspeed_rl.runtime import ScheduledMinibatch
     from mindspeed_rl.sim.replay import plan_dispatch_order
     from mindspeed_rl.sim.simulator import ClusterShape, Simulator
-    from mindspeed_rl.trainer.async_setup import runtime_config
 
     args = argparse.Namespace(**report["settings"])
     inputs = replay_trace.replay_inputs(args)

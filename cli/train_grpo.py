@@ -17,9 +17,10 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import hydra
 import yaml
@@ -32,6 +33,9 @@ from mindspeed_rl.utils import ray_setup
 if __package__ in (None, ""):  # run as a script: make `cli` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cli import checkpoint_hooks, fault_hooks
+
+if TYPE_CHECKING:
+    from mindspeed_rl.trainer.async_inputs import RunHooks
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 TRAINERS = {
@@ -96,6 +100,19 @@ def write_resolved_config(config: GRPOConfig, run_dir: Path) -> None:
     (run_dir / "config_resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
 
 
+def run_hooks(config: GRPOConfig, env: Mapping[str, str]) -> RunHooks | None:
+    """Test-only knobs from the environment (``cli/fault_hooks.py``, ``cli/checkpoint_hooks.py``);
+    None, as in production, when it sets none."""
+    faults = fault_hooks.faults_from_env(config, env)
+    delay = checkpoint_hooks.commit_delay_for(config, env)
+    if faults is None and delay == 0:
+        return None
+    from mindspeed_rl.trainer.async_inputs import RunHooks
+    from mindspeed_rl.workers.fault_plan import FaultPlan
+
+    return RunHooks(faults=faults or FaultPlan(), checkpoint_commit_delay_s=delay)
+
+
 def run(cfg: DictConfig, config_name: str | None) -> int:
     """Validate, prepare the run directory, start Ray, hand over to the trainer. Returns an exit code."""
     if not config_name:
@@ -114,18 +131,16 @@ def run(cfg: DictConfig, config_name: str | None) -> int:
         logger.info("no effect here: %s", key)
     run_dir = create_run_dir(config, config_name)
     write_resolved_config(config, run_dir)
-    # Test-only: a fault plan from the environment (see cli/fault_hooks.py); production passes none.
-    inputs = fault_hooks.inputs_with_faults(config, run_dir, os.environ)
-    inputs = checkpoint_hooks.with_commit_delay(config, run_dir, os.environ, inputs)
+    hooks = run_hooks(config, os.environ)
     cluster = ray_setup.init_ray(config)
     logger.info(
         "run %s: pipeline=%s, ray %s %s", run_dir, config.rl_config.pipeline,
         "joined" if cluster.attached else "started", cluster.address,
     )  # fmt: skip
-    if inputs is None:
+    if hooks is None:
         trainer.train(config, run_dir)
     else:
-        trainer.train(config, run_dir, inputs)
+        trainer.train(config, run_dir, hooks=hooks)
     return 0
 
 

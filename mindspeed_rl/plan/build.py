@@ -5,15 +5,16 @@
                                     ├─ data        (prompt source, template, batch draw)
                                     ├─ trainer     TrainerSpec  ─► TrainingUnit
                                     ├─ rollout     RolloutSpec  ─► GenerationActor
-                                    ├─ runtime / schedule / predictor   (async only)
-                                    ├─ logging, evaluation, checkpoint
-                                    ├─ resources   (requests per role)
+                                    ├─ runtime / asp / async_spec   (async only)
+                                    ├─ logging, evaluation, checkpoint, warmup, offload
+                                    ├─ trainer_resources   (the trainer's configured Ray request)
                                     └─ placement   (devices/CPUs per rank and actor; ``check_fits`` places them per node)
 
 ``cli/check_config.py`` and both trainers call ``build_run_plan``, so every error the run would
 raise from its configuration (layouts, lag/minibatch fit, unsupported keys) is raised by the
-check too, before any model, data or scheduling work. Every schema field is either read here or
-declared inert (``fields.opt(inert=...)``); ``tests/.../plan/test_build_coverage.py`` enforces it.
+check too, before any model, data or scheduling work. After it, the run reads only the plan.
+Every schema field is either read here or declared inert (``fields.opt(inert=...)``);
+``tests/.../plan/test_build_coverage.py`` enforces it.
 
 Torch-free: it builds plain dataclasses only.
 """
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mindspeed_rl.config_cls.grpo_config import InertKey
 from mindspeed_rl.config_cls.resources import ActorResources
-from mindspeed_rl.contracts import EvalConfig, OldLogProbs, RolloutSpec, TrainerSpec
+from mindspeed_rl.contracts import EvalConfig, OffloadSpec, OldLogProbs, RolloutSpec, TrainerSpec
 from mindspeed_rl.models.rewards.config import RewardConfig
 from mindspeed_rl.plan import placement as placing
 from mindspeed_rl.plan import sections as parts
@@ -37,7 +38,6 @@ from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.placement import ClusterSpec, Placement, PlacementRequest, plan_placement
 
 if TYPE_CHECKING:
-    from asp_scheduler.params import ScheduleParams
     from mindspeed_rl.config_cls import ASPConfig, GRPOConfig
 
 
@@ -93,13 +93,6 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ResourceRequest:
-    name: str
-    resources: ActorResources
-    count: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class RunPlan:
     pipeline: Literal["hybrid", "async"]
     run_dir: str
@@ -110,17 +103,21 @@ class RunPlan:
     logging: LoggingConfig
     evaluation: EvalConfig
     checkpoint: CheckpointSpec
-    resources: tuple[ResourceRequest, ...]
     runtime_env_path: str | None
     warmup: parts.WarmupSpec | None
+    """SFT warm-up of a model this run builds (``model.build_if_missing``); None = none."""
+    offload: OffloadSpec | None
+    """The colocated hybrid's offload switches (GPU/NPU); None where trainer and rollout never
+    share a device (CPU, or the async pipeline)."""
+    trainer_resources: ActorResources
+    """Each trainer rank's Ray request as configured; what a rank asks for where no placement
+    bundle applies (CPU-only runs). Hybrid: ``rl_config.actor_resource``, the rollout actor's too."""
     placement: PlacementRequest
     """Devices and CPUs per trainer rank / generation actor / control actor (``check_fits`` places them)."""
     runtime: RuntimeConfig | None = None
     """Async only."""
-    schedule: ScheduleParams | None = None
-    """Async only."""
     asp: ASPConfig | None = None
-    """Async only: the scheduler section, every field of it read (see ``parts.asp_section``)."""
+    """Async only: the scheduler section the run's schedule is built from (a plain copy)."""
     async_spec: parts.AsyncSpec | None = None
     """Async only."""
     inert_keys: tuple[InertKey, ...] = ()
@@ -154,11 +151,12 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         logging=parts.logging_config(config),
         evaluation=parts.eval_config(config),
         checkpoint=parts.checkpoint_spec(config),
-        resources=resource_requests(config),
         runtime_env_path=config.rl_config.runtime_env_path,
         warmup=parts.warmup_spec(config),
+        offload=parts.colocated_offload(config),
+        trainer_resources=trainer_resources(config),
         placement=placing.placement_request(config),
-        inert_keys=parts.plan_inert_keys(config, trainer),
+        inert_keys=parts.plan_inert_keys(config),
     )
     if not is_async:
         return plan
@@ -166,22 +164,9 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
 
 
 def runtime_config(config: GRPOConfig) -> RuntimeConfig:
-    """The Control Unit's settings; its own checks are THE queue/lag rules (validate.py defers here)."""
-    a = config.async_config
-    return RuntimeConfig(
-        num_prompts_per_global_batch=config.num_prompts_per_global_batch,
-        num_samples_per_prompt=config.rl_config.n_samples_per_prompt,
-        queue_max_samples=a.queue_max_samples,
-        queue_resume_samples=a.queue_resume_samples,
-        gu_queue_low=a.gu_queue_low,
-        gu_queue_high=a.gu_queue_high,
-        max_policy_lag=a.max_policy_lag,
-        snapshot_interval=a.snapshot_interval,
-        minibatch_timeout_s=a.minibatch_timeout_s,
-        actor_max_restarts=a.actor_max_restarts,
-        minibatch_max_attempts=a.minibatch_max_attempts,
-        stall_timeout_s=a.stall_timeout_s,
-    )
+    """The Control Unit's settings (``GRPOConfig.runtime_config``); its checks are THE queue/lag
+    rules, which the loader already ran on an async config."""
+    return config.runtime_config()
 
 
 def model_spec(config: GRPOConfig) -> ModelSpec:
@@ -262,23 +247,8 @@ def rollout_spec(config: GRPOConfig) -> RolloutSpec:
     )
 
 
-def resource_requests(config: GRPOConfig) -> tuple[ResourceRequest, ...]:
-    """Hybrid: the TU and one generation actor, each with ``rl_config.actor_resource``."""
+def trainer_resources(config: GRPOConfig) -> ActorResources:
     rl = config.rl_config
-    if rl.pipeline == "hybrid":
-        actor = parts.resources(rl.actor_resource)
-        return (
-            ResourceRequest(name="training unit", resources=actor, count=1),
-            ResourceRequest(name="generation actor", resources=actor, count=1),
-        )
-    a = config.async_config
-    control = parts.resources(a.control_resources)
-    num_actors = a.num_generation_units * a.actors_per_unit
-    return (
-        ResourceRequest(name="control unit", resources=control, count=1),
-        ResourceRequest(name="generation unit", resources=control, count=a.num_generation_units),
-        ResourceRequest(
-            name="generation actor", resources=parts.resources(a.actor_resources), count=num_actors
-        ),
-        ResourceRequest(name="training unit", resources=parts.resources(a.trainer_resources), count=1),
+    return parts.resources(
+        config.async_config.trainer_resources if rl.pipeline == "async" else rl.actor_resource
     )

@@ -29,7 +29,6 @@ from mindspeed_rl.utils.logging_config import LoggingConfig
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
-    from mindspeed_rl.contracts import TrainerSpec
     from mindspeed_rl.plan.build import CheckpointSpec, RunPlan
     from mindspeed_rl.runtime.config import RuntimeConfig
 
@@ -253,11 +252,7 @@ def actor_layout(config: GRPOConfig) -> tuple[int, int]:
     expert parallelism on, spreads the experts over those same workers (EP = TP x DP, DP = 1 in
     one actor), so EP is either 1 or TP; the HF engine never shards."""
     a = config.async_config
-    tp, ep = a.actor_tensor_parallel_size, a.actor_expert_parallel_size
-    if tp < 1 or ep < 1:
-        raise ValueError(
-            f"async_config.actor_tensor_parallel_size={tp} / actor_expert_parallel_size={ep}; use >= 1"
-        )
+    tp, ep = a.actor_tensor_parallel_size, a.actor_expert_parallel_size  # >= 1: checked at load
     if ep not in (1, tp):
         raise ValueError(
             f"async_config.actor_expert_parallel_size={ep} with actor_tensor_parallel_size={tp}: a vLLM engine "
@@ -337,16 +332,10 @@ def resources(r: ActorResources) -> ActorResources:
     return ActorResources(num_cpus=r.num_cpus, num_gpus=r.num_gpus, num_npus=r.num_npus)
 
 
-# Keys the megatron engine reads (``megatron_layout``): inert only on the torch engine.
-MEGATRON_ENGINE_KEYS = frozenset(
-    {"use_mcore_models", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-     "expert_model_parallel_size", "context_parallel_size"}
-)  # fmt: skip
-
-
 def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     """``use_mcore_models: true`` selects the megatron engine with ``actor_config``'s layout (DP is
-    what the ranks leave over); false keeps the torch engine. megatron-core itself is imported
+    what the ranks leave over); false keeps the torch engine, and the loader then lists these keys
+    as inert (``fields.opt(inert_on_torch=...)``). megatron-core itself is imported
     only when the engine is built (a missing one is an error naming the install line there), so
     this mapper and ``check_config`` run without it."""
     if not config.actor_config.megatron_only.use_mcore_models:
@@ -365,11 +354,11 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     )
 
 
-def plan_inert_keys(config: GRPOConfig, trainer: TrainerSpec) -> tuple[InertKey, ...]:
-    # bf16 is honoured on every device (engine.param_dtype) and fp16 refused, so neither is inert.
+def plan_inert_keys(config: GRPOConfig) -> tuple[InertKey, ...]:
+    """The loader's list (engine-dependent keys included: it sees ``use_mcore_models`` too) plus the
+    keys only the plan knows to have no effect. bf16 is honoured on every device
+    (``engine.param_dtype``) and fp16 refused, so neither is inert."""
     found = list(config.inert_keys)
-    if trainer.megatron is not None:
-        found = [k for k in found if k.key not in MEGATRON_ENGINE_KEYS]
     t = config.actor_config.training
     if t.finetune:
         for key in ("no_load_optim", "no_load_rng"):
@@ -401,17 +390,14 @@ def colocated_offload(config: GRPOConfig) -> OffloadSpec | None:
 
 
 def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> RunPlan:
-    """Add the async pipeline's settings, refusing layouts this backend cannot run."""
+    """Add the async pipeline's settings, refusing what this backend does not implement (the queue
+    and lag rules, ``minibatch_fits`` included, ran at load: ``config_cls.validate``)."""
     a = config.async_config
     if a.weight_transport != "shared_fs":
         raise ValueError(
             f"async_config.weight_transport={a.weight_transport!r} is not implemented yet; use shared_fs"
         )
     asp = copy_section(config.asp_config, ASPConfig)
-    if asp.schedule_path is None:
-        # The schedule's largest minibatch has b + kappa prompts; refuse now what the Control Unit
-        # would refuse at run start (a lag bound that can deadlock with such minibatches).
-        runtime.check_minibatch_fits(asp.b + asp.kappa)
     spec = AsyncSpec(
         num_generation_units=a.num_generation_units,
         actors_per_unit=a.actors_per_unit,
@@ -423,9 +409,7 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
         snapshot_keep=a.snapshot_keep,
         snapshot_interval=a.snapshot_interval,
     )
-    return dataclasses.replace(
-        plan, runtime=runtime, schedule=config.asp_config.schedule_params(), asp=asp, async_spec=spec
-    )
+    return dataclasses.replace(plan, runtime=runtime, asp=asp, async_spec=spec)
 
 
 def check_torch_backend_layout(spec: AsyncSpec) -> None:

@@ -2,7 +2,8 @@
 
 ::
 
-    AsyncCluster.start(...)  ─► ControlUnit (schedule, Training Queue)  ─┐
+    AsyncCluster.start(run, inputs, faults)
+                             ─► ControlUnit (schedule, Training Queue)  ─┐
                              ─► TrainingUnit (reward, log-probs, update)  │ engines up, then
                              ─► GenerationUnit 0..G-1 (+ their actors) ───┘ cu.start, gu.run
     wait_for_batch(step)     ─► CU long-poll; raises the CU's PipelineFailure (poison, stall, no GU)
@@ -13,8 +14,8 @@
     close(run_dir)           ─► stop GUs, summary.json + events.jsonl + final_model, kill actors
 
 Every Ray detail of the async pipeline lives here; ``grpo_trainer_async`` only calls these.
-A trace replay or a fault test hands in ``PipelineInputs`` built in ``cli/``; production builds
-them from the config (``async_setup.asp_inputs``).
+A trace replay hands in ``PipelineInputs`` built in ``cli/``; production builds them from the
+run's split (``async_inputs.run_inputs``). Each Generation Unit gets a ``GuSpec`` (``gu_specs``).
 """
 
 from __future__ import annotations
@@ -25,23 +26,24 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.trainer import async_setup as setup
-from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
 from mindspeed_rl.utils.run_summary import write_summary
 
 if TYPE_CHECKING:
-    from mindspeed_rl.config_cls import GRPOConfig
+    from collections.abc import Mapping
+
     from mindspeed_rl.contracts import TrainerSpec
     from mindspeed_rl.plan.build import RunPlan
     from mindspeed_rl.runtime.records import GlobalBatch
-    from mindspeed_rl.utils.placement import Placement
+    from mindspeed_rl.trainer.async_inputs import PipelineInputs
+    from mindspeed_rl.trainer.startup import RunStart
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
+    from mindspeed_rl.workers.fault_plan import FaultPlan
+    from mindspeed_rl.workers.generation_unit import GuSpec
 
 logger = logging.getLogger(__name__)
 # Longest one wait in the CU before the driver asks again: only a safety net, the CU answers as
 # soon as the batch is ready or the run has failed (dead GUs are reaped by the watcher thread).
 WAIT_SECONDS = 30.0
-GU_CHECK_SECONDS = 0.5  # the driver's former reap period; benchmarks/trainer_wait_cpu.py still reads it
 
 
 class AsyncCluster:
@@ -59,21 +61,9 @@ class AsyncCluster:
         self._started = 0.0
 
     @classmethod
-    def start(
-        cls,
-        config: GRPOConfig,
-        plan: RunPlan,
-        placement: Placement,
-        policy_path: str,
-        inputs: PipelineInputs,
-        run_dir: Path,
-        *,
-        rollout_path: str | None = None,
-    ) -> AsyncCluster:
-        """``placement`` is ``plan.check_fits`` of the live cluster (the trainer checks it before
-        any data work); on a GPU/NPU run one placement group pins every bundle to its node.
-        ``rollout_path``: the weights the generation actors start from when they are not the
-        policy's (a resumed run: the checkpoint's HF folder)."""
+    def start(cls, run: RunStart, inputs: PipelineInputs, faults: FaultPlan) -> AsyncCluster:
+        """On a GPU/NPU run one placement group (``run.placement``) pins every bundle to its node.
+        The generation actors start from ``run.rollout_path`` (a resumed run: the checkpoint's)."""
         import ray
 
         from mindspeed_rl.utils.ray_setup import ray_actor_options, reserve
@@ -81,9 +71,10 @@ class AsyncCluster:
         from mindspeed_rl.workers.generation_unit import GenerationUnit
         from mindspeed_rl.workers.training_group import remote_training_unit
 
+        plan, run_dir = run.plan, run.run_dir
         a = plan.async_spec
         assert a is not None and plan.runtime is not None, "an async plan carries async_spec and runtime"
-        reserved = reserve(placement)
+        reserved = reserve(run.placement)
         prompts = ray.put({r.prompt_id: r for r in inputs.prompts})
         control = ray_actor_options(a.control_resources)
         cu: Any = (
@@ -91,24 +82,24 @@ class AsyncCluster:
             .options(**control, max_concurrency=32)
             .remote(plan.runtime, inputs.schedule, str(run_dir / "events.jsonl"))
         )
-        configured = config.async_config.trainer_resources
         tu = remote_training_unit(
             plan.trainer,
-            policy_path,
+            run.policy_path,
             prompts,
             rank_options=[
-                reserved.trainer_rank_options(r, configured) for r in range(plan.trainer.num_ranks)
+                reserved.trainer_rank_options(r, plan.trainer_resources)
+                for r in range(plan.trainer.num_ranks)
             ],
             group_options=control,
             simulated_step_seconds=inputs.simulated_step_seconds,
         )
-        snapshots = setup.snapshot_root(config, run_dir)
-        specs = setup.gu_specs(
-            config,
-            rollout_path or policy_path,
+        snapshots = snapshot_root(a.snapshot_dir, run_dir)
+        specs = gu_specs(
+            plan,
+            run.rollout_path,
             prompts,
             snapshots,
-            inputs.faults,
+            faults,
             forced_lengths=inputs.forced_lengths,
             reserved=reserved,
         )
@@ -263,3 +254,56 @@ class AsyncCluster:
 def training_layout_summary(trainer: TrainerSpec | None) -> dict[str, int]:
     """The trainer's parallel layout for summary.json (a simulated trainer: one rank)."""
     return {"tp": 1, "pp": 1, "ep": 1, "dp": 1} if trainer is None else trainer.layout_summary()
+
+
+def snapshot_root(snapshot_dir: str | None, run_dir: Path) -> Path:
+    """This run's snapshot folder: ``<snapshot_dir>/<run dir name>/``, or ``<run_dir>/snapshots``.
+
+    A configured ``snapshot_dir`` is reused run after run (``./snapshots`` in the cluster YAMLs),
+    so each run gets its own subfolder (the run dir name is unique: timestamp + config name);
+    see ``weights/store.py`` for why a subfolder rather than refusing the folder.
+    """
+    from mindspeed_rl.weights.store import run_root
+
+    return run_root(Path(snapshot_dir), run_dir.name) if snapshot_dir else run_dir / "snapshots"
+
+
+def gu_specs(
+    plan: RunPlan,
+    policy_path: str,
+    prompts: Any,
+    snapshots: Path,
+    faults: FaultPlan,
+    *,
+    forced_lengths: Mapping[str, tuple[int, ...]] | None = None,
+    reserved: ReservedPlacement | None = None,
+) -> list[GuSpec]:
+    """One spec per Generation Unit; ``prompts`` is the prompt mapping or a Ray reference to it.
+    ``reserved`` (the run's placement) gives each actor its own options (its bundle)."""
+    from mindspeed_rl.utils.ray_setup import ray_actor_options
+    from mindspeed_rl.workers.generation_unit import GuSpec
+
+    a = plan.async_spec
+    assert a is not None, "an async plan carries async_spec"
+    return [
+        GuSpec(
+            gu_id=g,
+            rollout=plan.rollout,
+            policy_path=policy_path,
+            prompts=prompts,
+            num_actors=a.actors_per_unit,
+            actor_options=ray_actor_options(a.actor_resources),
+            per_actor_options=()
+            if reserved is None
+            else tuple(
+                reserved.generation_actor_options(g * a.actors_per_unit + i, a.actor_resources)
+                for i in range(a.actors_per_unit)
+            ),
+            actor_num_cpus=a.actor_resources.num_cpus,
+            cache_dir=str(snapshots / f"gu{g}"),
+            seed=plan.rollout.seed,
+            faults=faults,
+            forced_lengths=forced_lengths,
+        )
+        for g in range(a.num_generation_units)
+    ]

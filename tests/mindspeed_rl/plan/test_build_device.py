@@ -42,3 +42,15 @@ def test_bf16_is_honoured_on_cpu_and_no_longer_listed_inert() -> None:
 def test_shipped_accelerator_configs_plan_bf16_on_npu_without_torch_npu() -> None:
     engine = _plan(name="grpo_qwen3_30b_a3b_asp_A3").trainer.engine
     assert (engine.device, engine.param_dtype, engine.export_dtype) == ("npu", "bfloat16", "bfloat16")
+
+
+def test_the_offload_switches_reach_only_the_colocated_hybrid() -> None:
+    switches = ("generate_config.offload_train_optimizer=true", "generate_config.offload_train_param=true")
+    colocated = _plan("rl_config.actor_resource.num_gpus=1", *switches).offload
+    assert colocated is not None and (colocated.optimizer, colocated.grad, colocated.param) == (
+        True,
+        False,
+        True,
+    )
+    assert _plan(*switches).offload is None  # CPU: trainer and rollout are two processes
+    assert _plan("async_config.trainer_resources.num_gpus=1", *switches, name="grpo_tiny_asp").offload is None

@@ -98,9 +98,22 @@ def test_no_complete_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         ckpt.load_resume_point(tmp_path, {})
 
 
+def test_the_fingerprint_keeps_the_keys_and_values_checkpoints_were_written_with() -> None:
+    # Saved manifests hold exactly this dict; any change here makes every old checkpoint foreign.
+    plan = build_run_plan(
+        load_config_from_files(CONFIGS, "grpo_tiny_asp", ["megatron_training.no_shuffle=true"])
+    )
+    assert ckpt.run_fingerprint(plan) == {
+        "pipeline": "async", "data_path": "builtin:demo", "valid_data_path": None, "split": "100,0,0",
+        "no_shuffle": True, "seed": 1, "global_batch_size": 32, "mini_batch_size": 32, "epochs": 1,
+        "n_samples_per_prompt": 8, "train_iters": 30,
+    }  # fmt: skip
+    assert list(ckpt.run_fingerprint(plan))[:3] == ["pipeline", "data_path", "valid_data_path"]
+
+
 def test_a_checkpoint_of_another_run_setup_is_refused_naming_what_differs(tmp_path: Path) -> None:
     base = load_config_from_files(CONFIGS, "grpo_tiny_asp")
-    fp = ckpt.run_fingerprint(base)
+    fp = ckpt.run_fingerprint(build_run_plan(base))
     ckpt.write_checkpoint(
         tmp_path, _state(2, "ab"), schedule=SCHEDULE, fingerprint=fp, write_trainer_state=_trainer_files
     )
@@ -110,7 +123,7 @@ def test_a_checkpoint_of_another_run_setup_is_refused_naming_what_differs(tmp_pa
         ["megatron_training.global_batch_size=64", "rl_config.n_samples_per_prompt=4"],
     )
     with pytest.raises(ValueError) as err:
-        ckpt.load_resume_point(tmp_path, ckpt.run_fingerprint(other))
+        ckpt.load_resume_point(tmp_path, ckpt.run_fingerprint(build_run_plan(other)))
     message = str(err.value)
     assert "global_batch_size: checkpoint 32, this run 64" in message
     assert "n_samples_per_prompt: checkpoint 8, this run 4" in message
@@ -122,14 +135,15 @@ def test_load_without_finetune_is_a_resume_in_the_plan(tmp_path: Path) -> None:
     config = load_config_from_files(
         CONFIGS, "grpo_tiny_asp", [f"++actor_config.load={tmp_path}", "++actor_config.no_load_rng=true"]
     )
-    spec = build_run_plan(config).checkpoint
+    plan = build_run_plan(config)
+    spec = plan.checkpoint
     assert spec.resume_dir == str(tmp_path) and spec.load_optim and not spec.load_rng
     with pytest.raises(ValueError, match="holds no complete checkpoint"):
-        ckpt.resume_point(config, spec)
+        ckpt.resume_point(plan)
     finetune = load_config_from_files(
         CONFIGS, "grpo_tiny_asp", [f"++actor_config.load={tmp_path}", "++actor_config.finetune=true"]
     )
-    assert ckpt.resume_point(finetune, build_run_plan(finetune).checkpoint) is None
+    assert ckpt.resume_point(build_run_plan(finetune)) is None
 
 
 def test_lineage_carries_consumed_prompts_across_runs(tmp_path: Path) -> None:

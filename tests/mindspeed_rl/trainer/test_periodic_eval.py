@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from mindspeed_rl.config_cls import load_config
-from mindspeed_rl.trainer import components
+from mindspeed_rl.plan.build import build_run_plan
+from mindspeed_rl.trainer.prompts import global_batches
 from mindspeed_rl.utils.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -73,6 +74,6 @@ def test_eval_every_interval_scores_only_held_out_prompts(tmp_path: Path) -> Non
     eval_ids = {pid for e in evals for pid in e["prompt_ids"]}
     # What was trained: the trainer's own batch draw over the train part of the split.
     config = load_config(json.loads((run_dir / "config_resolved.json").read_text()))
-    trained = {pid for batch in components.global_batches(config, splits["train"]) for pid in batch}
+    trained = {pid for batch in global_batches(build_run_plan(config).data, splits["train"]) for pid in batch}
     assert len(eval_ids) == num_eval and eval_ids <= set(splits["valid"])
     assert not eval_ids & trained and not eval_ids & set(splits["train"])

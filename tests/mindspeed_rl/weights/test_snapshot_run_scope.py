@@ -91,15 +91,10 @@ def test_announced_snapshot_info_is_path_based(tmp_path, tiny_model):
 
 
 def test_the_async_pipeline_puts_each_run_under_its_own_snapshot_folder(tmp_path):
-    """``trainer/async_setup.snapshot_root`` is where TU export root and GU caches get their run id."""
-    from types import SimpleNamespace
-
-    from mindspeed_rl.trainer.async_setup import snapshot_root
-
-    def config(snapshot_dir):
-        return SimpleNamespace(async_config=SimpleNamespace(snapshot_dir=snapshot_dir))
+    """``trainer/async_cluster.snapshot_root`` is where TU export root and GU caches get their run id."""
+    from mindspeed_rl.trainer.async_cluster import snapshot_root
 
     runs = [tmp_path / "runs" / name for name in ("20261201-090000_grpo", "20261201-100000_grpo")]
-    shared = [snapshot_root(config(str(tmp_path / "snapshots")), run) for run in runs]  # type: ignore[arg-type]
+    shared = [snapshot_root(str(tmp_path / "snapshots"), run) for run in runs]
     assert shared == [tmp_path / "snapshots" / run.name for run in runs]
-    assert snapshot_root(config(None), runs[0]) == runs[0] / "snapshots"  # type: ignore[arg-type]
+    assert snapshot_root(None, runs[0]) == runs[0] / "snapshots"

@@ -1,0 +1,104 @@
+"""What one async run generates and trains on (``PipelineInputs``), and the test-only knobs a run
+may be handed (``RunHooks``).
+
+Which prompts the run schedules: exactly ``train_iters × global_batch_size``, drawn with the same
+pass/shuffle logic as the hybrid loop (``prompts.global_batches``), so both pipelines see the same
+prompts and ``prompts_scheduled == prompts_consumed`` holds by construction. The ASP schedule
+reorders them across the whole run; that is the point of it. A prompt drawn again in a later pass
+over a small dataset gets an alias id (``<id>@<pass>``), because the runtime tracks prompts by id
+and each scheduled prompt must be consumed exactly once.
+
+A trace replay builds its own ``PipelineInputs`` in ``cli/``; fault and crash tests pass
+``RunHooks`` built there, so nothing below the trainer reads the environment for test hooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mindspeed_rl.trainer.prompts import global_batches
+from mindspeed_rl.trainer.run_schedule import SCHEDULE_FILE, build_schedule
+from mindspeed_rl.workers.fault_plan import FaultPlan
+
+if TYPE_CHECKING:
+    from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.plan.build import DataSpec
+    from mindspeed_rl.runtime.records import ScheduledMinibatch
+    from mindspeed_rl.trainer.startup import RunStart
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineInputs:
+    prompts: tuple[PromptRecord, ...]
+    """Every prompt the run schedules, each consumed exactly once."""
+    schedule: tuple[ScheduledMinibatch, ...]
+    """The minibatches in dispatch order."""
+    forced_lengths: Mapping[str, tuple[int, ...]] | None = None
+    """Trace replay: each prompt's per-sample response lengths (EOS ignored)."""
+    simulated_step_seconds: float | None = None
+    """Trace replay: the trainer step is a fixed sleep of this many seconds."""
+    held_out: tuple[PromptRecord, ...] = ()
+    """The split's validation prompts, for periodic evaluation (never trained on)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunHooks:
+    """Test-only knobs (``cli/fault_hooks.py``, ``cli/checkpoint_hooks.py``); production passes none."""
+
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    """Fault tests: which processes exit, and when."""
+    checkpoint_commit_delay_s: float = 0.0
+    """Crash tests: seconds each checkpoint write waits between its files and its commit."""
+
+
+def run_prompts(data: DataSpec, records: Sequence[PromptRecord]) -> list[PromptRecord]:
+    """The run's prompts in hybrid's draw order, repeated draws renamed ``<id>@<pass>``."""
+    by_id = {r.prompt_id: r for r in records}
+    seen: Counter[str] = Counter()
+    chosen: list[PromptRecord] = []
+    for batch in global_batches(data, [r.prompt_id for r in records]):
+        for pid in batch:
+            alias = pid if seen[pid] == 0 else f"{pid}@{seen[pid]}"
+            seen[pid] += 1
+            chosen.append(dataclasses.replace(by_id[pid], prompt_id=alias))
+    return chosen
+
+
+def run_inputs(run: RunStart, given: PipelineInputs | None) -> PipelineInputs:
+    """``given`` (a trace replay's) or the run's own: its split's prompts in hybrid's draw order
+    with their ASP schedule (saved into the run dir). A resumed run keeps the checkpoint's
+    schedule minus its consumed prompts, never a rebuilt one: a rebuild would reorder prompts
+    across the consumed/unconsumed line if anything in the predictor changed."""
+    if given is None:
+        given = _from_split(run, build=run.resumed is None)
+    if run.resumed is None:
+        return given
+    known = {r.prompt_id for r in given.prompts}
+    missing = [p for mb in run.resumed.schedule for p in mb.prompt_ids if p not in known]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} prompts of checkpoint {run.resumed.folder}'s schedule (e.g. {missing[:3]}) are "
+            "not in this run's data; resume with the same megatron_training.data_path contents"
+        )
+    saved = run.resumed.folder / SCHEDULE_FILE
+    if saved.is_file():  # the run dir carries its schedule artifact, as a fresh run's does
+        shutil.copy2(saved, run.run_dir / SCHEDULE_FILE)
+    return dataclasses.replace(given, schedule=run.resumed.remaining_schedule)
+
+
+def _from_split(run: RunStart, *, build: bool) -> PipelineInputs:
+    """The split's training prompts as the run draws them; their ASP schedule when ``build``."""
+    if run.splits is None:
+        raise ValueError("the run was started without loading its prompts; pass its PipelineInputs")
+    records = tuple(run_prompts(run.plan.data, run.splits.train))
+    schedule: tuple[ScheduledMinibatch, ...] = ()
+    if build:
+        if run.plan.asp is None:
+            raise ValueError(f"pipeline: {run.plan.pipeline} has no ASP schedule; use pipeline: async")
+        schedule = build_schedule(run.plan.asp, run.plan.data, records, run.run_dir)
+    return PipelineInputs(prompts=records, schedule=schedule, held_out=run.splits.valid)

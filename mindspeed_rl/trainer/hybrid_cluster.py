@@ -1,0 +1,155 @@
+"""``HybridCluster``: the Ray actors of one hybrid run behind plain calls, so the trainer reads as a schedule.
+
+::
+
+    HybridCluster.start(run, prompts)  ─► CPU: TrainingUnit + GenerationActor (two processes)
+                                       ─► GPU/NPU: one ColocatedWorker holding both on the same devices
+    iteration(i, prompt_ids)           ─► generate ─► train_step ─► push the new weights to the rollout
+    close(run_dir)                     ─► final_model, summary.json, release the placement
+
+Colocated, the engine sleeps while the trainer runs and the training state named by
+``offload_train_*`` goes to host while it generates (``workers/colocation.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, Sample, ScheduledMinibatch
+from mindspeed_rl.utils.run_summary import write_summary
+
+if TYPE_CHECKING:
+    from mindspeed_rl.contracts import TrainerSpec
+    from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.trainer.startup import RunStart
+    from mindspeed_rl.utils.placement import Placement
+    from mindspeed_rl.utils.ray_setup import ReservedPlacement
+
+
+class HybridCluster:
+    """The Training Unit and its rollout engine (the same actor when colocated); ``start`` blocks
+    until both are up."""
+
+    def __init__(self, trainer: Any, rollout: Any, reserved: ReservedPlacement, spec: TrainerSpec) -> None:
+        self.trainer, self.rollout = trainer, rollout
+        self._reserved, self._spec = reserved, spec
+        self._prompts_trained = 0
+
+    @staticmethod
+    def check_placement(placement: Placement) -> None:
+        """The hybrid loop drives one rollout engine; refuse a placement with more."""
+        engines = len(placement.generation_actors)
+        if engines != 1:
+            raise ValueError(
+                f"pipeline: hybrid drives one rollout engine, but the colocated placement has {engines} "
+                "(the trainer's devices / generate_config infer TP x PP); multi-engine colocated hybrid "
+                "is not implemented: use pipeline: async, or make infer TP x PP equal the trainer's devices"
+            )
+
+    @classmethod
+    def start(cls, run: RunStart, prompts: Mapping[str, PromptRecord]) -> HybridCluster:
+        """CPU: two processes, the Training Unit and a generation actor. GPU/NPU (``plan.offload``
+        set): upstream's colocated hybrid, ONE process holding both on the same devices, switching
+        phases with vLLM sleep / wake-up and the ``offload_train_*`` switches (written for
+        accelerators, not run here: no accelerator with vLLM was available)."""
+        import ray
+
+        from mindspeed_rl.utils.ray_setup import reserve
+        from mindspeed_rl.workers.colocation import ColocatedWorker
+        from mindspeed_rl.workers.generation_actor import GenerationActor
+        from mindspeed_rl.workers.training_group import remote_training_unit
+
+        plan = run.plan
+        group = plan.trainer_resources  # hybrid: one request for the trainer and its rollout actor
+        reserved = reserve(run.placement)
+        if plan.offload is not None:
+            if run.rollout_path != run.policy_path:
+                raise ValueError(
+                    "resuming the colocated hybrid is not implemented; resume on the two-process form"
+                )
+            worker = ray.remote(ColocatedWorker).options(**reserved.trainer_rank_options(0, group))
+            both = worker.remote(plan.trainer, plan.rollout, run.policy_path, prompts, plan.offload)
+            cluster = cls(both, both, reserved, plan.trainer)
+        else:
+            trainer = remote_training_unit(
+                plan.trainer,
+                run.policy_path,
+                prompts,
+                rank_options=[reserved.trainer_rank_options(r, group) for r in range(plan.trainer.num_ranks)],
+                group_options={"num_cpus": 0},
+            )
+            rollout = (
+                ray.remote(GenerationActor)
+                .options(**reserved.generation_actor_options(0, group))
+                .remote(plan.rollout, run.rollout_path, prompts)
+            )
+            cluster = cls(trainer, rollout, reserved, plan.trainer)
+        # Engine start-up (model load, vLLM warm-up) is not part of any iteration's time.
+        ray.get([cluster.trainer.__ray_ready__.remote(), cluster.rollout.__ray_ready__.remote()])
+        return cluster
+
+    # ---- one iteration ---------------------------------------------------------------------------
+    def iteration(self, iteration: int, prompt_ids: tuple[str, ...]) -> dict[str, float]:
+        """Generate the global batch, train on it, push the new weights; the iteration's record."""
+        import ray
+
+        start = time.perf_counter()
+        minibatch = ScheduledMinibatch(
+            minibatch_id=iteration,
+            prompt_ids=prompt_ids,
+            batch_group_id=iteration,
+            predicted_load=0.0,
+            order_index=iteration,
+        )
+        completed: CompletedMinibatch = ray.get(self.rollout.generate_minibatch.remote(minibatch))
+        gen_s = time.perf_counter() - start
+        stats: dict[str, float] = ray.get(self.trainer.train_step.remote(group_by_prompt(completed)))
+        train_s = time.perf_counter() - start - gen_s
+        if self.rollout is self.trainer:  # colocated: the weights move inside the worker's process
+            ray.get(self.rollout.refresh.remote(iteration + 1))
+        else:
+            ray.get(self.rollout.load_weights.remote(self.trainer.inference_weights.remote(), iteration + 1))
+        total_s = time.perf_counter() - start
+        self._prompts_trained += len(prompt_ids)
+        return {
+            **stats,
+            "iteration_time_s": total_s,
+            "tokens_per_s": stats["num_response_tokens"] / total_s,
+            "time/generate_s": gen_s,
+            "time/train_s": train_s,
+            "time/weight_sync_s": total_s - gen_s - train_s,
+            "generate_tokens_per_s": stats["num_response_tokens"] / gen_s,
+        }
+
+    # ---- teardown --------------------------------------------------------------------------------
+    def close(self, run_dir: Path) -> None:
+        """Save the final model, release the placement, write summary.json."""
+        import ray
+
+        ray.get(self.trainer.save_hf.remote(str(run_dir / "final_model")))
+        self._reserved.release()
+        write_summary(
+            run_dir,
+            pipeline="hybrid",
+            prompts_scheduled=self._prompts_trained,
+            prompts_consumed=self._prompts_trained,
+            # Hybrid generation happens under the exact weights being trained: no lag, no queue.
+            max_policy_lag_measured=0,
+            max_queue_depth_samples=0,
+            queue_limit_samples=None,
+            training_layout=self._spec.layout_summary(),
+        )
+
+
+def group_by_prompt(completed: CompletedMinibatch) -> tuple[PromptGroup, ...]:
+    """The minibatch's samples as whole prompt groups, in the minibatch's prompt order."""
+    by_prompt: dict[str, list[Sample]] = {}
+    for sample in completed.samples:
+        by_prompt.setdefault(sample.prompt_id, []).append(sample)
+    return tuple(
+        PromptGroup(prompt_id=pid, minibatch_id=completed.minibatch_id, samples=tuple(samples))
+        for pid, samples in by_prompt.items()
+    )

@@ -1,0 +1,74 @@
+"""The policy's HF folder for a run: the configured one, a finetune's initial weights, or a tiny
+random-init model built (and optionally SFT-warmed) on first use.
+
+Both trainers call it once, before any data work; it reads only the plan's ``ModelSpec`` and
+``WarmupSpec``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mindspeed_rl.models.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from mindspeed_rl.plan.build import ModelSpec
+    from mindspeed_rl.plan.sections import WarmupSpec
+
+logger = logging.getLogger(__name__)
+
+
+def prepare_policy_model(spec: ModelSpec, warmup: WarmupSpec | None) -> Path:
+    """Return the policy folder, creating (and warming up) a fresh model there if asked to.
+
+    ``load`` with ``finetune: true`` (``spec.initial_weights``) replaces the folder: an HF
+    checkpoint such as one this framework saved (weights and tokenizer files together). The
+    warm-up runs only when the folder is created by this call: re-running a config never
+    re-trains an existing model behind the user's back.
+    """
+    if spec.initial_weights is not None:
+        initial = Path(spec.initial_weights)
+        if not (initial / "config.json").is_file():
+            raise ValueError(
+                f"actor_config.load={initial} (finetune: true) is not an HF model folder (no config.json); "
+                "point it at a saved checkpoint, e.g. <run dir>/final_model"
+            )
+        return initial
+    path = Path(spec.path)
+    if path.exists():
+        return path
+    if not spec.build_if_missing:
+        raise ValueError(
+            f"model folder {path} does not exist; download/convert an HF checkpoint there, or set "
+            "rl_config.build_model_if_missing: true to create a tiny random-init model"
+        )
+    from mindspeed_rl.models.tiny import create_tiny_model
+
+    logger.info("creating a random-init %s model at %s", spec.name, path)
+    create_tiny_model(path, dict(spec.build_arch), seed=spec.build_seed)
+    if warmup is not None:
+        _run_warmup(warmup, path)
+    return path
+
+
+def _run_warmup(warm: WarmupSpec, path: Path) -> None:
+    import torch
+
+    from mindspeed_rl.datasets.demo_task import demo_sft_pairs
+    from mindspeed_rl.models.training.sft_warmup import sft_warmup
+
+    # The tiny model's matmuls are far too small to amortise a second OpenMP thread, and spinning
+    # threads collapse throughput when the cores are shared (measured: >10x slower with 2).
+    torch.set_num_threads(1)
+    stats = sft_warmup(
+        path,
+        load_tokenizer(path),
+        demo_sft_pairs(warm.num_examples, warm.seed),
+        steps=warm.steps,
+        lr=warm.lr,
+        batch_size=warm.batch_size,
+        seed=warm.seed,
+    )
+    logger.info("SFT warm-up: %s", {k: round(v, 4) for k, v in stats.items()})

@@ -1,0 +1,38 @@
+"""The policy folder: an absent one is built only when asked, with an error naming the switch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mindspeed_rl.config_cls import load_config_from_files
+from mindspeed_rl.plan.build import build_run_plan
+from mindspeed_rl.trainer.policy_model import prepare_policy_model
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+def test_missing_model_folder_without_build_flag_names_the_fix(tmp_path: Path) -> None:
+    config = load_config_from_files(
+        CONFIGS,
+        "grpo_tiny_cpu",
+        (
+            f"megatron_training.tokenizer_name_or_path={tmp_path / 'absent'}",
+            "rl_config.build_model_if_missing=false",
+        ),
+    )
+    plan = build_run_plan(config)
+    with pytest.raises(ValueError, match="build_model_if_missing"):
+        prepare_policy_model(plan.model, plan.warmup)
+
+
+def test_finetune_load_must_be_an_hf_folder(tmp_path: Path) -> None:
+    config = load_config_from_files(
+        CONFIGS, "grpo_tiny_cpu", (f"++actor_config.load={tmp_path}", "++actor_config.finetune=true")
+    )
+    plan = build_run_plan(config)
+    with pytest.raises(ValueError, match="not an HF model folder"):
+        prepare_policy_model(plan.model, plan.warmup)
+    (tmp_path / "config.json").write_text("{}")
+    assert prepare_policy_model(plan.model, plan.warmup) == tmp_path
