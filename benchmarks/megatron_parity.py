@@ -1,19 +1,25 @@
 """Parity of the megatron-core engine (CPU, gloo, 2 processes, fp32) with HF and the torch engine.
 
 For each model x layout: log-probs against the HF forward of the same weights; one GRPO update
-(clip, KL, entropy active) against the torch engine's update from the same weights and batch;
-logits of the exported HF folder loaded in transformers against the megatron model::
+(clip, KL, entropy active) against the torch engine's update from the same weights and batch; the
+gradient of each loss term alone (policy, KL, entropy) against the torch engine's; logits of the
+exported HF folder loaded in transformers against the megatron model::
 
     .venv/bin/python benchmarks/megatron_parity.py --json runs/megatron_parity.json
     .venv/bin/python benchmarks/megatron_parity.py --model DIR [--model DIR2] --layouts tp2,dp2
     .venv/bin/python benchmarks/megatron_parity.py --resume --reload --json runs/megatron_parity.json
 
-By default it builds a tiny dense Qwen3 and a tiny Qwen3-MoE itself (GQA, vocab padding); ``--model``
+By default it builds a tiny dense Qwen3 and a tiny Qwen3-MoE with scaled-up weights (peaked
+log-probs; GQA, vocab padding) and a Qwen2.5-shaped model at transformers' own init (near-uniform
+log-probs, where an error in the vocab-parallel normaliser's gradient shows); ``--model``
 runs the same cases on any local Qwen2/Qwen2.5, Qwen3 or Qwen3-MoE HF folder. ``ep2`` runs on MoE
 models only; ``tp2`` on dense models only (MoE with TP needs sequence parallelism, which the CPU
-local spec cannot build: listed under "skipped" with the reason). Writes ``{"cases": [{"model", "layout", "logprob_max_abs_diff", "update_max_rel_diff",
-"convert_logit_max_abs_diff", ...}], "ok": bool}``; the goals are log-prob and convert diffs
-<= 1e-4 and update diff <= 1e-3 (L2 error of the update relative to the update, per tensor).
+local spec cannot build: listed under "skipped" with the reason). Writes ``{"cases": [{"model",
+"layout", "logprob_max_abs_diff", "update_max_rel_diff", "convert_logit_max_abs_diff",
+"grad_max_rel_diff": {"policy", "kl", "entropy"}, "grad_worst_tensor": {...}, ...}], "ok": bool}``;
+the goals are log-prob and convert diffs <= 1e-4, update diff <= 1e-3 (L2 error of the update
+relative to the update, per tensor) and every term's gradient diff <= 1e-4 (L2 error relative to
+the gradient's L2 norm, per HF tensor, max over tensors).
 
 ``--resume`` adds ``"resume"`` cases: save megatron's distributed checkpoint at one layout, resume
 at the same or another (TP2 -> DP2, EP2 -> DP2), compare the next update with the run that simply
@@ -37,12 +43,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.parity.engine import LAYOUTS, build_parity_model, run_parity_case  # noqa: E402
+from benchmarks.parity.engine import (  # noqa: E402
+    LAYOUTS,
+    build_near_uniform_model,
+    build_parity_model,
+    run_parity_case,
+)
 from mindspeed_rl.models.training.megatron.hf_mapping import load_dims  # noqa: E402
 
 LOGPROB_GOAL = 1e-4
 CONVERT_GOAL = 1e-4
 UPDATE_GOAL = 1e-3
+GRAD_GOAL = 1e-4
 RESUME_CROSS_LAYOUT_GOAL = 1e-5
 RELOAD_GOAL = 1e-4
 
@@ -76,6 +88,7 @@ def _case(model: Path, layout: str) -> dict[str, Any]:
         result["logprob_max_abs_diff"] <= LOGPROB_GOAL
         and result["convert_logit_max_abs_diff"] <= CONVERT_GOAL
         and result["update_max_rel_diff"] <= UPDATE_GOAL
+        and all(v <= GRAD_GOAL for v in result["grad_max_rel_diff"].values())
         and result["roundtrip_max_abs_diff"] == 0.0
         and not result["name_mismatches"]
     )
@@ -140,6 +153,7 @@ def main() -> None:
         models = list(args.model) or [
             build_parity_model(Path(tmp) / "tiny_qwen3", "qwen3"),
             build_parity_model(Path(tmp) / "tiny_qwen3_moe", "qwen3_moe"),
+            build_near_uniform_model(Path(tmp) / "qwen25_near_uniform"),
         ]
         cases, skipped = [], []
         for model in models:

@@ -2,10 +2,12 @@
 
 One case = one model folder x one layout, run over gloo in ``world_size`` spawned processes::
 
-    parent: batch, HF log-probs, torch-engine update           workers (gloo, one per rank):
-            │                                                   MegatronTrainingEngine(layout)
+    parent: batch, HF log-probs, torch-engine update,          workers (gloo, one per rank):
+            per loss term: torch-engine gradient               MegatronTrainingEngine(layout)
             └── spawn ─────────────────────────────────────►    log-probs, HF weights (round trip),
-                                                                one update, HF weights after it
+                                                                one update, HF weights after it;
+                                                                per loss term: a fresh engine's
+                                                                main_grad, merged to HF tensors
     parent: compare -> ParityResult
 
 Used by the gloo integration tests and ``benchmarks/megatron_parity.py``.
@@ -13,12 +15,14 @@ Used by the gloo integration tests and ``benchmarks/megatron_parity.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -54,6 +58,11 @@ class ParityResult:
     """Differences between ``megatron_names`` and the real state_dict of each rank (empty)."""
     loss_abs_diff: float
     grad_norm_rel_diff: float
+    grad_max_rel_diff: dict[str, float]
+    """Per loss term alone (:data:`GRAD_TERMS`): max over HF tensors of ``||g_megatron - g_torch|| /
+    ||g_torch||`` (L2), the gradient the optimizer step receives (:func:`grad_rel_diffs`)."""
+    grad_worst_tensor: dict[str, str]
+    """Per term, the tensor that sets ``grad_max_rel_diff``."""
 
 
 def parity_engine_config(*, num_samples: int) -> TorchEngineConfig:
@@ -97,6 +106,121 @@ def with_behaviour_log_probs(batch: TrainBatch, log_probs: list[np.ndarray], see
     return batch.with_log_probs(old=old, ref=ref)
 
 
+GRAD_TERMS = ("policy", "kl", "entropy")
+"""The loss terms whose gradients are compared one at a time (:func:`grad_term_case`)."""
+
+
+def grad_term_case(
+    config: TorchEngineConfig, batch: TrainBatch, term: str
+) -> tuple[TorchEngineConfig, TrainBatch]:
+    """``config`` and ``batch`` reduced to one loss term with coefficient 1, clipping off.
+
+    ``policy``: KL and entropy coefficients 0. ``kl`` and ``entropy``: advantages 0, which makes
+    the clipped policy term's gradient exactly 0, and the other coefficient 0. One term at a time,
+    because a wrong term can hide under a larger correct one in the summed gradient (the parity
+    config weighs the entropy by 0.01 and the KL by 0.05).
+    """
+    losses = {
+        "policy": dataclasses.replace(config.loss, init_kl_coef=0.0, entropy_coeff=0.0),
+        "kl": dataclasses.replace(config.loss, init_kl_coef=1.0, entropy_coeff=0.0),
+        "entropy": dataclasses.replace(config.loss, init_kl_coef=0.0, entropy_coeff=1.0),
+    }
+    if term not in losses:
+        raise ValueError(f"unknown loss term {term!r}; choose from {GRAD_TERMS}")
+    if term != "policy":
+        batch = dataclasses.replace(batch, advantages=np.zeros_like(batch.advantages))
+    return dataclasses.replace(config, loss=losses[term], clip_grad=0.0), batch
+
+
+def capture_step_grads(
+    optimizer: Any, read: Callable[[], dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    """Make ``optimizer.step`` record ``read()`` instead of stepping; returns the record.
+
+    The gradient is read at the moment the engine hands it to the optimizer (after accumulation,
+    the DP / TP / tied-embedding reductions and clipping): exactly what the update is computed from,
+    with no optimizer non-linearity in between. Adam's first step is ``lr * g / (|g| + eps)``, about
+    ``lr * sign(g)`` wherever ``|g| >> eps``, so an update comparison sees a gradient error only
+    where ``|g|`` is near eps or the sign flips. Weights and optimizer state stay untouched.
+    """
+    record: dict[str, torch.Tensor] = {}
+
+    def step(*args: Any, **kwargs: Any) -> None:
+        if record:
+            raise AssertionError("more than one optimizer step; a gradient check takes one mini-batch")
+        record.update(read())
+
+    optimizer.step = step  # an instance attribute shadows the bound method
+    return record
+
+
+def torch_term_grads(
+    model_dir: str | os.PathLike[str], config: TorchEngineConfig, batch: TrainBatch
+) -> dict[str, torch.Tensor]:
+    """The torch engine's gradient of one update on ``batch``, under checkpoint names."""
+    from mindspeed_rl.models.training.hf_names import tied_targets, to_checkpoint_format
+    from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+
+    if config.param_dtype != "float32":
+        # bf16 keeps the accumulated gradient on fp32 master copies, not on the parameters read here.
+        raise ValueError(f"gradient check reads fp32 parameters' .grad; got param_dtype={config.param_dtype}")
+
+    engine = TorchTrainingEngine(model_dir, config)
+    model = engine.model
+
+    def read() -> dict[str, torch.Tensor]:
+        named = [
+            (n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()
+        ]
+        return {
+            n: g.detach().clone().contiguous()
+            for n, g in to_checkpoint_format(named, tied=tied_targets(model))
+        }
+
+    grads = capture_step_grads(engine.optimizer, read)
+    engine.update(batch, temperature=0.7)
+    return grads
+
+
+class _Tensors:
+    """Named tensors behind the ``state_dict()`` that ``gather_hf_weights`` reads."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._tensors = tensors
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._tensors
+
+
+def _megatron_term_grads(
+    model_dir: str, layout: MegatronLayout, config: TorchEngineConfig, batch: TrainBatch
+) -> dict[str, torch.Tensor]:
+    """A fresh engine's ``main_grad`` of one update, as full HF tensors on rank 0 (``{}`` elsewhere):
+    merged from every rank's shards exactly as the weights are (``gather_hf_weights``)."""
+    from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine, gather_hf_weights
+
+    engine = MegatronTrainingEngine(model_dir, config, layout)
+    module = engine.model.module
+    grads = capture_step_grads(
+        engine.optimizer,
+        lambda: {n: p.main_grad.detach().clone() for n, p in module.named_parameters() if p.requires_grad},
+    )
+    engine.update(batch, temperature=0.7)
+    return gather_hf_weights(cast(Any, _Tensors(grads)), engine.dims, layout)
+
+
+def grad_rel_diffs(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Per tensor ``||got - want|| / ||want||`` (L2)."""
+    if set(got) != set(want):
+        raise AssertionError(f"gradient names differ: {sorted(set(got) ^ set(want))[:5]}")
+    out: dict[str, float] = {}
+    for name, ref in want.items():
+        norm = float(ref.norm())
+        err = float((got[name] - ref).norm())
+        out[name] = err / norm if norm > 0 else (0.0 if err == 0 else float("inf"))
+    return out
+
+
 def init_gloo(rank: int, world_size: int, port: int) -> None:
     """A spawned worker's process group on this host: gloo, one torch thread (2 ranks, 2 cores)."""
     import torch.distributed as dist
@@ -120,6 +244,7 @@ def _worker(
     layout: MegatronLayout,
     out_dir: str,
     config: TorchEngineConfig,
+    grad_cases: dict[str, tuple[TorchEngineConfig, TrainBatch]],
 ) -> None:
     import torch.distributed as dist
 
@@ -144,6 +269,10 @@ def _worker(
         dist.all_gather_object(shards, engine.snapshot_shard())
         result["snapshot_shards"] = shards
         engine.save_hf(Path(out_dir) / "converted")
+        result["grads"] = {
+            term: _megatron_term_grads(model_dir, layout, term_config, term_batch)
+            for term, (term_config, term_batch) in grad_cases.items()
+        }
         if rank == 0:
             torch.save(result, Path(out_dir) / "result.pt")
         dist.barrier()
@@ -215,16 +344,20 @@ def run_megatron_side(
     layout: MegatronLayout,
     batch: TrainBatch,
     config: TorchEngineConfig | None = None,
+    grad_cases: dict[str, tuple[TorchEngineConfig, TrainBatch]] | None = None,
 ) -> dict[str, Any]:
-    """Run the megatron engine over gloo in 2 spawned processes; return rank 0's results."""
+    """Run the megatron engine over gloo in 2 spawned processes; return rank 0's results.
+
+    ``grad_cases``: ``{term: (config, batch)}`` of :func:`grad_term_case`; each runs one update of a
+    fresh engine whose gradient is returned under ``result["grads"][term]`` (HF names, full shapes).
+    """
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="megatron-parity-") as tmp:
         torch.save(batch, Path(tmp) / "batch.pt")
         config = config or parity_engine_config(num_samples=batch.num_samples)
-        mp.spawn(
-            _worker, args=(2, free_port(), os.fspath(model_dir), layout, tmp, config), nprocs=2, join=True
-        )
+        args = (2, free_port(), os.fspath(model_dir), layout, tmp, config, grad_cases or {})
+        mp.spawn(_worker, args=args, nprocs=2, join=True)
         result = dict(torch.load(Path(tmp) / "result.pt", weights_only=False))
         result["hf_logits"] = _transformers_logits(Path(tmp) / "converted", result["logits"].shape[-1])
         return result
@@ -293,13 +426,17 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
         raise ValueError(f"unknown layout {layout_name!r}; choose from {sorted(LAYOUTS)}")
     dims = load_dims(model_dir)
     batch = parity_batch(dims.vocab_size)
-    torch_engine = TorchTrainingEngine(model_dir, parity_engine_config(num_samples=batch.num_samples))
+    config = parity_engine_config(num_samples=batch.num_samples)
+    torch_engine = TorchTrainingEngine(model_dir, config)
     hf_log_probs = torch_engine.compute_log_probs(batch, temperature=0.7)
     batch = with_behaviour_log_probs(batch, hf_log_probs)
     before = {k: v.clone() for k, v in torch_engine.named_weights_for_inference()}
     torch_metrics = torch_engine.update(batch, temperature=0.7)
     want = dict(torch_engine.named_weights_for_inference())
-    meg = run_megatron_side(model_dir, LAYOUTS[layout_name], batch)
+    grad_cases = {term: grad_term_case(config, batch, term) for term in GRAD_TERMS}
+    torch_grads = {term: torch_term_grads(model_dir, *case) for term, case in grad_cases.items()}
+    meg = run_megatron_side(model_dir, LAYOUTS[layout_name], batch, config, grad_cases)
+    grad_diffs = {term: grad_rel_diffs(meg["grads"][term], torch_grads[term]) for term in GRAD_TERMS}
     convert_diff = float((meg["hf_logits"] - meg["logits"]).abs().max())
     merged = merge_snapshot_shards(meg["snapshot_shards"], dims, LAYOUTS[layout_name])
     snapshot_diff = max(float((merged[k] - v).abs().max()) for k, v in meg["weights_after"].items())
@@ -329,6 +466,8 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
         name_mismatches=tuple(meg["name_mismatches"]),
         loss_abs_diff=abs(meg["metrics"]["loss"] - torch_metrics["loss"]),
         grad_norm_rel_diff=abs(meg["metrics"]["grad_norm"] / torch_metrics["grad_norm"] - 1.0),
+        grad_max_rel_diff={term: max(d.values()) for term, d in grad_diffs.items()},
+        grad_worst_tensor={term: max(d, key=d.__getitem__) for term, d in grad_diffs.items()},
     )
 
 
@@ -371,6 +510,34 @@ def build_parity_model(
                 p.uniform_(0.8, 1.2)  # non-trivial norm weights: a swapped q/k norm would show
             else:
                 p.normal_(0.0, 0.15)
+    target = Path(path)
+    model.save_pretrained(target)
+    return target
+
+
+def build_near_uniform_model(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """A random Qwen2.5-shaped checkpoint at transformers' own initialisation (weights N(0, 0.02),
+    zero biases, unit norms), unlike :func:`build_parity_model`'s scaled-up weights: log-probs are
+    near-uniform (~ -log 200), the regime where a vocab-parallel normaliser's gradient error is
+    largest (peaked distributions hide it). Hidden 96, GQA 4 query / 2 kv heads (head_dim 24), QKV
+    bias, vocabulary 200 (padded by megatron), untied, no pad token: none of the project's own
+    choices."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=200,
+        hidden_size=96,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.02,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     target = Path(path)
     model.save_pretrained(target)
     return target

@@ -1,9 +1,16 @@
 """Log-probs and entropy of sampled tokens from vocab-parallel logits, without a full-vocab gather.
 
 Each TP rank holds logits for a contiguous slice of the (padded) vocabulary. The softmax statistics
-need three all-reduces over the TP group: the max (for stability, no gradient), the sum of
-exponentials and the target logit (which lives on one rank). Columns past the real vocabulary
-(megatron's padding) are excluded, so the distribution is the HF model's.
+need all-reduces over the TP group: the max (for stability, no gradient), the sum of exponentials
+``S``, the target logit (which lives on one rank) and, for the entropy, ``T = sum_v e^{s_v} s_v``.
+Columns past the real vocabulary (megatron's padding) are excluded, so the distribution is the
+HF model's.
+
+Gradients. With ``s`` the max-shifted logits, ``log p_t = s_t - log S`` and
+``H = log S - T / S``. Every quantity downstream of a group sum is computed identically on every
+rank from the reduced values, so ``d loss / d S`` and ``d loss / d T`` are complete on each rank and
+the identity backward of :class:`_SumOverGroup` hands each rank the exact gradient of its own
+summands: ``d H / d s_v = -p_v (s_v - log S + H)`` for the columns it holds.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ _PAD_LOGIT = -1e30
 class _SumOverGroup(torch.autograd.Function):
     """All-reduce (sum) forward, identity backward.
 
-    Identity is the exact gradient here because every rank of the group computes the same loss from
-    the reduced value: each rank back-propagates d loss / d sum into its own summand.
+    Identity is the exact gradient only while everything downstream of the reduced value is
+    computed identically on every rank (so each rank's ``d loss / d sum`` is the whole of it): each
+    rank back-propagates that into its own summand. A rank-local consumer of the sum would hold only
+    its share of ``d loss / d sum``, which would then have to be summed over the group.
     """
 
     @staticmethod
@@ -66,7 +75,8 @@ def vocab_parallel_log_probs(
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     shifted = logits - peak.unsqueeze(-1)
-    log_norm = torch.log(sum_over_group(shifted.exp().sum(dim=-1), group))
+    total = sum_over_group(shifted.exp().sum(dim=-1), group)
+    log_norm = torch.log(total)
     owned = (targets >= vocab_start) & (targets < vocab_start + local)
     local_index = (targets - vocab_start).clamp(0, local - 1)
     picked = torch.gather(shifted, -1, local_index.unsqueeze(-1)).squeeze(-1)
@@ -74,6 +84,10 @@ def vocab_parallel_log_probs(
     log_probs = target_logit - log_norm
     if not with_entropy:
         return log_probs, None
-    probs = torch.exp(shifted - log_norm.unsqueeze(-1))
-    expected = sum_over_group((probs * shifted).sum(dim=-1), group)
-    return log_probs, log_norm - expected
+    # E[s] = T / S from two group sums keeps log S out of the rank-local sums. Summing p_v s_v with
+    # p_v = exp(s_v - log S) instead would make each rank's d H / d log S = 1 + E_local[s] (its own
+    # columns only) where the true one is 1 + E[s], i.e. an error p_v (E_local[s] - E[s]) in
+    # d H / d s_v at TP > 1 unless that shared gradient were all-reduced; largest for near-uniform
+    # distributions, where E_local[s] is far from E[s].
+    weighted = sum_over_group((shifted.exp() * shifted).sum(dim=-1), group)
+    return log_probs, log_norm - weighted / total

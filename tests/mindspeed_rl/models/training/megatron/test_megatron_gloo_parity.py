@@ -1,8 +1,9 @@
 """The megatron engine over gloo (2 spawned processes) against HF and the torch engine.
 
 Per layout: log-probs of the policy and of the reference model vs the HF forward of the same weights; one GRPO update (clip, KL, entropy
-active) vs the torch engine's; HF -> megatron -> HF round trip exact; ``megatron_names`` equal to
-the real ``GPTModel.state_dict()`` names on every rank.
+active) vs the torch engine's; the gradient of each loss term alone (policy, KL, entropy) vs the
+torch engine's; HF -> megatron -> HF round trip exact; ``megatron_names`` equal to the real
+``GPTModel.state_dict()`` names on every rank.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.parity.engine import build_parity_model, run_parity_case
+from benchmarks.parity.engine import GRAD_TERMS, build_near_uniform_model, build_parity_model, run_parity_case
 
 # find_spec, not importorskip: importing megatron at collection would slow every test tier.
 pytestmark = [
@@ -25,11 +26,15 @@ pytestmark = [
 
 CASES = [
     # (family, tied embeddings, layout): dense untied with GQA + q/k norm at TP2; Qwen2 (QKV bias)
-    # with tied embeddings at DP2 and PP2 (the tied copy on the last stage); Qwen3-MoE at EP2.
+    # with tied embeddings at DP2 and PP2 (the tied copy on the last stage); Qwen3-MoE at EP2;
+    # a Qwen2.5-shaped model at transformers' init (near-uniform log-probs) at TP2: an error in how
+    # the vocab-parallel entropy shares the normaliser's gradient between TP ranks scales with how
+    # far each rank's mean logit is from the global one, which peaked distributions make ~0.
     ("qwen3", False, "tp2"),
     ("qwen2", True, "dp2"),
     ("qwen3_moe", False, "ep2"),
     ("qwen2", True, "pp2"),
+    ("qwen25_near_uniform", False, "tp2"),
 ]
 
 
@@ -38,7 +43,10 @@ CASES = [
 def test_megatron_engine_matches_hf_and_torch_engine(
     tmp_path: Path, family: str, tied: bool, layout: str
 ) -> None:
-    model_dir = build_parity_model(tmp_path / family, family, tied=tied)
+    if family == "qwen25_near_uniform":
+        model_dir = build_near_uniform_model(tmp_path / family)
+    else:
+        model_dir = build_parity_model(tmp_path / family, family, tied=tied)
     result = run_parity_case(model_dir, layout)
     assert result.name_mismatches == ()
     assert result.roundtrip_max_abs_diff == 0.0
@@ -49,6 +57,9 @@ def test_megatron_engine_matches_hf_and_torch_engine(
     assert result.convert_logit_max_abs_diff <= 1e-4, result
     assert result.loss_abs_diff <= 1e-5, result
     assert result.grad_norm_rel_diff <= 1e-4, result
+    assert set(result.grad_max_rel_diff) == set(GRAD_TERMS)
+    for term in GRAD_TERMS:
+        assert result.grad_max_rel_diff[term] <= 1e-4, (term, result)
 
 
 @pytest.mark.timeout(300)
