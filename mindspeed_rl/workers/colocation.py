@@ -2,22 +2,25 @@
 
 ::
 
-            ┌──────────── to_generate(version) ────────────┐
-            │ 1. offload optimizer state, grads  (host)    │
-            │ 2. wake the rollout engine                    │
-    TRAIN ──┤ 3. push the trainer's weights in-process      ├──► GENERATE
-      ▲     │ 4. offload params              (host)        │        │
-      │     └───────────────────────────────────────────────┘        │
-      │     ┌──────────── to_train() ───────────────────────┐        │
-      └─────┤ 1. put the rollout engine to sleep (level 1)  ├◄───────┘
-            │ 2. reload params, grads, optimizer state      │
-            └───────────────────────────────────────────────┘
+            ┌──────────── to_generate(version) ──────────────────┐
+            │ 1. offload optimizer state, grads  (host)          │
+            │ 2. wake the engine's weights  (tags=["weights"])   │
+    TRAIN ──┤ 3. push the trainer's weights in-process           ├──► GENERATE
+      ▲     │ 4. offload params                (host)            │        │
+      │     │ 5. wake the engine's KV cache (tags=["kv_cache"])  │        │
+      │     └─────────────────────────────────────────────────────┘        │
+      │     ┌──────────── to_train() ────────────────────────────┐        │
+      └─────┤ 1. engine to sleep, level 2 (weights and KV freed) ├◄───────┘
+            │ 2. reload params, grads, optimizer state           │
+            └─────────────────────────────────────────────────────┘
 
-Why this order: the weights are pushed while the trainer's params are still on the device (a
-device-to-device copy) and before the KV cache grows during generation; the optimizer state and
-grads, the bulk of the trainer's memory (fp32 Adam moments, fp32 masters under bf16), leave first
-so the woken engine has room. Only the parts named by upstream's ``generate_config.offload_train_*``
-move; the others stay on the device across the phase.
+Why this order: the optimizer state and grads, the bulk of the trainer's memory (fp32 Adam
+moments, fp32 masters under bf16), leave first; only then does the engine map its weight memory,
+and the weights are pushed while the trainer's params are still on the device (a device-to-device
+copy). The KV cache, usually the engine's largest allocation, is mapped last, once the params have
+left. Sleep level 2 frees the engine's weights instead of copying them to host: the next push
+overwrites every one of them, so a host copy per iteration would be wasted traffic. Only the parts
+named by upstream's ``generate_config.offload_train_*`` move; the others stay on the device.
 
 The machine is plain Python: the actions go through the two Protocols below, so a fake can
 record them (tests) and ``ColocatedWorker`` binds them to a TrainingUnit and a vLLM engine in one
@@ -40,6 +43,11 @@ if TYPE_CHECKING:
     from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, ScheduledMinibatch
 
 
+# vLLM's sleep-mode memory pools (``CuMemAllocator`` / vllm-ascend's ``CaMemAllocator`` tags).
+WEIGHT_TAGS = ("weights",)
+KV_CACHE_TAGS = ("kv_cache",)
+
+
 class Phase(enum.Enum):
     TRAIN = "train"
     GENERATE = "generate"
@@ -60,7 +68,7 @@ class RolloutSide(Protocol):
 
     def sleep(self, level: int) -> None: ...
 
-    def wake_up(self) -> None: ...
+    def wake_up(self, tags: Sequence[str] | None = None) -> None: ...
 
     def load_weights(self, weights: Iterable[tuple[str, Any]], version: int) -> float: ...
 
@@ -69,7 +77,7 @@ class ColocatedPhases:
     """The TRAIN / GENERATE state machine; starts in GENERATE (the engine holds the initial weights)."""
 
     def __init__(
-        self, trainer: TrainSide, rollout: RolloutSide, offload: OffloadSpec, *, sleep_level: int = 1
+        self, trainer: TrainSide, rollout: RolloutSide, offload: OffloadSpec, *, sleep_level: int = 2
     ) -> None:
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level={sleep_level}; vLLM has levels 1 (weights kept on host) and 2")
@@ -98,10 +106,11 @@ class ColocatedPhases:
             )
         if first := self._offload.before_push():
             self._trainer.offload(first)
-        self._rollout.wake_up()
+        self._rollout.wake_up(WEIGHT_TAGS)
         self._rollout.load_weights(self._trainer.inference_weights(), version)
         if then := self._offload.after_push():
             self._trainer.offload(then)
+        self._rollout.wake_up(KV_CACHE_TAGS)
         self.phase, self.version = Phase.GENERATE, version
 
     def _expect(self, phase: Phase, call: str) -> None:

@@ -87,29 +87,7 @@ class VLLMEngine:
         _prepare_process(opts, model_path, on_cpu=on_cpu)
         from vllm import LLM
 
-        kwargs: dict[str, Any] = {
-            "model": model_path,
-            "tensor_parallel_size": opts.tensor_parallel_size,
-            "max_num_seqs": opts.max_num_seqs,
-            "max_model_len": opts.max_model_len,
-            "max_num_batched_tokens": opts.max_num_batched_tokens,
-            "dtype": opts.dtype,
-            "gpu_memory_utilization": opts.gpu_memory_utilization,
-            "enable_prefix_caching": opts.enable_prefix_caching,
-            "enable_expert_parallel": opts.enable_expert_parallel,
-            "enable_chunked_prefill": opts.enable_chunked_prefill,
-            "enforce_eager": on_cpu if opts.enforce_eager is None else opts.enforce_eager,
-            "trust_remote_code": opts.trust_remote_code,
-            "logprobs_mode": "processed_logprobs",
-            "seed": seed,
-        }
-        if sharded:
-            # Worker processes of this actor, on the devices Ray gave it. Left to choose, vLLM picks
-            # its Ray executor inside a placement group (vllm 0.32 ``ParallelConfig.__post_init__``),
-            # whose workers would ask Ray for devices this actor and the trainer ranks already hold.
-            kwargs["distributed_executor_backend"] = "mp"
-        if opts.enable_sleep_mode:
-            kwargs["enable_sleep_mode"] = True
+        kwargs = engine_kwargs(opts, model_path, seed=seed, on_cpu=on_cpu)
         before = {proc.pid for proc in _child_processes()}
         with vllm_cpu_patches.keep_torch_set_num_threads():
             self._llm = LLM(**kwargs)
@@ -185,7 +163,8 @@ class VLLMEngine:
         self._llm.reset_prefix_cache()
 
     def sleep(self, level: int = 1) -> None:
-        """Free device memory between rollouts (level 1: weights to host, KV cache dropped)."""
+        """Free device memory between rollouts (level 1: weights to host, KV cache dropped;
+        level 2: both dropped, for an engine whose weights are pushed again before it wakes)."""
         if level not in (1, 2):
             raise ValueError(
                 f"sleep level={level}; vLLM has level 1 (keep weights on host) and 2 (drop them)"
@@ -193,11 +172,14 @@ class VLLMEngine:
         self._llm.sleep(level=level)
         self._asleep = True
 
-    def wake_up(self) -> None:
-        """Undo ``sleep``; the prefix cache is reset because the KV blocks were dropped."""
-        self._llm.wake_up()
-        self._asleep = False
-        self._llm.reset_prefix_cache()
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo ``sleep`` for the memory pools ``tags`` ("weights", "kv_cache"; None = all). The
+        engine may generate again once its KV cache is back; the prefix cache is reset then,
+        because its blocks were dropped."""
+        self._llm.wake_up(tags=None if tags is None else list(tags))
+        if tags is None or "kv_cache" in tags:
+            self._asleep = False
+            self._llm.reset_prefix_cache()
 
     def shutdown(self) -> None:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
@@ -209,6 +191,36 @@ class VLLMEngine:
         # The engine's own shutdown asks its processes to exit; one that does not is killed here,
         # or it would outlive the actor holding its memory (and, on an accelerator, its device).
         _reap(self._processes, timeout_s=10.0)
+
+
+def engine_kwargs(opts: VLLMOptions, model_path: str, *, seed: int, on_cpu: bool) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments for ``opts`` (a pure function, so the accelerator-only ones are
+    checked on any machine)."""
+    sharded = opts.tensor_parallel_size > 1
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "tensor_parallel_size": opts.tensor_parallel_size,
+        "max_num_seqs": opts.max_num_seqs,
+        "max_model_len": opts.max_model_len,
+        "max_num_batched_tokens": opts.max_num_batched_tokens,
+        "dtype": opts.dtype,
+        "gpu_memory_utilization": opts.gpu_memory_utilization,
+        "enable_prefix_caching": opts.enable_prefix_caching,
+        "enable_expert_parallel": opts.enable_expert_parallel,
+        "enable_chunked_prefill": opts.enable_chunked_prefill,
+        "enforce_eager": on_cpu if opts.enforce_eager is None else opts.enforce_eager,
+        "trust_remote_code": opts.trust_remote_code,
+        "logprobs_mode": "processed_logprobs",
+        "seed": seed,
+    }
+    if sharded:
+        # Worker processes of this actor, on the devices Ray gave it. Left to choose, vLLM picks
+        # its Ray executor inside a placement group (vllm 0.32 ``ParallelConfig.__post_init__``),
+        # whose workers would ask Ray for devices this actor and the trainer ranks already hold.
+        kwargs["distributed_executor_backend"] = "mp"
+    if opts.enable_sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    return kwargs
 
 
 def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,8 +46,8 @@ class _FakeRollout:
     def sleep(self, level: int) -> None:
         self.log.actions.append(("sleep", level))
 
-    def wake_up(self) -> None:
-        self.log.actions.append(("wake_up", None))
+    def wake_up(self, tags: Any = None) -> None:
+        self.log.actions.append(("wake_up", tuple(tags) if tags is not None else None))
 
     def load_weights(self, weights: Iterable[tuple[str, Any]], version: int) -> float:
         self.log.actions.append(("load_weights", version))
@@ -64,13 +65,14 @@ def test_full_offload_cycle_runs_the_actions_in_order() -> None:
     phases.to_train()
     phases.to_generate(1)
     assert log.actions == [
-        ("sleep", 1),
+        ("sleep", 2),  # weights and KV freed: the next push overwrites every weight
         ("onload", ("param", "optimizer", "grad")),
-        ("offload", ("optimizer", "grad")),  # before the engine wakes: it needs the room
-        ("wake_up", None),
+        ("offload", ("optimizer", "grad")),  # before the engine maps its weights: it needs the room
+        ("wake_up", ("weights",)),
         ("weights", None),  # pushed while params are still on the device
         ("load_weights", 1),
         ("offload", ("param",)),
+        ("wake_up", ("kv_cache",)),  # the largest pool, once the params have left
     ]
     assert (phases.phase, phases.version) == (Phase.GENERATE, 1)
 
@@ -86,7 +88,7 @@ def test_only_the_configured_parts_move() -> None:
     phases, log = _machine(OffloadSpec())
     phases.to_train()
     phases.to_generate(1)
-    assert [a[0] for a in log.actions] == ["sleep", "wake_up", "weights", "load_weights"]
+    assert [a[0] for a in log.actions] == ["sleep", "wake_up", "weights", "load_weights", "wake_up"]
 
 
 def test_invalid_transitions_are_errors() -> None:
@@ -162,3 +164,36 @@ def test_fp32_masters_of_a_wrapper_count_as_optimizer_state() -> None:
     assert model.weight.data_ptr() not in chosen
     with pytest.raises(ValueError, match="holds no torch.optim.Optimizer"):
         move_train_state(model, object(), ("optimizer",), "cpu")
+
+
+@pytest.mark.integration
+@pytest.mark.vllm
+def test_the_real_colocated_worker_asks_vllm_for_sleep_mode(tmp_path: Path) -> None:
+    """The worker as the hybrid trainer builds it on GPU/NPU: a real Training Unit, then the
+    rollout engine with sleep mode, which the CPU build refuses (its allocator cannot sleep)."""
+    pytest.importorskip("vllm")
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.contracts import OffloadSpec as Offload
+    from mindspeed_rl.models.rollout.factory import vllm_options_from_generate_config
+    from mindspeed_rl.models.rollout.vllm_engine import engine_kwargs
+    from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
+    from mindspeed_rl.plan.build import build_run_plan
+    from mindspeed_rl.workers.colocation import ColocatedWorker
+
+    torch.set_num_threads(1)
+    model = create_tiny_model(tmp_path / "model", TINY_TEST_ARCH, seed=0)
+    configs = Path(__file__).resolve().parents[3] / "configs"
+    config = load_config_from_files(
+        configs,
+        "grpo_tiny_cpu",
+        (f"megatron_training.tokenizer_name_or_path={model}", "generate_config.max_model_len=256"),
+    )
+    plan = build_run_plan(config)
+    with pytest.raises(ValueError, match="enable_sleep_mode needs vLLM's CUDA/NPU memory allocator"):
+        ColocatedWorker(plan.trainer, plan.rollout, str(model), {}, Offload(optimizer=True, grad=True))
+    # What the same worker hands vLLM on an accelerator, at the TP of upstream's 7B recipe.
+    keys = {**plan.rollout.engine_keys, "enable_sleep_mode": True, "infer_tensor_parallel_size": 2}
+    kwargs = engine_kwargs(vllm_options_from_generate_config(keys), str(model), seed=0, on_cpu=False)
+    assert kwargs["enable_sleep_mode"] is True
+    assert kwargs["distributed_executor_backend"] == "mp"  # the actor's own devices, never Ray's executor
+    assert kwargs["tensor_parallel_size"] == 2
