@@ -8,6 +8,7 @@ import pytest
 
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.plan.build import RunPlan, build_run_plan
+from tests.support.plans import SMALL_ASYNC
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -124,18 +125,6 @@ def test_engine_config_keeps_upstream_units() -> None:
     assert engine.mini_batch_size == 8  # prompts
     assert engine.samples_per_mini_batch == 8 * config.rl_config.n_samples_per_prompt
     assert engine.micro_batch_size == config.actor_config.training.micro_batch_size  # samples
-
-
-# 4 prompts x 8 samples per global batch, with queue bounds that hold it.
-SMALL_ASYNC = (
-    "megatron_training.global_batch_size=4",
-    "rl_config.mini_batch_size=4",
-    "rl_config.actor_forward_micro_batch_size=8",
-    "rl_config.ref_forward_micro_batch_size=8",
-    "actor_config.micro_batch_size=8",
-    "async_config.queue_max_samples=64",
-    "async_config.queue_resume_samples=32",
-)
 
 
 def test_runtime_config_reads_async_config() -> None:

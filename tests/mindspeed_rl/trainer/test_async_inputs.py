@@ -7,37 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.datasets.split import PromptSplits
-from mindspeed_rl.plan.build import RunPlan, build_run_plan
+from mindspeed_rl.plan.build import RunPlan
 from mindspeed_rl.runtime.records import ScheduledMinibatch
 from mindspeed_rl.trainer import async_inputs
 from mindspeed_rl.trainer.checkpointing import ResumePoint
 from mindspeed_rl.trainer.prompts import global_batches
 from mindspeed_rl.trainer.run_schedule import SCHEDULE_FILE
 from mindspeed_rl.trainer.startup import RunStart
+from tests.support.plans import prompt_records, small_async_plan
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
-SMALL = (
-    "megatron_training.global_batch_size=4",
-    "rl_config.mini_batch_size=4",
-    "rl_config.actor_forward_micro_batch_size=8",
-    "rl_config.ref_forward_micro_batch_size=8",
-    "actor_config.micro_batch_size=8",
-    "async_config.queue_max_samples=64",
-    "async_config.queue_resume_samples=32",
-)
-
-
-def _plan(*overrides: str) -> RunPlan:
-    return build_run_plan(load_config_from_files(CONFIGS, "grpo_tiny_asp", (*SMALL, *overrides)))
-
-
-def _records(n: int) -> list[PromptRecord]:
-    return [
-        PromptRecord(prompt_id=f"p{i}", text=f"cp:{i}=", token_ids=(1, i), label="x" * i) for i in range(n)
-    ]
+_plan = small_async_plan
+_records = prompt_records
 
 
 def _run(
