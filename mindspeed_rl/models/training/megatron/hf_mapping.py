@@ -1,4 +1,11 @@
-"""HF Qwen2.5 / Qwen3 / Qwen3-MoE checkpoints <-> megatron-core GPTModel shards (local layer spec).
+"""HF Qwen2.5 / Qwen3 / Qwen3-MoE checkpoints <-> megatron-core GPTModel shards.
+
+Both layer specs the engine builds are mapped: the local one (CPU, NPU) and TransformerEngine's
+(CUDA), whose names differ only in the norms fused into the next linear
+(``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``) and in grouped experts
+(TEGroupedMLP: ``mlp.experts.linear_fc1.weight<i>``, one tensor per local expert laid out like
+SequentialMLP's ``local_experts.<i>.linear_fc1.weight``; megatron-core 0.12.1 and 0.19.2
+``extensions/transformer_engine.py`` name them ``weight{gemm_idx}``).
 
 Both directions are driven by the megatron parameter name, so the names always come from a real
 ``GPTModel.state_dict()``:
@@ -33,6 +40,8 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
+
+from mindspeed_rl.models.training.megatron.layout import SpecKind
 
 Family = Literal["qwen2", "qwen3", "qwen3_moe"]
 _FAMILIES: tuple[Family, ...] = ("qwen2", "qwen3", "qwen3_moe")
@@ -233,6 +242,7 @@ class SafetensorsSource:
 _LAYER = re.compile(r"decoder\.layers\.(?P<layer>\d+)\.(?P<rest>.+)")
 _LOCAL_EXPERT = re.compile(r"mlp\.experts\.local_experts\.(\d+)\.(.+)")
 _EXPERT = re.compile(r"mlp\.experts\.local_experts\.(?P<expert>\d+)\.(?P<fc>linear_fc[12])\.weight")
+_GROUPED_EXPERT = re.compile(r"mlp\.experts\.(?P<fc>linear_fc[12])\.weight(?P<expert>\d+)")
 # Replicated per-layer tensors: megatron suffix -> HF suffix. The TE-spec names (layer norm fused
 # into the next linear) are listed too so checkpoints of accelerator runs map the same way.
 LAYER_COPIES = {
@@ -291,6 +301,11 @@ def _mlp_shard(source: TensorSource, prefix: str, fc: str, ffn: int, parts: int,
     return source.read(f"{prefix}down_proj.weight", dim=1, start=start, stop=stop)
 
 
+def _expert_match(rest: str) -> re.Match[str] | None:
+    """An expert weight of either spec, with groups ``expert`` (local id) and ``fc``."""
+    return _EXPERT.fullmatch(rest) or _GROUPED_EXPERT.fullmatch(rest)
+
+
 def megatron_shard(name: str, dims: GPTDims, coords: ShardCoords, source: TensorSource) -> torch.Tensor:
     """The tensor this rank holds under megatron parameter ``name``, read from HF weights."""
     if name == "embedding.word_embeddings.weight":
@@ -317,7 +332,7 @@ def megatron_shard(name: str, dims: GPTDims, coords: ShardCoords, source: Tensor
     if rest in ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight"):
         fc = rest.split(".")[1]
         return _mlp_shard(source, prefix + "mlp.", fc, dims.ffn_hidden_size, coords.tp_size, coords.tp_rank)
-    expert = _EXPERT.fullmatch(rest)
+    expert = _expert_match(rest)
     if expert is not None and dims.moe_ffn_hidden_size is not None:
         global_id = coords.ep_rank * coords.local_experts(dims) + int(expert["expert"])
         return _mlp_shard(
@@ -331,28 +346,37 @@ def megatron_shard(name: str, dims: GPTDims, coords: ShardCoords, source: Tensor
     raise ValueError(f"megatron parameter {name!r} has no HF mapping; extend hf_mapping for it")
 
 
-def megatron_names(dims: GPTDims, coords: ShardCoords) -> list[str]:
-    """The weight names of this rank's GPTModel stage (local layer spec), ``_extra_state`` excluded.
+def megatron_names(dims: GPTDims, coords: ShardCoords, *, spec: SpecKind = "local") -> list[str]:
+    """The weight names of this rank's GPTModel stage, ``_extra_state`` excluded.
 
-    What a snapshot manifest promises per rank; the gloo tests check it against the real
-    ``GPTModel.state_dict()`` of every layout.
+    What a snapshot manifest promises per rank; the gloo tests check the local spec's against the
+    real ``GPTModel.state_dict()`` of every layout. The TransformerEngine spec's (``spec``, grouped
+    experts as the engine builds it on CUDA) follow megatron's TE spec and were not checked
+    against a TE build (no CUDA here).
     """
+    te = spec == "transformer_engine"
     first, last = coords.pp_rank == 0, coords.pp_rank == coords.pp_size - 1
     names = ["embedding.word_embeddings.weight"] if first else []
     for layer in range(dims.num_layers // coords.pp_size):
         p = f"decoder.layers.{layer}."
-        names += [p + "input_layernorm.weight", p + "self_attention.linear_qkv.weight"]
+        qkv = p + "self_attention.linear_qkv."
+        names += [qkv + "layer_norm_weight"] if te else [p + "input_layernorm.weight"]
+        names.append(qkv + "weight")
         if dims.qkv_bias:
-            names.append(p + "self_attention.linear_qkv.bias")
+            names.append(qkv + "bias")
         names.append(p + "self_attention.linear_proj.weight")
         if dims.qk_layernorm:
             names += [p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight"]
-        names.append(p + "pre_mlp_layernorm.weight")
         if dims.is_moe:
-            names.append(p + "mlp.router.weight")
+            # MoE layers keep a separate pre-MLP norm in both specs (the router reads its output).
+            names += [p + "pre_mlp_layernorm.weight", p + "mlp.router.weight"]
             for e in range(coords.local_experts(dims)):
-                names += [f"{p}mlp.experts.local_experts.{e}.linear_fc{i}.weight" for i in (1, 2)]
+                if te:
+                    names += [f"{p}mlp.experts.linear_fc{i}.weight{e}" for i in (1, 2)]
+                else:
+                    names += [f"{p}mlp.experts.local_experts.{e}.linear_fc{i}.weight" for i in (1, 2)]
         else:
+            names += [p + "mlp.linear_fc1.layer_norm_weight"] if te else [p + "pre_mlp_layernorm.weight"]
             names += [p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
     if last:
         names.append("decoder.final_layernorm.weight")
@@ -422,7 +446,7 @@ def hf_pieces(name: str, tensor: torch.Tensor, dims: GPTDims, coords: ShardCoord
         return [HFPiece(name=prefix + "self_attn.o_proj.weight", tensor=tensor, dim=1, index=coords.tp_rank)]
     if rest in ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight"):
         return _split_mlp(tensor, prefix + "mlp.", rest.split(".")[1], coords.tp_rank)
-    expert = _EXPERT.fullmatch(rest)
+    expert = _expert_match(rest)
     if expert is not None and dims.is_moe:
         global_id = coords.ep_rank * coords.local_experts(dims) + int(expert["expert"])
         return _split_mlp(tensor, f"{prefix}mlp.experts.{global_id}.", expert["fc"], coords.etp_rank)
@@ -454,9 +478,6 @@ def assemble_hf(pieces: Iterable[HFPiece], dims: GPTDims) -> dict[str, torch.Ten
     return out
 
 
-_LOCAL_EXPERT = re.compile(r"mlp\.experts\.local_experts\.(\d+)\.(.+)")
-
-
 def export_name(name: str, dims: GPTDims, coords: ShardCoords) -> str | None:
     """The snapshot name of one rank's megatron tensor (global layer and expert ids), or None
     for a tensor that is not exported."""
@@ -470,6 +491,11 @@ def export_name(name: str, dims: GPTDims, coords: ShardCoords) -> str | None:
     expert = _LOCAL_EXPERT.fullmatch(rest)
     if expert is not None:
         rest = f"mlp.experts.{coords.ep_rank * coords.local_experts(dims) + int(expert[1])}.{expert[2]}"
+    grouped = _GROUPED_EXPERT.fullmatch(rest)
+    if grouped is not None:
+        # The same global name as SequentialMLP's: snapshots do not depend on the spec.
+        global_id = coords.ep_rank * coords.local_experts(dims) + int(grouped["expert"])
+        rest = f"mlp.experts.{global_id}.{grouped['fc']}.weight"
     return f"decoder.layers.{layer}.{rest}"
 
 

@@ -1,4 +1,9 @@
-"""Build a megatron-core GPTModel (local layer spec) from an HF config and load this rank's shard.
+"""Build a megatron-core GPTModel from an HF config and load this rank's shard.
+
+The layer spec follows the device (:func:`layer_spec_choice`): TransformerEngine's on CUDA when
+it is importable, the local spec on NPU (patched by MindSpeed) and on CPU. The code runs on
+megatron-core 0.12.1 (what MindSpeed supports) and 0.19.2; where they differ it asks the
+installed one (signatures, attributes), not its version.
 
 Requires ``torch.distributed`` to be initialised by the caller (the worker group, torchrun or a
 test's spawn); :func:`init_model_parallel` then sets up megatron's TP/PP/EP/DP groups once.
@@ -7,6 +12,7 @@ test's spawn); :func:`init_model_parallel` then sets up megatron's TP/PP/EP/DP g
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,7 +27,13 @@ from mindspeed_rl.models.training.megatron.hf_mapping import (
     is_weight_name,
     megatron_shard,
 )
-from mindspeed_rl.models.training.megatron.layout import MegatronLayout
+from mindspeed_rl.models.training.megatron.layout import (
+    DeviceKind,
+    MegatronLayout,
+    SpecKind,
+    check_trainable,
+    spec_kind,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -33,8 +45,9 @@ def init_model_parallel(layout: MegatronLayout, seed: int) -> None:
             "torch.distributed is not initialised; the megatron engine runs inside a worker group "
             "(mindspeed_rl.workers.training_group) or under torchrun, one process per rank"
         )
-    patches.import_megatron()
+    patches.import_megatron(layout)
     patches.patch_current_device()
+    patches.adapt_dist_checkpoint_writer()
     from megatron.core import parallel_state as ps
 
     layout.data_parallel_size(dist.get_world_size())
@@ -70,7 +83,53 @@ def rank_coords(layout: MegatronLayout) -> ShardCoords:
     )
 
 
-def _moe_settings(dims: GPTDims, *, cpu: bool) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class LayerSpecChoice:
+    """Which ``megatron.core.models.gpt.gpt_layer_specs`` builder makes the layer spec, and how."""
+
+    builder: str
+    kwargs: dict[str, Any]
+
+    @property
+    def kind(self) -> SpecKind:
+        return "transformer_engine" if self.builder == _TE_SPEC else "local"
+
+
+_LOCAL_SPEC = "get_gpt_layer_local_spec"
+_TE_SPEC = "get_gpt_layer_with_transformer_engine_spec"
+
+
+def layer_spec_choice(
+    dims: GPTDims, device_kind: DeviceKind, *, transformer_engine: bool | None = None
+) -> LayerSpecChoice:
+    """The layer spec for ``device_kind`` (:func:`~.layout.spec_kind` says which and why).
+
+    The keyword arguments are the ones both megatron-core 0.12.1 and 0.19.2 accept. MoE experts:
+    TransformerEngine's grouped GEMM (TEGroupedMLP) on the TE spec; megatron's SequentialMLP on
+    the local one (CPU has no grouped GEMM; on NPU MindSpeed's GroupedMLP would change the weight
+    names, ``experts.weight1/2``, which hf_mapping does not map).
+    """
+    kind = spec_kind(device_kind, transformer_engine=transformer_engine)
+    common: dict[str, Any] = {"num_experts": dims.num_experts, "qk_layernorm": dims.qk_layernorm}
+    if kind == "transformer_engine":
+        # TE's norms read config.normalization; the builder has no normalization argument in 0.12.1.
+        return LayerSpecChoice(_TE_SPEC, {**common, "moe_grouped_gemm": dims.is_moe})
+    return LayerSpecChoice(_LOCAL_SPEC, {**common, "moe_grouped_gemm": False, "normalization": "RMSNorm"})
+
+
+def build_layer_spec(choice: LayerSpecChoice) -> Any:
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    return getattr(gpt_layer_specs, choice.builder)(**choice.kwargs)
+
+
+def uses_variable_seq_lengths(layout: MegatronLayout, *, moe_allgather: bool) -> bool:
+    """Whether the pipeline exchanges each micro-batch's shape (PP > 1), so that micro-batches can
+    keep their own widths; megatron's allgather MoE dispatcher refuses it (0.12.1 and 0.19.2)."""
+    return layout.pipeline_model_parallel_size > 1 and not moe_allgather
+
+
+def _moe_settings(dims: GPTDims, *, cpu: bool, grouped_gemm: bool) -> dict[str, Any]:
     if not dims.is_moe:
         return {}
     return {
@@ -85,25 +144,72 @@ def _moe_settings(dims: GPTDims, *, cpu: bool) -> dict[str, Any]:
         # The GRPO objective has no load-balancing term (as in the torch engine).
         "moe_router_load_balancing_type": "none",
         "moe_aux_loss_coeff": 0.0,
-        "moe_grouped_gemm": not cpu,
+        "moe_grouped_gemm": grouped_gemm,
     }
 
 
-def transformer_config(dims: GPTDims, layout: MegatronLayout, *, param_dtype: str) -> Any:
-    """Megatron's TransformerConfig for ``dims``: every fusion off on CPU, dropout off (RL)."""
+def _kernel_settings(layout: MegatronLayout, device_kind: DeviceKind, spec: SpecKind) -> dict[str, Any]:
+    """Fusions: all off on CPU (and with the local spec on CUDA); the layout's switches elsewhere.
+
+    The attention mask is always the explicit causal one (:func:`patches.causal_attention_mask`),
+    so the masked-softmax fusion stays off everywhere.
+    """
+    off = {
+        "bias_activation_fusion": False,
+        "bias_dropout_fusion": False,
+        "masked_softmax_fusion": False,
+        "persist_layer_norm": False,
+        "apply_rope_fusion": False,
+        "gradient_accumulation_fusion": False,
+    }
+    if device_kind == "cpu" or (device_kind == "cuda" and spec == "local"):
+        return off
+    # SwiGLU: megatron calls its bias_swiglu kernel only under bias_activation_fusion; MindSpeed
+    # (26.1.0_core_r0.12.1, features_manager/fusions/fused_bias_swiglu.py) replaces that kernel by
+    # torch_npu's npu_swiglu. RoPE on NPU: MindSpeed's patched apply_rotary_pos_emb reads its own
+    # use_fused_rotary_pos_emb flag (from the argv of import_megatron) and apply_rope_fusion must
+    # stay off there (it would route to apex's CUDA kernel).
+    settings = {**off, "bias_activation_fusion": layout.use_fused_swiglu}
+    if device_kind == "cuda":
+        from megatron.core.transformer.enums import AttnBackend
+
+        settings["apply_rope_fusion"] = layout.use_fused_rotary_pos_emb
+        # auto lets TransformerEngine pick among flash / fused / unfused; flash when asked for.
+        settings["attention_backend"] = AttnBackend.flash if layout.use_flash_attn else AttnBackend.auto
+    return settings
+
+
+def transformer_config(
+    dims: GPTDims, layout: MegatronLayout, *, param_dtype: str, device_kind: DeviceKind | None = None
+) -> Any:
+    """Megatron's TransformerConfig for ``dims``: every fusion off on CPU, dropout off (RL).
+
+    Field names and validity rules checked against megatron-core 0.12.1 and 0.19.2
+    (transformer_config.py, model_parallel_config.py); :func:`check_trainable` refuses what they
+    (or the layer spec) would refuse, with the config keys to change.
+    """
+    kind = patches.device_kind() if device_kind is None else device_kind
+    check_trainable(dims, layout, kind)  # before importing megatron: a refusal costs nothing
     from megatron.core.transformer import TransformerConfig
 
+    spec = layer_spec_choice(dims, kind)
     dtype = _DTYPES[param_dtype]
-    cpu = patches.on_cpu()
-    if cpu and dims.is_moe and layout.tensor_model_parallel_size > 1:
-        # MoELayer.forward refuses TP > 1 in training without sequence parallelism, and the local
-        # spec's torch RMSNorm refuses sequence parallelism (it needs TransformerEngine's norm).
-        raise ValueError(
-            "a MoE model at tensor_model_parallel_size > 1 needs sequence parallelism, which the "
-            "CPU (local spec) build cannot run; on CPU shard MoE models with expert_model_parallel_size "
-            "(and data/pipeline parallel) and keep tensor_model_parallel_size: 1"
-        )
-    moe = _moe_settings(dims, cpu=cpu)
+    cpu = kind == "cpu"
+    moe = _moe_settings(dims, cpu=cpu, grouped_gemm=spec.kwargs["moe_grouped_gemm"])
+    variable = uses_variable_seq_lengths(
+        layout, moe_allgather=moe.get("moe_token_dispatcher_type") == "allgather"
+    )
+    if variable and not dims.is_moe:
+        # TransformerConfig refuses variable_seq_lengths with its default dispatcher, allgather,
+        # even without experts (0.12.1 and 0.19.2); a dense model builds no dispatcher at all.
+        moe["moe_token_dispatcher_type"] = "alltoall"
+    recompute: dict[str, Any] = {}
+    if layout.recompute_granularity is not None:
+        recompute = {
+            "recompute_granularity": layout.recompute_granularity,
+            "recompute_method": layout.recompute_method,
+            "recompute_num_layers": layout.recompute_num_layers,
+        }
     return TransformerConfig(
         num_layers=dims.num_layers,
         hidden_size=dims.hidden_size,
@@ -124,6 +230,8 @@ def transformer_config(dims: GPTDims, layout: MegatronLayout, *, param_dtype: st
         pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
         expert_model_parallel_size=layout.expert_model_parallel_size,
         expert_tensor_parallel_size=layout.expert_tensor_parallel_size,
+        sequence_parallel=layout.sequence_parallel,
+        variable_seq_lengths=variable,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -133,26 +241,55 @@ def transformer_config(dims: GPTDims, layout: MegatronLayout, *, param_dtype: st
         calculate_per_token_loss=True,
         use_cpu_initialization=True,
         perform_initialization=False,  # every weight is loaded from the HF folder
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
+        **_kernel_settings(layout, kind, spec.kind),
+        **recompute,
         **moe,
     )
+
+
+def mark_tensor_parallel_weights(model: torch.nn.Module) -> int:
+    """Give every TP-split weight megatron's ``tensor_model_parallel`` / ``partition_dim`` /
+    ``partition_stride`` attributes where the build left them out; returns how many it set.
+
+    megatron-core 0.12.1 (tensor_parallel/layers.py, transformer/moe/experts.py) sets them only
+    inside its weight initialisers, which ``perform_initialization=False`` skips, so gradient-norm
+    code that counts each shard once (``param_is_not_tensor_parallel_duplicate``, the engine's
+    ``global_grad_norm``) counted split weights on TP rank 0 only; 0.19.2 sets them either way
+    (then this finds nothing to do). Stride 1 is what 0.12.1 itself sets when it initialises.
+    """
+    from megatron.core import tensor_parallel
+    from megatron.core.transformer.moe import experts
+
+    split_dims: dict[type, dict[str, int]] = {
+        tensor_parallel.VocabParallelEmbedding: {"weight": 0},
+        tensor_parallel.ColumnParallelLinear: {"weight": 0},
+        tensor_parallel.RowParallelLinear: {"weight": 1},
+    }
+    # The legacy GroupedMLP (weight1 [hidden, fc1/tp], weight2 [fc2/tp, hidden]) is gone in 0.19.2.
+    grouped = getattr(experts, "GroupedMLP", None)
+    if grouped is not None:
+        split_dims[grouped] = {"weight1": 1, "weight2": 0}
+    marked = 0
+    for module in model.modules():
+        for cls, weights in split_dims.items():
+            if not isinstance(module, cls):
+                continue
+            for attr, dim in weights.items():
+                weight = getattr(module, attr, None)
+                if isinstance(weight, torch.nn.Parameter) and not hasattr(weight, "tensor_model_parallel"):
+                    tensor_parallel.set_tensor_model_parallel_attributes(weight, True, dim, 1)
+                    marked += 1
+    return marked
 
 
 def build_gpt_model(dims: GPTDims, layout: MegatronLayout, *, param_dtype: str) -> Any:
     """This rank's stage of the GPTModel (no weights loaded yet)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    config = transformer_config(dims, layout, param_dtype=param_dtype)
-    spec = get_gpt_layer_local_spec(
-        num_experts=dims.num_experts, qk_layernorm=dims.qk_layernorm, normalization="RMSNorm"
-    )
+    kind = patches.device_kind()
+    config = transformer_config(dims, layout, param_dtype=param_dtype, device_kind=kind)
+    spec = build_layer_spec(layer_spec_choice(dims, kind))
     with patches.cpu_runtime_mode():
         model = GPTModel(
             config=config,
@@ -168,7 +305,8 @@ def build_gpt_model(dims: GPTDims, layout: MegatronLayout, *, param_dtype: str) 
             position_embedding_type="rope",
             rotary_base=int(dims.rope_theta),
         )
-    device = torch.device("cpu") if patches.on_cpu() else torch.device("cuda", torch.cuda.current_device())
+    mark_tensor_parallel_weights(model)
+    device = torch.device("cpu") if kind == "cpu" else torch.device("cuda", torch.cuda.current_device())
     return model.to(device)
 
 

@@ -1,6 +1,6 @@
 """Every shim that lets megatron-core run on CPU over gloo, in one module.
 
-megatron-core 0.19 assumes an accelerator in a handful of places; measured on this machine, these
+megatron-core assumes an accelerator in a handful of places; measured on this machine, these
 are all that GPTModel (local layer spec), its DDP wrapper and the pipeline schedules need:
 
 - ``torch.cuda.current_device`` is used as a ``device=`` argument all over the layers: on CPU it
@@ -8,37 +8,141 @@ are all that GPTModel (local layer spec), its DDP wrapper and the pipeline sched
 - the model-parallel RNG tracker forks CUDA generator states: on CPU use the inference tracker,
   which keeps no per-device state (:func:`seed_model_parallel_rng`);
 - the default causal mask is built on "cuda": pass an explicit one (:func:`causal_attention_mask`);
+- megatron-core 0.12.1's async checkpoint writer calls torch's private ``_write_item`` without the
+  argument newer torch requires (:func:`adapt_dist_checkpoint_writer`, every device);
 - the pipeline schedules, p2p code and the tied output layer of a last PP stage create small tensors with ``device="cuda"`` and call
   ``torch.cuda.synchronize``; DDP's gradient all-reduce asks ``torch.cuda.current_stream()`` for
   CUDA-graph events (:class:`CudaDeviceToCpu`, :class:`NullStream`, :func:`cpu_runtime_mode`).
 
 On accelerators every function here is a no-op (or the plain megatron call). Importing megatron goes
-through :func:`import_megatron` so that MindSpeed patches megatron first on Ascend, as it requires.
+through :func:`import_megatron` so that MindSpeed patches megatron first on Ascend, as it requires,
+with the engine's feature flags (:func:`mindspeed_argv`) rather than whatever ``sys.argv`` holds.
+
+Checked against megatron-core 0.12.1 (MindSpeed's) and 0.19.2: where they differ, a shim asks
+the installed version for the capability (a signature, an attribute) instead of its version.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
+import inspect
+import logging
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from mindspeed_rl.models.training.megatron.layout import DeviceKind, MegatronLayout
+
 MEGATRON_INSTALL = "pip install --ignore-requires-python megatron-core==0.19.2"
+MINDSPEED_ADAPTOR = "mindspeed.megatron_adaptor"
+
+_log = logging.getLogger(__name__)
+_mindspeed_flags: tuple[str, ...] | None = None
+"""The flags this process imported MindSpeed's adaptor with (None: not imported by us)."""
 
 
-def import_megatron() -> Any:
+def mindspeed_argv(layout: MegatronLayout) -> list[str]:
+    """The command-line flags MindSpeed's adaptor must see for ``layout`` (without ``argv[0]``).
+
+    MindSpeed (release 26.1.0_core_r0.12.1) reads its switches once, when
+    ``mindspeed.megatron_adaptor`` is imported: ``patch_features()`` calls
+    ``args_utils.get_mindspeed_args()``, i.e. argparse ``parse_known_args()`` over ``sys.argv``,
+    and keeps the result for the process. Flags its parser does not register (``--use-flash-attn``,
+    ``--sequence-parallel``, ...) are kept as unknown ``key=True`` / string values. Those args
+    choose which features patch megatron (``is_need_apply``: flash attention, block recompute,
+    variable-length p2p), the kernels read them at run time (``get_full_args()`` falls back to
+    them while megatron.training is not initialised, as here), and its patched
+    ``TransformerConfig.__init__`` merges them in as defaults under our explicit keyword
+    arguments.
+
+    Only switches and values whose TransformerConfig fields :func:`model.transformer_config`
+    also sets explicitly go in; parallel sizes stay out, since an unknown ``--x 4`` would reach
+    MindSpeed as the string "4". Not run on an Ascend host here: which further features read
+    args this list lacks is not verified.
+    """
+    flags: list[str] = []
+    switches = {
+        "--use-flash-attn": layout.use_flash_attn,
+        "--use-fused-rmsnorm": layout.use_fused_rmsnorm,
+        "--use-fused-swiglu": layout.use_fused_swiglu,
+        "--use-fused-rotary-pos-emb": layout.use_fused_rotary_pos_emb,
+        "--sequence-parallel": layout.sequence_parallel,
+        # PP sends each micro-batch's shape first (model.uses_variable_seq_lengths: the NPU
+        # dispatcher is alltoall); MindSpeed patches p2p _communicate(_shapes) for it.
+        "--variable-seq-lengths": layout.pipeline_model_parallel_size > 1,
+    }
+    flags += [flag for flag, on in switches.items() if on]
+    # What the model is (every mapped family is a Qwen with RMSNorm, SwiGLU and RoPE): MindSpeed's
+    # validators compare against these (FusedRoPEFeature: position_embedding_type == "rope").
+    flags += ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope"]
+    if layout.recompute_granularity is not None:
+        flags += ["--recompute-granularity", layout.recompute_granularity]
+        if layout.recompute_method is not None:
+            flags += ["--recompute-method", layout.recompute_method]
+        if layout.recompute_num_layers is not None:
+            flags += ["--recompute-num-layers", str(layout.recompute_num_layers)]
+    return flags
+
+
+@contextlib.contextmanager
+def presented_argv(flags: list[str]) -> Iterator[None]:
+    """``sys.argv`` is ``[program, *flags]`` inside, the caller's list again after (also on error).
+
+    In a Ray worker ``sys.argv`` holds Ray's worker arguments, not the training flags.
+    """
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "mindspeed_rl", *flags]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def import_mindspeed_adaptor(flags: list[str]) -> None:
+    """Import MindSpeed's adaptor with exactly ``flags`` on the command line (once per process).
+
+    A second import with other flags cannot take effect (MindSpeed's patches and args are
+    process-wide): a ValueError. An adaptor some other code imported first is left as it is,
+    with a warning, since its flags are unknown here.
+    """
+    global _mindspeed_flags
+    wanted = tuple(flags)
+    if MINDSPEED_ADAPTOR in sys.modules:
+        if _mindspeed_flags is None:
+            _log.warning(
+                "%s was imported before the megatron engine; its flags come from that import, not from "
+                "the engine's settings %s",
+                MINDSPEED_ADAPTOR,
+                list(wanted),
+            )
+        elif _mindspeed_flags != wanted:
+            raise ValueError(
+                f"MindSpeed was already set up in this process with {list(_mindspeed_flags)}, not "
+                f"{list(wanted)}; its kernels are chosen once per process, so every megatron model of "
+                "one process needs the same actor_config kernel and parallel switches"
+            )
+        return
+    with presented_argv(list(wanted)):
+        importlib.import_module(MINDSPEED_ADAPTOR)
+    _mindspeed_flags = wanted
+
+
+def import_megatron(layout: MegatronLayout | None = None) -> Any:
     """``megatron.core``, with MindSpeed's adaptor imported first when torch_npu is present.
 
-    A missing megatron-core is a ValueError naming the install line (the wheel declares
-    Python >= 3.12, hence the flag on 3.11).
+    ``layout`` gives MindSpeed's flags (:func:`mindspeed_argv`; None: every switch off). A missing
+    megatron-core is a ValueError naming the install line (the wheel declares Python >= 3.12,
+    hence the flag on 3.11).
     """
-    if importlib.util.find_spec("torch_npu") is not None:
+    if has_torch_npu():
         # MindSpeed must patch megatron before any megatron module is imported.
-        importlib.import_module("mindspeed.megatron_adaptor")
+        import_mindspeed_adaptor(mindspeed_argv(layout or MegatronLayout()))
     try:
         return importlib.import_module("megatron.core")
     except ModuleNotFoundError as exc:
@@ -50,8 +154,22 @@ def import_megatron() -> Any:
         raise
 
 
+@functools.cache
+def has_torch_npu() -> bool:
+    """Whether this is an Ascend host (torch_npu importable; found without importing it)."""
+    return importlib.util.find_spec("torch_npu") is not None
+
+
+def device_kind() -> DeviceKind:
+    """npu when torch_npu is present (MindSpeed's ``transfer_to_npu`` makes ``torch.cuda`` answer
+    for the NPU once the adaptor is imported), cuda with a CUDA device, else cpu."""
+    if has_torch_npu():
+        return "npu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def on_cpu() -> bool:
-    return not torch.cuda.is_available()
+    return device_kind() == "cpu"
 
 
 _ORIGINAL_CURRENT_DEVICE: Callable[[], Any] = torch.cuda.current_device
@@ -74,17 +192,56 @@ def unpatch_current_device() -> None:
 def seed_model_parallel_rng(seed: int) -> None:
     """Seed megatron's TP/EP RNG tracker (after ``initialize_model_parallel``).
 
-    On CPU the default tracker would fork CUDA generator states; the inference tracker does not,
-    and ``force_reset_rng`` lets a process that already built one (tests, reference model) rebuild it.
+    On CPU the default tracker would fork CUDA generator states; the inference tracker does not.
+    A process that already built a tracker (tests, the reference model next to the policy) must
+    rebuild it: megatron keeps the first one otherwise.
     """
     from megatron.core import tensor_parallel
 
-    if on_cpu():
-        tensor_parallel.model_parallel_cuda_manual_seed(
-            seed, inference_rng_tracker=True, force_reset_rng=True
-        )
-    else:
+    if not on_cpu():
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        return
+    seed_fn = tensor_parallel.model_parallel_cuda_manual_seed
+    if "force_reset_rng" in inspect.signature(seed_fn).parameters:
+        seed_fn(seed, inference_rng_tracker=True, force_reset_rng=True)
+        return
+    # megatron-core 0.12.1 (tensor_parallel/random.py) has no force_reset_rng: its
+    # initialize_rng_tracker returns early while the module flag _CUDA_RNG_STATE_TRACKER_INITIALIZED
+    # is set, so clear the flag and the tracker (what force_reset does in 0.19.2) first.
+    random_module: Any = importlib.import_module("megatron.core.tensor_parallel.random")
+    random_module._CUDA_RNG_STATE_TRACKER = None
+    random_module._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+    seed_fn(seed, inference_rng_tracker=True)
+
+
+def adapt_dist_checkpoint_writer() -> bool:
+    """Let megatron's async checkpoint writer call torch's ``_write_item`` as torch now wants it;
+    True when it had to (on any device: it is about torch, not CUDA).
+
+    ``FileSystemWriterAsync.write_preloaded_data`` calls torch's private
+    ``filesystem._write_item(*transforms, stream, data, write_item, storage_key)``. torch 2.13
+    (this machine) added a required ``serialization_format``; megatron-core 0.19.2 passes it when
+    the signature has it, 0.12.1 does not (TypeError inside the writer process). Where megatron does
+    not, its module gets a ``_write_item`` that defaults the argument to ``TORCH_SAVE``, the format
+    torch's own FileSystemWriter writes by default.
+    """
+    module: Any = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    original = module._write_item
+    parameter = inspect.signature(original).parameters.get("serialization_format")
+    if parameter is None or parameter.default is not inspect.Parameter.empty:
+        return False  # this torch does not require it
+    # unwrap: both versions decorate it with the context manager _disable_gc() (functools.wraps).
+    code = getattr(inspect.unwrap(module.FileSystemWriterAsync.write_preloaded_data), "__code__", None)
+    if code is not None and "serialization_format" in code.co_consts:
+        return False  # this megatron passes it
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+    def write_item(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("serialization_format", SerializationFormat.TORCH_SAVE)
+        return original(*args, **kwargs)
+
+    module._write_item = write_item
+    return True
 
 
 def causal_attention_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:

@@ -18,11 +18,13 @@ from mindspeed_rl.models.training.megatron.hf_mapping import (
     ShardCoords,
     assemble_hf,
     dims_from_hf_config,
+    export_name,
     hf_pieces,
     load_dims,
     megatron_names,
     megatron_shard,
 )
+from mindspeed_rl.models.training.megatron.layout import SpecKind
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +65,17 @@ def _all_coords(tp: int = 1, pp: int = 1, ep: int = 1) -> list[ShardCoords]:
         ("moe", {"ep": 4}),
     ],
 )
-def test_round_trip_is_exact(models: dict[str, Path], model: str, layout: dict[str, int]) -> None:
+@pytest.mark.parametrize("spec", ["local", "transformer_engine"])
+def test_round_trip_is_exact(
+    models: dict[str, Path], model: str, layout: dict[str, int], spec: SpecKind
+) -> None:
     dims = load_dims(models[model])
     state = _hf_state(models[model])
     source = DictSource(state)
     pieces = []
     for coords in _all_coords(**layout):
         coords.check(dims)
-        for name in megatron_names(dims, coords):
+        for name in megatron_names(dims, coords, spec=spec):
             pieces += hf_pieces(name, megatron_shard(name, dims, coords, source), dims, coords)
     rebuilt = assemble_hf(pieces, dims)
     assert set(rebuilt) == set(state)
@@ -135,6 +140,40 @@ def test_experts_map_local_ids_to_global_ids(models: dict[str, Path]) -> None:
     assert torch.equal(fc2, state["model.layers.1.mlp.experts.3.down_proj.weight"])
     names = megatron_names(dims, coords)
     assert "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight" not in names
+
+
+def test_grouped_experts_hold_the_sequential_tensors_under_one_snapshot_name(models: dict[str, Path]) -> None:
+    dims = load_dims(models["moe"])
+    state = DictSource(_hf_state(models["moe"]))
+    coords = ShardCoords(ep_rank=1, ep_size=2, etp_rank=1, etp_size=2)
+    for fc in ("linear_fc1", "linear_fc2"):
+        sequential = f"decoder.layers.1.mlp.experts.local_experts.1.{fc}.weight"
+        grouped = f"decoder.layers.1.mlp.experts.{fc}.weight1"  # TEGroupedMLP: weight<local id>
+        assert torch.equal(
+            megatron_shard(grouped, dims, coords, state), megatron_shard(sequential, dims, coords, state)
+        )
+        want = f"decoder.layers.1.mlp.experts.3.{fc}.weight"  # EP rank 1, local 1 -> global 3
+        assert export_name(grouped, dims, coords) == export_name(sequential, dims, coords) == want
+
+
+def test_te_spec_names_fuse_the_dense_norms_into_the_next_linear(models: dict[str, Path]) -> None:
+    dense, moe = load_dims(models["qwen3"]), load_dims(models["moe"])
+    local, te = (set(megatron_names(dense, ShardCoords(), spec=s)) for s in ("local", "transformer_engine"))
+    assert local - te == {
+        f"decoder.layers.{i}.{n}"
+        for i in (0, 1)
+        for n in ("input_layernorm.weight", "pre_mlp_layernorm.weight")
+    }
+    assert te - local == {
+        f"decoder.layers.{i}.{n}"
+        for i in (0, 1)
+        for n in ("self_attention.linear_qkv.layer_norm_weight", "mlp.linear_fc1.layer_norm_weight")
+    }
+    # MoE layers keep pre_mlp_layernorm (the router reads it); experts are grouped.
+    te_moe = megatron_names(moe, ShardCoords(), spec="transformer_engine")
+    assert "decoder.layers.0.pre_mlp_layernorm.weight" in te_moe
+    assert "decoder.layers.0.mlp.experts.linear_fc1.weight3" in te_moe
+    assert not [n for n in te_moe if "local_experts" in n]
 
 
 def test_safetensors_source_reads_only_the_requested_slice(models: dict[str, Path]) -> None:
