@@ -28,7 +28,11 @@ class ParallelKeys:
     num_layers_per_virtual_pipeline_stage: int | None = opt(
         None, "Interleaved pipeline chunk size.", inert=PARALLEL_ONLY
     )
-    sequence_parallel: bool = opt(False, "Shard activations along the sequence.", inert=PARALLEL_ONLY)
+    sequence_parallel: bool = opt(
+        False,
+        "Shard activations along the sequence over the TP group (TP > 1).",
+        inert_on_torch=PARALLEL_ONLY,
+    )
     moe_tp_extend_ep: bool = opt(False, "Reuse TP ranks as extra EP ranks.", inert=PARALLEL_ONLY)
     use_distributed_optimizer: bool = opt(False, "ZeRO-1 style sharded optimizer.", inert=PARALLEL_ONLY)
     overlap_grad_reduce: bool = opt(False, "Overlap DP gradient reduce.", inert=PARALLEL_ONLY)
@@ -43,11 +47,15 @@ class MegatronOnlyKeys:
     use_mcore_models: bool = opt(
         False, "Train on the megatron-core engine with actor_config's layout.", inert_on_torch=MEGATRON_ONLY
     )
-    use_fused_rmsnorm: bool = opt(False, "Fused RMSNorm kernel.", inert=MEGATRON_ONLY)
-    use_fused_swiglu: bool = opt(False, "Fused SwiGLU kernel.", inert=MEGATRON_ONLY)
-    use_fused_rotary_pos_emb: bool = opt(False, "Fused RoPE kernel.", inert=MEGATRON_ONLY)
+    use_fused_rmsnorm: bool = opt(
+        False, "Fused RMSNorm kernel (MindSpeed on NPU).", inert_on_torch=MEGATRON_ONLY
+    )
+    use_fused_swiglu: bool = opt(False, "Fused SwiGLU kernel.", inert_on_torch=MEGATRON_ONLY)
+    use_fused_rotary_pos_emb: bool = opt(False, "Fused RoPE kernel.", inert_on_torch=MEGATRON_ONLY)
     use_rotary_position_embeddings: bool = opt(False, "Legacy RoPE switch.", inert=MEGATRON_ONLY)
-    use_flash_attn: bool = opt(False, "Flash attention kernel.", inert=MEGATRON_ONLY)
+    use_flash_attn: bool = opt(
+        False, "Flash attention (TransformerEngine on CUDA, MindSpeed on NPU).", inert_on_torch=MEGATRON_ONLY
+    )
     use_fused_moe_token_permute_and_unpermute: bool = opt(False, "Fused MoE permute.", inert=MEGATRON_ONLY)
     no_masked_softmax_fusion: bool = opt(False, "Disable fused masked softmax.", inert=MEGATRON_ONLY)
     no_bias_dropout_fusion: bool = opt(False, "Disable fused bias-dropout.", inert=MEGATRON_ONLY)
@@ -58,11 +66,16 @@ class MegatronOnlyKeys:
     reuse_fp32_param: bool = opt(False, "Share fp32 master weights memory.", inert=MEGATRON_ONLY)
     use_cpu_initialization: bool = opt(False, "Initialise weights on CPU.", inert=MEGATRON_ONLY)
     use_mc2: bool = opt(False, "Ascend MC2 fused communication.", inert=MEGATRON_ONLY)
-    recompute_granularity: str | None = opt(None, "full or selective.", inert=_RECOMPUTE)
-    recompute_method: str | None = opt(None, "uniform or block.", inert=_RECOMPUTE)
-    recompute_num_layers: int | None = opt(None, "Layers recomputed.", inert=_RECOMPUTE)
+    recompute_granularity: str | None = opt(None, "full or selective.", inert_on_torch=_RECOMPUTE)
+    recompute_method: str | None = opt(None, "uniform or block (with full).", inert_on_torch=_RECOMPUTE)
+    recompute_num_layers: int | None = opt(
+        None, "Layers per recomputed chunk (full).", inert_on_torch=_RECOMPUTE
+    )
     swap_attention: bool = opt(False, "Swap attention activations to host.", inert=_RECOMPUTE)
     no_shared_storage: bool = opt(False, "Nodes do not share a file system.", inert=MEGATRON_ONLY)
     load_checkpoint_loosely: bool = opt(False, "Allow missing keys on load.", inert=MEGATRON_ONLY)
     ckpt_format: str = opt("torch", "Megatron checkpoint format.", inert=MEGATRON_ONLY)
     initial_loss_scale: float = opt(4294967296.0, "fp16 dynamic loss scale start.", inert=MEGATRON_ONLY)
+    accumulate_allreduce_grads_in_fp32: bool = opt(
+        False, "Accumulate and all-reduce gradients in fp32 under bf16.", inert=MEGATRON_ONLY
+    )

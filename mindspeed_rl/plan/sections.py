@@ -20,10 +20,11 @@ from mindspeed_rl.config_cls.model_arch import ModelArchitecture
 from mindspeed_rl.config_cls.resources import ActorResources
 from mindspeed_rl.contracts import EvalConfig, OffloadSpec
 from mindspeed_rl.models.loss.config import GRPOLossConfig
+from mindspeed_rl.models.rewards.registry import check_verifier_names
 from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.lr_schedule import LRSchedule
-from mindspeed_rl.models.training.megatron.layout import MegatronLayout
+from mindspeed_rl.models.training.megatron.layout import MegatronLayout, check_trainable
 from mindspeed_rl.plan.placement import device_kind
 from mindspeed_rl.utils.logging_config import LoggingConfig
 
@@ -77,6 +78,7 @@ def refuse_unsupported(config: GRPOConfig) -> None:
     if config.reward_config is not None:
         raise ValueError("reward_config: reward models are not implemented; remove the section "
                          "(rewards come from rl_config.verifier_function)")  # fmt: skip
+    check_verifier_names(rl.verifier_function)  # here, not at the first reward call
     t = config.actor_config.training
     for key in ("attention_dropout", "hidden_dropout"):
         if getattr(t, key) != 0:
@@ -346,12 +348,32 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
             f"actor_config.context_parallel_size={p.context_parallel_size}: context parallelism is not "
             "implemented by the megatron engine; set it to 1"
         )
-    return MegatronLayout(
+    m = config.actor_config.megatron_only
+    layout = MegatronLayout(
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         expert_model_parallel_size=p.expert_model_parallel_size,
         make_vocab_size_divisible_by=config.model.make_vocab_size_divisible_by,
+        sequence_parallel=p.sequence_parallel,
+        recompute_granularity=m.recompute_granularity,
+        recompute_method=m.recompute_method,
+        recompute_num_layers=m.recompute_num_layers,
+        use_flash_attn=m.use_flash_attn,
+        use_fused_rmsnorm=m.use_fused_rmsnorm,
+        use_fused_swiglu=m.use_fused_swiglu,
+        use_fused_rotary_pos_emb=m.use_fused_rotary_pos_emb,
     )
+    # The layer spec this layout gets on its device must be able to train it (MoE at TP > 1 needs
+    # sequence parallelism; the CPU spec cannot shard the sequence): refused here, before any
+    # weights load. A CUDA plan assumes TransformerEngine, which the gpu stack installs; the build
+    # checks the real import on the training host.
+    device = trainer_device(config)
+    arch = config.model
+    check_trainable(
+        arch if arch.num_layers else arch.is_moe, layout, device,
+        transformer_engine=True if device == "cuda" else None,
+    )  # fmt: skip
+    return layout
 
 
 def plan_inert_keys(config: GRPOConfig) -> tuple[InertKey, ...]:

@@ -233,13 +233,14 @@ def test_megatron_layout_keys_are_inert_only_on_the_torch_engine() -> None:
     reasons = {(k.section, k.key): k.reason for k in torch.inert_keys}
     assert "torch backend" in reasons["actor_config", "tensor_model_parallel_size"]
     assert ("ref_config", "tensor_model_parallel_size") in reasons
-    on_megatron = {"use_mcore_models": True, "use_flash_attn": True}
+    on_megatron = {"use_mcore_models": True, "use_flash_attn": True, "no_masked_softmax_fusion": True}
     megatron = load_config(_raw(megatron_training=on_megatron, actor_config=layout, ref_config=layout))
     reasons = {(k.section, k.key): k.reason for k in megatron.inert_keys}
     assert ("actor_config", "tensor_model_parallel_size") not in reasons  # the engine's layout
     assert ("megatron_training", "use_mcore_models") not in reasons  # it chose the engine
     assert "actor_config's" in reasons["ref_config", "tensor_model_parallel_size"]  # roles share it
-    assert ("megatron_training", "use_flash_attn") in reasons  # inert on both engines
+    assert ("megatron_training", "use_flash_attn") not in reasons  # the megatron engine's attention
+    assert ("megatron_training", "no_masked_softmax_fusion") in reasons  # inert on both engines
 
 
 def test_validation_never_mutates_the_users_config() -> None:
