@@ -9,7 +9,9 @@ would raise (unsupported keys, layouts, queue/lag rules) is raised here, before 
 work. ``--available CPU=2,NPU=16`` also checks that the plan's actors fit one node with those
 resources. ``--cluster NxD`` (N nodes of D devices; ``NxDxC`` also gives C CPUs per node, else
 CPUs are not checked) prints, instead of the config, the placement as JSON: node and device
-indices of every trainer rank and generation actor (``utils.placement``); the device kind is NPU
+indices of every trainer rank and generation actor (``utils.placement``) and, when the YAML's
+``model:`` gives the shape, ``memory_gb`` of each by term (``plan.memory``; exit 2 naming the rank,
+its largest term and a key that shrinks it when one does not fit ``--device-memory-gb``); the device kind is NPU
 when the config asks ``num_npus``, GPU when it asks ``num_gpus`` (a CPU-only config uses no
 devices). The run does the same check against its live cluster's nodes. Keys that have no effect
 here are listed on stderr (``--list-inert`` prints only that list, on stdout).
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.plan.build import RunPlan, build_run_plan
+from mindspeed_rl.plan.memory_section import placed_memory
 from mindspeed_rl.utils.placement import ClusterSpec
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -52,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_cluster,
         default=None,
         help="N nodes of D devices (8x8; 8x8x192 also checks 192 CPUs per node): print the placement as JSON",
+    )
+    parser.add_argument(
+        "--device-memory-gb",
+        type=float,
+        default=None,
+        help="with --cluster: memory of one device (default: 64 for NPU, 80 for GPU)",
     )
     parser.add_argument(
         "--placement-dry-run",
@@ -85,7 +94,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key in plan.inert_keys:
             print(key)
         return 0
-    print(json.dumps(config.to_dict() if placement is None else placement.to_dict(), indent=2))
+    if placement is not None:
+        placed = placement.to_dict()
+        if plan.memory is not None:
+            memory = placed_memory(plan.memory, placement, args.device_memory_gb)
+            placed["memory_gb"] = memory
+            if memory["problem"] is not None:
+                print(json.dumps(placed, indent=2))
+                print(f"error: device memory: {memory['problem']}", file=sys.stderr)
+                return 2
+        print(json.dumps(placed, indent=2))
+    else:
+        print(json.dumps(config.to_dict(), indent=2))
     if plan.inert_keys:
         print(f"note: {len(plan.inert_keys)} given key(s) have no effect here:", file=sys.stderr)
         for key in plan.inert_keys:

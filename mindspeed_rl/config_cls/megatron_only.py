@@ -34,7 +34,11 @@ class ParallelKeys:
         inert_on_torch=PARALLEL_ONLY,
     )
     moe_tp_extend_ep: bool = opt(False, "Reuse TP ranks as extra EP ranks.", inert=PARALLEL_ONLY)
-    use_distributed_optimizer: bool = opt(False, "ZeRO-1 style sharded optimizer.", inert=PARALLEL_ONLY)
+    use_distributed_optimizer: bool = opt(
+        False,
+        "Shard fp32 masters and Adam moments over data parallel (megatron, GPU/NPU).",
+        inert_on_torch=PARALLEL_ONLY,
+    )
     overlap_grad_reduce: bool = opt(False, "Overlap DP gradient reduce.", inert=PARALLEL_ONLY)
     overlap_param_gather: bool = opt(False, "Overlap DP parameter gather.", inert=PARALLEL_ONLY)
     distributed_backend: str = opt("nccl", "Collective backend (nccl/hccl/gloo).", inert=PARALLEL_ONLY)
@@ -77,5 +81,7 @@ class MegatronOnlyKeys:
     ckpt_format: str = opt("torch", "Megatron checkpoint format.", inert=MEGATRON_ONLY)
     initial_loss_scale: float = opt(4294967296.0, "fp16 dynamic loss scale start.", inert=MEGATRON_ONLY)
     accumulate_allreduce_grads_in_fp32: bool = opt(
-        False, "Accumulate and all-reduce gradients in fp32 under bf16.", inert=MEGATRON_ONLY
+        False,
+        "Accumulate and all-reduce gradients in fp32 under bf16 (megatron's grad buffer).",
+        inert_on_torch=MEGATRON_ONLY,
     )

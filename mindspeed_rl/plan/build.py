@@ -33,6 +33,7 @@ from mindspeed_rl.contracts import EvalConfig, OffloadSpec, OldLogProbs, Rollout
 from mindspeed_rl.models.rewards.config import RewardConfig
 from mindspeed_rl.plan import placement as placing
 from mindspeed_rl.plan import sections as parts
+from mindspeed_rl.plan.memory_section import MemoryPlan, memory_plan
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.placement import ClusterSpec, Placement, PlacementRequest, plan_placement
@@ -120,6 +121,9 @@ class RunPlan:
     """Async only: the scheduler section the run's schedule is built from (a plain copy)."""
     async_spec: parts.AsyncSpec | None = None
     """Async only."""
+    memory: MemoryPlan | None = None
+    """What the device-memory estimate needs (``plan.memory_section``); None when the YAML gives
+    no model shape."""
     inert_keys: tuple[InertKey, ...] = ()
     """Keys the user set that have no effect in this plan (loader's list + plan-level ones)."""
 
@@ -156,11 +160,19 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         offload=parts.colocated_offload(config),
         trainer_resources=trainer_resources(config),
         placement=placing.placement_request(config),
+        memory=memory_plan(config, trainer, rollout_tensor_parallel_size(config)),
         inert_keys=parts.plan_inert_keys(config),
     )
     if not is_async:
         return plan
     return parts.with_async(plan, config, runtime_config(config))
+
+
+def rollout_tensor_parallel_size(config: GRPOConfig) -> int:
+    """TP of each rollout engine: the async actors' own, or the hybrid's ``infer_tensor_parallel_size``."""
+    if config.rl_config.pipeline == "async":
+        return config.async_config.actor_tensor_parallel_size
+    return config.generate_config.infer_tensor_parallel_size
 
 
 def runtime_config(config: GRPOConfig) -> RuntimeConfig:

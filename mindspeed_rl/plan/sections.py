@@ -156,7 +156,20 @@ def engine_config(config: GRPOConfig) -> TorchEngineConfig:
         device=trainer_device(config),
         param_dtype=param_dtype(config),
         export_dtype=export_dtype(config),
+        **megatron_optimizer_keys(config),
     )
+
+
+def megatron_optimizer_keys(config: GRPOConfig) -> dict[str, bool]:
+    """The megatron engine's optimizer switches; read only when it is chosen (the torch engine
+    has one process and keeps fp32 masters, so both keys are inert there)."""
+    if not config.actor_config.megatron_only.use_mcore_models:
+        return {}
+    m = config.actor_config.megatron_only
+    return {
+        "use_distributed_optimizer": config.actor_config.parallel.use_distributed_optimizer,
+        "accumulate_allreduce_grads_in_fp32": m.accumulate_allreduce_grads_in_fp32,
+    }
 
 
 def trainer_device(config: GRPOConfig) -> Literal["cpu", "cuda", "npu"]:
@@ -354,7 +367,8 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         expert_model_parallel_size=p.expert_model_parallel_size,
         make_vocab_size_divisible_by=config.model.make_vocab_size_divisible_by,
-        sequence_parallel=p.sequence_parallel,
+        # Megatron-LM switches sequence parallelism off at TP 1 (nothing to shard over); so does the plan.
+        sequence_parallel=p.sequence_parallel and p.tensor_model_parallel_size > 1,
         recompute_granularity=m.recompute_granularity,
         recompute_method=m.recompute_method,
         recompute_num_layers=m.recompute_num_layers,
