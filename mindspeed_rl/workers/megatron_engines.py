@@ -10,16 +10,25 @@ engines=megatron_engines)`` is the default when the plan carries a ``MegatronLay
 
 Data-parallel replicas hold the same shard as a lower rank: only the first rank of each
 (tp, ep, pp) coordinate writes (rank None for the others), so a snapshot has exactly
-TP x EP x PP shards whatever the DP size.
+TP x EP x PP shards whatever the DP size. The others do not even copy their shard to host
+memory: their coordinates come from megatron's parallel state, not from the shard.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from mindspeed_rl.models.training.megatron.engine import MegatronReferenceModel, MegatronTrainingEngine
+from mindspeed_rl.models.training.megatron.engine import (
+    MegatronReferenceModel,
+    MegatronTrainingEngine,
+    first_holders,
+    host_group,
+    layout_rank,
+    snapshot_layout,
+)
 from mindspeed_rl.models.training.megatron.hf_mapping import ShardCoords
 
 if TYPE_CHECKING:
@@ -28,54 +37,54 @@ if TYPE_CHECKING:
     from mindspeed_rl.workers.training_unit import Engines, SnapshotPart
 
 
-def layout_rank(coords: ShardCoords) -> int:
-    """This rank's index in the snapshot layout (``weights.layout``'s numbering)."""
-    return coords.tp_rank + coords.tp_size * (coords.ep_rank + coords.ep_size * coords.pp_rank)
-
-
-def first_holders(all_coords: list[ShardCoords]) -> list[bool]:
-    """Per global rank: whether it is the lowest rank holding its (tp, ep, pp) shard."""
-    seen: set[int] = set()
-    out = []
-    for coords in all_coords:
-        key = layout_rank(coords)
-        out.append(key not in seen)
-        seen.add(key)
-    return out
+__all__ = ["MegatronSnapshots", "first_holders", "layout_rank", "manifest_layout", "megatron_engines"]
 
 
 class MegatronSnapshots:
     """``SnapshotPart`` of this rank; the first call is a collective (every rank calls it)."""
 
-    def __init__(self, engine: MegatronTrainingEngine) -> None:
+    def __init__(
+        self,
+        engine: MegatronTrainingEngine,
+        coords_of: Callable[[MegatronTrainingEngine], ShardCoords] | None = None,
+    ) -> None:
         self._engine = engine
+        self._coords_of = coords_of or _parallel_coords
         self._writes: bool | None = None
         self._layout: TrainingLayout | None = None
+        self._coords: ShardCoords | None = None
 
     def __call__(self) -> SnapshotPart:
         from mindspeed_rl.workers.training_unit import SnapshotPart
 
-        tensors, coords = self._engine.snapshot_shard()
         if self._writes is None:
+            coords = self._coords_of(self._engine)
             gathered: list[ShardCoords | None] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, coords)
+            dist.all_gather_object(gathered, coords, group=host_group())
             self._writes = first_holders([c for c in gathered if c is not None])[dist.get_rank()]
             self._layout = manifest_layout(self._engine, coords)
-        assert self._layout is not None
-        rank = layout_rank(coords) if self._writes else None
-        return SnapshotPart(tensors=tensors.items(), layout=self._layout, rank=rank)
+            self._coords = coords
+        assert self._layout is not None and self._coords is not None
+        if not self._writes:
+            # Another rank writes this shard: copying it to host here would be thrown away.
+            return SnapshotPart(tensors=(), layout=self._layout, rank=None)
+        tensors, coords = self._engine.snapshot_shard()
+        if coords != self._coords:
+            raise RuntimeError(
+                f"snapshot shard coordinates changed from {self._coords} to {coords}; the parallel "
+                "layout is fixed for a run, restart the Training Unit to change it"
+            )
+        return SnapshotPart(tensors=tensors.items(), layout=self._layout, rank=layout_rank(coords))
+
+
+def _parallel_coords(engine: MegatronTrainingEngine) -> ShardCoords:
+    from mindspeed_rl.models.training.megatron.model import rank_coords
+
+    return rank_coords(engine.layout)
 
 
 def manifest_layout(engine: MegatronTrainingEngine, coords: ShardCoords) -> TrainingLayout:
-    from mindspeed_rl.weights import megatron_rules
-
-    return megatron_rules.training_layout(
-        tp_size=coords.tp_size,
-        pp_size=coords.pp_size,
-        ep_size=coords.ep_size,
-        expert_tensor_parallel_size=coords.etp_size,
-        dims=engine.dims,
-    )
+    return snapshot_layout(engine.dims, coords)
 
 
 def megatron_engines(spec: TrainerSpec, policy_path: str) -> Engines:
@@ -97,6 +106,8 @@ def megatron_engines(spec: TrainerSpec, policy_path: str) -> Engines:
             micro_batch_size=spec.reference_micro_batch_size,
             pad_token_id=spec.engine.pad_token_id,
             seed=spec.engine.seed,
+            device=spec.engine.device,
+            param_dtype=spec.engine.param_dtype,
         )
         if spec.reference_micro_batch_size is not None
         else None

@@ -47,7 +47,8 @@ class TorchEngineConfig:
     ``npu`` for the custom ``NPU`` resource (``torch_npu`` is imported then only), else ``cpu``."""
     param_dtype: ParamDtype = "float32"
     """``bfloat16`` (``bf16: true``): bf16 working parameters for forward/backward, fp32 master
-    weights, fp32 gradient accumulation and fp32 AdamW state (``precision.MasterWeightOptimizer``).
+    weights, fp32 gradient accumulation (the megatron engine: ``accumulate_allreduce_grads_in_fp32``)
+    and fp32 AdamW state (``precision.MasterWeightOptimizer``; megatron's optimizer on GPU/NPU).
     Honoured on every device, CPU included when asked; the shipped tiny CPU configs keep float32
     so the trainer's log-probs match the fp32 rollout to ~1e-6."""
     export_dtype: ExportDtype | None = None
@@ -58,6 +59,18 @@ class TorchEngineConfig:
     ``chunk x vocab`` floats however long the micro-batch (152k vocab: 0.6 GB per fp32 chunk)."""
     pad_token_id: int = 0
     """Filler id for right padding; any valid id works since padded positions are masked."""
+    use_distributed_optimizer: bool = False
+    """Megatron engine on GPU/NPU (``actor_config.use_distributed_optimizer``): megatron's
+    DistributedOptimizer shards the fp32 master weights and Adam moments over the data-parallel
+    ranks (gradients are reduce-scattered, updated weights all-gathered). Has no effect on a CPU
+    host, where the engine steps a torch optimizer on every rank's whole shard, nor in the torch
+    engine (one process, nothing to shard over)."""
+    accumulate_allreduce_grads_in_fp32: bool = False
+    """Megatron engine (``actor_config.accumulate_allreduce_grads_in_fp32``, upstream's key and its
+    default): DDP's gradient buffer, where micro-batch gradients accumulate and which the DP
+    all-reduce sums, is fp32 instead of the parameters' dtype. Off under ``bf16: true``: bf16
+    gradients (half the buffer), cast to fp32 for the optimizer step. The torch engine always
+    accumulates micro-batch gradients in its fp32 masters (``precision.py``)."""
 
     def __post_init__(self) -> None:
         positive = {

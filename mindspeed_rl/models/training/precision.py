@@ -11,6 +11,10 @@ bf16 scheme (``param_dtype: bfloat16``; the simplest correct one, as in Megatron
 Gradients are summed across micro-batches in fp32 (each micro-batch's gradient is rounded to
 bf16 once, by the backward pass itself), so accumulation error does not grow with the number of
 micro-batches; updates smaller than a bf16 ulp of a weight still accumulate in its master copy.
+
+The megatron engine steps the same optimizers on a CPU host: its gradients are already summed
+(over micro-batches and DP ranks) in megatron DDP's ``main_grad`` buffers, and ``take_grads``
+hands them over in place of ``after_backward``.
 """
 
 from __future__ import annotations
@@ -39,11 +43,31 @@ class ParamOptimizer(Protocol):
         """Called after every micro-batch's ``backward``."""
         ...
 
+    def take_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        """Use ``grads`` (one per parameter, in ``params`` order, summed elsewhere) as the
+        gradients of the next ``step``, instead of accumulating ``param.grad``."""
+        ...
+
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip the accumulated gradients in place; returns their global norm (before clipping)."""
         ...
 
     def step(self, lr: float) -> None: ...
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """The model's trainable parameters, in the order the optimizer state is kept."""
+        ...
+
+    @property
+    def torch_optimizer(self) -> torch.optim.Optimizer:
+        """The AdamW that steps: over ``params`` (fp32), or over ``master_params``."""
+        ...
+
+    @property
+    def master_params(self) -> list[torch.nn.Parameter] | None:
+        """The fp32 copies AdamW steps (one per entry of ``params``); None when it steps ``params``."""
+        ...
 
     @property
     def lr(self) -> float: ...
@@ -74,6 +98,11 @@ class FullPrecisionOptimizer:
     def after_backward(self) -> None:
         pass
 
+    @torch.no_grad()
+    def take_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        for param, grad in zip(self._params, grads, strict=True):
+            param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
+
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(self._params, max_norm, error_if_nonfinite=True)
 
@@ -85,6 +114,18 @@ class FullPrecisionOptimizer:
     @property
     def lr(self) -> float:
         return float(self._optimizer.param_groups[0]["lr"])
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return self._params
+
+    @property
+    def torch_optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    @property
+    def master_params(self) -> list[torch.nn.Parameter] | None:
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {"adamw": self._optimizer.state_dict()}
@@ -118,6 +159,12 @@ class MasterWeightOptimizer:
                 master.grad.add_(param.grad)
             param.grad = None
 
+    @torch.no_grad()
+    def take_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        # An fp32 gradient is used as it is (``float()`` returns the tensor itself), no copy.
+        for master, grad in zip(self.masters, grads, strict=True):
+            master.grad = grad.float()
+
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(self.masters, max_norm, error_if_nonfinite=True)
 
@@ -132,6 +179,18 @@ class MasterWeightOptimizer:
     @property
     def lr(self) -> float:
         return float(self._optimizer.param_groups[0]["lr"])
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return self._params
+
+    @property
+    def torch_optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    @property
+    def master_params(self) -> list[torch.nn.Parameter] | None:
+        return self.masters
 
     def state_dict(self) -> dict[str, Any]:
         # The fp32 masters are state too: rebuilt from the bf16 weights they would lose the
@@ -156,7 +215,11 @@ class MasterWeightOptimizer:
 def build_optimizer(model: torch.nn.Module, settings: AdamWSettings) -> ParamOptimizer:
     """fp32 parameters: plain AdamW; bf16 parameters: fp32 masters. Anything else is refused (fp16
     would need loss scaling, which is not implemented)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    return optimizer_for([p for p in model.parameters() if p.requires_grad], settings)
+
+
+def optimizer_for(params: Sequence[torch.nn.Parameter], settings: AdamWSettings) -> ParamOptimizer:
+    """:func:`build_optimizer` over ``params`` (the trainable ones, in the order given)."""
     dtypes = {p.dtype for p in params}
     if dtypes == {torch.float32}:
         return FullPrecisionOptimizer(params, settings)

@@ -165,8 +165,9 @@ class TorchTrainingEngine:
 
 class _TorchStep:
     """The torch engine's side of an optimizer step (``update_loop.StepHooks``): a python loop
-    over length-sorted micro-batches, loss sums on the host, and the precision-aware optimizer
-    (``precision.py``), which accumulates each micro-batch's gradient after its backward."""
+    over length-sorted micro-batches, loss sums on the engine's device (read once per step, not
+    once per micro-batch), and the precision-aware optimizer (``precision.py``), which
+    accumulates each micro-batch's gradient after its backward."""
 
     def __init__(self, engine: TorchTrainingEngine) -> None:
         self._engine = engine
@@ -176,7 +177,7 @@ class _TorchStep:
 
     def forward_backward(self, loss: MiniBatchLoss) -> dict[str, float]:
         engine, cfg = self._engine, self._engine.config
-        sums = LossSums("cpu")
+        sums = LossSums(engine._device)
         for _, micro in micro_batches(loss.mini, cfg.micro_batch_size):
             padded = pad_batch(micro, pad_token_id=cfg.pad_token_id, device=engine._device)
             logp, entropy = forward_with_entropy(

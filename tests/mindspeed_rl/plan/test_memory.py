@@ -184,3 +184,115 @@ def test_rollout_kv_cache_is_what_vllm_leaves() -> None:
     assert rollout_shortfall(spec, est) is None
     tiny = rollout_memory(spec, 1e-5)
     assert rollout_shortfall(spec, tiny) is not None
+
+
+# The engine's memory terms, measured: the real megatron engine (and its reference) at TP2, PP2
+# (tied embeddings: the last stage's output-layer copy) and EP2, bf16 with bf16 or fp32 gradient
+# buffers, and fp32.
+ENGINE_CASES = {"tp2": "qwen3", "pp2": "qwen2", "ep2": "qwen3_moe"}
+ENGINE_DTYPES = (("bfloat16", False), ("bfloat16", True), ("float32", False))
+
+
+def _shape_of(dims: Any) -> ModelShape:
+    return ModelShape(
+        num_layers=dims.num_layers, hidden_size=dims.hidden_size, ffn_hidden_size=dims.ffn_hidden_size,
+        num_attention_heads=dims.num_attention_heads, num_query_groups=dims.num_query_groups,
+        head_dim=dims.head_dim, vocab_size=dims.vocab_size, tied_embeddings=dims.tied_embeddings,
+        qkv_bias=dims.qkv_bias, qk_layernorm=dims.qk_layernorm, num_experts=dims.num_experts or 0,
+        moe_topk=dims.moe_topk or 0, moe_ffn_hidden_size=dims.moe_ffn_hidden_size or 0,
+    )  # fmt: skip
+
+
+def _nbytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _engine_memory_worker(rank: int, port: int, layout_name: str, model_dir: str, out: Any) -> None:
+    import numpy as np
+    import torch.distributed as dist
+
+    from benchmarks.parity.engine import LAYOUTS, init_gloo
+
+    init_gloo(rank, 2, port)
+    try:
+        import torch
+        from megatron.core import parallel_state as ps
+
+        from mindspeed_rl.models.loss.config import GRPOLossConfig
+        from mindspeed_rl.models.training.batch import TrainBatch
+        from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+        from mindspeed_rl.models.training.megatron.engine import (
+            MegatronReferenceModel,
+            MegatronTrainingEngine,
+        )
+
+        layout = LAYOUTS[layout_name]
+        batch = TrainBatch.from_lists(
+            prompt_ids=[[3, 4, 5], [6, 7]],
+            response_ids=[[8, 9], [10, 11, 12]],
+            advantages=np.array([1.0, -1.0]),
+        )
+        for dtype, grads_in_fp32 in ENGINE_DTYPES:
+            config = TorchEngineConfig(
+                lr=1e-3, micro_batch_size=1, mini_batch_size=2, n_samples_per_prompt=1,
+                loss=GRPOLossConfig(init_kl_coef=0.0), param_dtype=dtype,  # type: ignore[arg-type]
+                accumulate_allreduce_grads_in_fp32=grads_in_fp32,
+            )  # fmt: skip
+            engine = MegatronTrainingEngine(model_dir, config, layout)
+            reference = MegatronReferenceModel(model_dir, layout, micro_batch_size=1, param_dtype=dtype)
+            engine.update(batch, 1.0)  # AdamW allocates its moments on the first step
+            inner = engine.optimizer.torch_optimizer
+            state = [t for s in inner.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+            moments = [t for t in state if t.dim() > 0]
+            counters = [t for t in state if t.dim() == 0]
+            measured = {
+                "parameters": _nbytes(engine.model.module.parameters()),
+                "gradients": _nbytes(
+                    b.grad_data for b in [*engine.model.buffers, *engine.model.expert_parallel_buffers]
+                ),
+                "optimizer_state": _nbytes(moments) + _nbytes(engine.optimizer.master_params or []),
+                "reference": _nbytes(reference.model.parameters()),
+            }
+            # Besides, torch's AdamW keeps a 0-dim step counter per tensor: bookkeeping, not a term.
+            assert len(moments) + len(counters) == len(state) and len(counters) == len(inner.state)
+            out.put((rank, ps.get_pipeline_model_parallel_rank(), dtype, grads_in_fp32, measured))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+@pytest.mark.parametrize("layout_name", sorted(ENGINE_CASES))
+def test_byte_terms_equal_what_the_megatron_engine_allocates(tmp_path: Any, layout_name: str) -> None:
+    """``parameters``, ``gradients`` (megatron DDP's buffer), ``optimizer_state`` (fp32 masters +
+    AdamW moments after a step, on the CPU path) and ``reference``, byte for byte per rank."""
+    import torch.multiprocessing as mp
+
+    from benchmarks.parity.engine import build_parity_model, free_port
+    from mindspeed_rl.models.training.megatron.hf_mapping import load_dims
+
+    family = ENGINE_CASES[layout_name]
+    model_dir = build_parity_model(tmp_path / family, family, tied=family == "qwen2")
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.start_processes(
+        _engine_memory_worker,
+        args=(free_port(), layout_name, str(model_dir), out),
+        nprocs=2,
+        start_method="spawn",
+    )
+    tp, pp, ep = LAYOUTS[layout_name]
+    shape = _shape_of(load_dims(model_dir))
+    seen = 0
+    while not out.empty():
+        rank, pp_rank, dtype, grads_in_fp32, measured = out.get()
+        spec = _trainer_spec(
+            shape=shape, tp=tp, pp=pp, ep=ep, world_size=2, make_vocab_size_divisible_by=128,
+            param_dtype=dtype, grads_in_fp32=grads_in_fp32, distributed_optimizer=False, reference=True,
+        )  # fmt: skip
+        planned = trainer_memory(spec, 80, pp_rank=pp_rank).terms
+        assert {k: planned[k] for k in measured} == measured, (layout_name, rank, dtype, grads_in_fp32)
+        seen += 1
+    assert seen == 2 * len(ENGINE_DTYPES)

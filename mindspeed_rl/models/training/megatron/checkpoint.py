@@ -3,7 +3,8 @@
 Inside one ``<save>/iter_N/`` folder (``trainer/checkpointing.py`` owns the folder and its
 atomic commit)::
 
-    config.json, model.safetensors ...   HF folder of the weights (rank 0, gathered): what the
+    config.json, model.safetensors ...   HF folder of the weights (rank 0, merged from every rank's
+                                         shard, ``engine.save_hf``): what the
                                          rollout actors of a resumed run load, and what users read
     mcore_dist/                          megatron ``dist_checkpointing`` (torch_dist): model weights
                                          and AdamW moments as ShardedTensors, each shard written once
@@ -16,10 +17,14 @@ of the same model), since ``dist_checkpointing.load`` reassembles each rank's ne
 saved pieces. Only the RNG states are per rank: they are restored when the layout is the same,
 and a different layout needs ``no_load_rng``.
 
-The optimizer is torch's AdamW (see ``engine.py`` for why); its per-parameter moments are
-sharded exactly like their parameters. Its ``step`` counter is the same for every parameter
-(every parameter steps every time), so it is stored once as ``num_optimizer_steps`` rather than
-as a tensor per parameter.
+Optimizer state. On a CPU host the optimizer is torch's AdamW (``engine.py`` says why), over the
+parameters or, under bf16, over their fp32 masters: its per-parameter moments and the masters
+themselves (``optimizer.state.fp32_param``; masters rebuilt from the bf16 weights would lose what
+they hold below a bf16 ulp) are sharded exactly like their parameters. Its ``step``
+counter is the same for every parameter (every parameter steps every time), so it is stored once
+as ``num_optimizer_steps`` rather than as a tensor per parameter. On an accelerator megatron's
+optimizer writes its own sharded state (``sharded_state_dict``: main parameters and moments,
+resharded over DP by the distributed optimizer).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch.distributed as dist
 
 from mindspeed_rl.models.training import trainer_state
 from mindspeed_rl.models.training.megatron import patches
+from mindspeed_rl.models.training.megatron.engine import host_group
 from mindspeed_rl.models.training.update_loop import progress_state, restore_progress
 
 if TYPE_CHECKING:
@@ -41,6 +47,8 @@ if TYPE_CHECKING:
 
 DIST_DIR = "mcore_dist"
 _ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+_MASTER = "fp32_param"
+"""The state key of a bf16 parameter's fp32 master (megatron's own name for it)."""
 
 
 def _optimizer_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.nn.Parameter]:
@@ -59,8 +67,26 @@ def _ensure_adam_state(optimizer: torch.optim.Optimizer, num_steps: int) -> None
         state["step"] = torch.tensor(float(num_steps))
 
 
-def sharded_state(engine: MegatronTrainingEngine, *, optimizer: bool) -> dict[str, Any]:
-    """The model's sharded state dict (and the optimizer's moments sharded like their params)."""
+def _host_optimizer_state(engine: MegatronTrainingEngine) -> dict[str, Any]:
+    """The torch AdamW's state dict, ids in the order of ``engine.optimizer.params`` (the model's
+    parameters), plus each bf16 parameter's fp32 master under :data:`_MASTER`."""
+    host = engine.optimizer
+    inner = host.torch_optimizer
+    _ensure_adam_state(inner, engine.num_optimizer_steps)
+    state = inner.state_dict()
+    # state_dict() shares each parameter's state dict with the optimizer: copy before adding to it.
+    state["state"] = {param_id: dict(entry) for param_id, entry in state["state"].items()}
+    masters = host.master_params
+    if masters is not None:
+        for param_id, master in enumerate(masters):
+            state["state"][param_id][_MASTER] = master.detach()
+    return state
+
+
+def sharded_state(
+    engine: MegatronTrainingEngine, *, optimizer: bool, is_loading: bool = False
+) -> dict[str, Any]:
+    """The model's sharded state dict (and the optimizer's state sharded like the parameters)."""
     from megatron.core.dist_checkpointing.optimizer import (
         get_param_id_to_sharded_param_map,
         optim_state_to_sharding_state,
@@ -68,12 +94,19 @@ def sharded_state(engine: MegatronTrainingEngine, *, optimizer: bool) -> dict[st
 
     model_state = engine.model.module.sharded_state_dict()
     state: dict[str, Any] = {"model": model_state}
-    if optimizer:
-        _ensure_adam_state(engine.optimizer, engine.num_optimizer_steps)
-        optim_state = engine.optimizer.state_dict()
-        id_map = get_param_id_to_sharded_param_map(model_state, _optimizer_params(engine.optimizer))
-        optim_state_to_sharding_state(optim_state, id_map, exclude_keys=("step",))
-        state["optimizer"] = optim_state
+    if not optimizer:
+        return state
+    if engine.megatron_optimizer:
+        # megatron's optimizers: sharded_state_dict(model_sharded_state_dict, is_loading) in
+        # 0.12.1 and 0.19.2 (optimizer/optimizer.py, distrib_optimizer.py); not run on this host.
+        # A distributed optimizer reshards over another DP size with its default sharding type.
+        state["optimizer"] = engine.optimizer.sharded_state_dict(model_state, is_loading=is_loading)
+        return state
+    optim_state = _host_optimizer_state(engine)
+    # The AdamW's state ids are positions in ``params``: map them to the model's sharded tensors.
+    id_map = get_param_id_to_sharded_param_map(model_state, engine.optimizer.params)
+    optim_state_to_sharding_state(optim_state, id_map, exclude_keys=("step",))
+    state["optimizer"] = optim_state
     return state
 
 
@@ -86,11 +119,11 @@ def save(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimi
     dist_dir = target / DIST_DIR
     if dist.get_rank() == 0:
         dist_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
+    dist.barrier(group=host_group())
     with patches.cpu_runtime_mode():
         dist_checkpointing.save(sharded_state(engine, optimizer=optimizer), str(dist_dir))
     rng_states: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(rng_states, trainer_state.capture_rng() if rng else None)
+    dist.all_gather_object(rng_states, trainer_state.capture_rng() if rng else None, group=host_group())
     if dist.get_rank() == 0:
         trainer_state.save_trainer_state(
             target,
@@ -101,7 +134,7 @@ def save(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimi
                 "rng": rng_states if rng else None,
             },
         )
-    dist.barrier()
+    dist.barrier(group=host_group())
 
 
 def load(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimizer: bool, rng: bool) -> None:
@@ -115,21 +148,53 @@ def load(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimi
     restore_progress(engine, state)
     with patches.cpu_runtime_mode():
         loaded = dist_checkpointing.load(
-            sharded_state(engine, optimizer=optimizer), str(source / DIST_DIR), strict="assume_ok_unexpected"
+            sharded_state(engine, optimizer=optimizer, is_loading=True),
+            str(source / DIST_DIR),
+            strict="assume_ok_unexpected",
         )
     engine.model.module.load_state_dict(loaded["model"], strict=True)
-    if optimizer:
-        saved = loaded["optimizer"]
-        fresh = engine.optimizer.state_dict()  # param ids and hyper-parameters of this run
-        for param_id, moments in saved["state"].items():
-            moments["step"] = torch.tensor(float(engine.num_optimizer_steps))
-            fresh["state"][param_id] = moments
-        engine.optimizer.load_state_dict(fresh)
+    if engine.megatron_optimizer:
+        _load_megatron_optimizer(engine, loaded.get("optimizer"))
     else:
-        engine.optimizer.state.clear()
+        _load_host_optimizer(engine, loaded["optimizer"] if optimizer else None)
     if rng:
         trainer_state.restore_rng(state["rng"][dist.get_rank()])
-    dist.barrier()
+    dist.barrier(group=host_group())
+
+
+def _load_host_optimizer(engine: MegatronTrainingEngine, saved: dict[str, Any] | None) -> None:
+    """A fresh optimizer over the loaded weights (bf16 masters copy them), then the saved moments
+    and masters into it; ``saved`` None (no_load_optim): fresh moments, masters = the weights."""
+    engine.optimizer = engine.new_host_optimizer()
+    if saved is None:
+        return
+    host = engine.optimizer
+    inner = host.torch_optimizer
+    fresh = inner.state_dict()  # param ids and hyper-parameters of this run
+    masters = host.master_params
+    with torch.no_grad():
+        for param_id, moments in saved["state"].items():
+            master = moments.pop(_MASTER, None)
+            if masters is not None:
+                if master is None:
+                    raise ValueError(
+                        "the checkpoint's optimizer state has no fp32 master weights (it was saved by an "
+                        "fp32 run); resume with bf16: false, or set actor_config.no_load_optim: true"
+                    )
+                masters[param_id].copy_(master)
+                host.params[param_id].copy_(master)
+            moments["step"] = torch.tensor(float(engine.num_optimizer_steps))
+            fresh["state"][param_id] = moments
+    inner.load_state_dict(fresh)
+
+
+def _load_megatron_optimizer(engine: MegatronTrainingEngine, saved: dict[str, Any] | None) -> None:
+    """megatron's optimizer (0.12.1 and 0.19.2: ``load_state_dict`` of ``sharded_state_dict``'s
+    loaded form; ``reload_model_params`` re-copies the weights into its fp32 main parameters)."""
+    if saved is None:
+        engine.optimizer.reload_model_params()
+        return
+    engine.optimizer.load_state_dict(saved)
 
 
 def _check_loadable(

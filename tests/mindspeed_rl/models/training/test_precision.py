@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,12 @@ from safetensors import safe_open
 from mindspeed_rl.models.loss import GRPOLossConfig
 from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
-from mindspeed_rl.models.training.precision import AdamWSettings, MasterWeightOptimizer, build_optimizer
+from mindspeed_rl.models.training.precision import (
+    AdamWSettings,
+    FullPrecisionOptimizer,
+    MasterWeightOptimizer,
+    build_optimizer,
+)
 from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
 
 SETTINGS = AdamWSettings(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8)
@@ -108,3 +114,47 @@ def test_bf16_snapshot_is_bf16_on_disk(tiny_model_path: Path, tmp_path: Path) ->
     (shard,) = result.published.path.glob("*.safetensors")
     with safe_open(str(shard), framework="pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (safe_open is not iterable)
+
+
+@pytest.mark.slow
+def test_bf16_engine_follows_the_fp32_run_where_bf16_only_adamw_stalls(
+    bf16_parity_model: Path, check_bf16_trajectories: Any
+) -> None:
+    """20 steps at lr 1e-5: each step is far below half a bf16 ulp of most weights, so AdamW on the
+    bf16 weights themselves leaves them as they were; the fp32 masters take the steps."""
+    steps, lr = 20, 1e-5
+    rng = np.random.default_rng(0)
+    batch = TrainBatch.from_lists(
+        prompt_ids=[rng.integers(1, 100, size=5).tolist() for _ in range(4)],
+        response_ids=[rng.integers(1, 100, size=7).tolist() for _ in range(4)],
+        advantages=[1.0, -1.0, 0.5, -0.5],
+    )
+    runs: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+    for run in ("float32", "bfloat16", "bf16_only"):
+        engine = _engine(
+            bf16_parity_model, lr=lr, weight_decay=0.01, mini_batch_size=4, n_samples_per_prompt=1,
+            param_dtype="float32" if run == "float32" else "bfloat16",
+        )  # fmt: skip
+        named = [(n, p) for n, p in engine.model.named_parameters() if p.requires_grad]
+        if run == "bf16_only":
+            engine.optimizer = FullPrecisionOptimizer(
+                [p for _, p in named], AdamWSettings(lr=lr, weight_decay=0.01, betas=(0.9, 0.95), eps=1e-8)
+            )
+        start = {n: p.detach().float().clone() for n, p in named}
+        for _ in range(steps):
+            engine.update(batch, 1.0)
+        masters = engine.optimizer.master_params or []
+        runs[run] = {
+            "start": start,
+            "weights": {n: p.detach().clone() for n, p in named},
+            "masters": {n: m.detach().clone() for (n, _), m in zip(named, masters, strict=False)},
+        }
+    check_bf16_trajectories(
+        start=runs["float32"]["start"],
+        fp32=runs["float32"]["weights"],
+        masters=runs["bfloat16"]["masters"],
+        bf16=runs["bfloat16"]["weights"],
+        bf16_only=runs["bf16_only"]["weights"],
+        steps=steps,
+        lr=lr,
+    )

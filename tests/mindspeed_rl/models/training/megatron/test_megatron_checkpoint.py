@@ -118,3 +118,101 @@ def test_torch_engine_refuses_a_megatron_checkpoint(tmp_path: Path, tiny_model_p
     engine = TorchTrainingEngine(tiny_model_path, TorchEngineConfig())
     with pytest.raises(ValueError, match="use_mcore_models: true"):
         engine.load_state(tmp_path)
+
+
+class _Masters:
+    """An engine's fp32 masters under its parameters' names (what ``gather_hf_weights`` reads)."""
+
+    def __init__(self, engine: Any) -> None:
+        names = {id(p): n for n, p in engine.model.module.named_parameters()}
+        masters = engine.optimizer.master_params
+        self._tensors = {names[id(p)]: m for p, m in zip(engine.optimizer.params, masters, strict=True)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._tensors
+
+
+def _bf16_resume_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from benchmarks.parity.engine import LAYOUTS, init_gloo, parity_batch, parity_engine_config
+
+    init_gloo(rank, 2, port)
+    try:
+        import dataclasses
+
+        from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine, gather_hf_weights
+
+        batch = parity_batch(100)
+        rng = np.random.default_rng(5)
+        lps = [rng.normal(-3.0, 0.5, size=len(r)).astype(np.float32) for r in batch.response_ids]
+        batch = batch.with_log_probs(old=lps, ref=lps)
+        config = dataclasses.replace(
+            parity_engine_config(num_samples=batch.num_samples), lr=1e-5, param_dtype="bfloat16"
+        )
+        checkpoint = Path(out) / "checkpoint"
+
+        def build(layout: str) -> Any:
+            parallel_state.destroy_model_parallel()
+            return MegatronTrainingEngine(model_dir, config, LAYOUTS[layout])
+
+        def masters(engine: Any) -> dict[str, torch.Tensor]:
+            return gather_hf_weights(_Masters(engine), engine.dims, engine.layout)
+
+        engine = build("tp2")
+        engine.update(batch, temperature=0.7)
+        if rank == 0:
+            checkpoint.mkdir()
+        dist.barrier()
+        engine.save_state(checkpoint)
+        result: dict[str, Any] = {"saved": masters(engine)}
+        engine.update(batch, temperature=0.7)
+        result["continued"] = masters(engine)
+        engine = build("tp2")
+        engine.load_state(checkpoint)
+        result["loaded_tp2"] = masters(engine)
+        engine.update(batch, temperature=0.7)
+        result["resumed"] = masters(engine)
+        engine = build("dp2")
+        engine.load_state(checkpoint, rng=False)
+        result["loaded_dp2"] = masters(engine)
+        engine = build("tp2")
+        engine.load_state(checkpoint, optimizer=False)
+        result["fresh"] = masters(engine)
+        result["fresh_weights"] = dict(engine.named_weights_for_inference())
+        if rank == 0:
+            torch.save(result, Path(out) / "result.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+@needs_megatron
+@pytest.mark.timeout(300)
+def test_bf16_resume_restores_the_fp32_masters(tmp_path: Path) -> None:
+    """The masters hold what the bf16 weights cannot (lr 1e-5 steps): saved with the optimizer,
+    they come back exactly, at the same layout and resharded to another; without the optimizer
+    (no_load_optim) they restart from the loaded weights."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from benchmarks.parity.engine import build_parity_model, free_port
+
+    model = build_parity_model(tmp_path / "qwen3", "qwen3")
+    mp.start_processes(
+        _bf16_resume_worker, args=(free_port(), str(model), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    result = torch.load(tmp_path / "result.pt", weights_only=True)
+    saved = result["saved"]
+    assert {t.dtype for t in saved.values()} == {torch.float32}
+    # Below a bf16 ulp: the masters are not their bf16 weights, so a rebuilt master would differ.
+    assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in saved.values())
+    for key in ("loaded_tp2", "loaded_dp2"):
+        assert all(torch.equal(result[key][k], v) for k, v in saved.items()), key
+    assert all(torch.equal(result["resumed"][k], v) for k, v in result["continued"].items())
+    fresh, weights = result["fresh"], result["fresh_weights"]
+    assert all(torch.equal(fresh[k], weights[k].float()) for k in fresh)
