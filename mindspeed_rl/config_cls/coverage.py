@@ -3,9 +3,10 @@
 ``record_reads(config)`` wraps a frozen config so that every field read through it (nested
 sections included, properties and methods resolved against the proxy) lands in a set of
 ``(class, field)`` pairs. ``unread_fields(GRPOConfig, reads)`` walks the schema and returns the
-leaf fields neither read nor declared inert (``fields.opt(inert=...)``): the keys a user could set
-with no effect and no report. A field inert only on the torch engine (``inert_on_torch``) is read
-by the megatron engine, so it must be read too. The run-plan coverage test runs ``build_run_plan``
+leaf fields neither read nor declared inert (``fields.opt(inert=...)``) nor refused
+(``fields.opt(refused=...)``: the loader refuses every value that would ask for something): the
+keys a user could set with no effect and no report. A field inert only on the torch engine
+(``inert_on_torch``) is read by the megatron engine, so it must be read too. The run-plan coverage test runs ``build_run_plan``
 through the proxy over configs that exercise every branch and requires that list to be empty.
 """
 
@@ -17,7 +18,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Union
 
-from mindspeed_rl.config_cls.fields import inert_reason
+from mindspeed_rl.config_cls.fields import inert_reason, refusal
 
 FieldRef = tuple[type, str]
 
@@ -89,7 +90,7 @@ def record_reads(config: Any, reads: set[FieldRef]) -> Any:
 
 def schema_leaves(cls: type) -> list[tuple[str, type, str]]:
     """``(dotted path, class, field)`` of every non-section field reachable from ``cls``, skipping
-    fields (and whole sections) marked inert. Each (class, field) is listed once."""
+    fields (and whole sections) marked inert or refused. Each (class, field) is listed once."""
     out: list[tuple[str, type, str]] = []
     seen: set[FieldRef] = set()
     _walk(cls, cls.__name__, out, seen)
@@ -97,14 +98,14 @@ def schema_leaves(cls: type) -> list[tuple[str, type, str]]:
 
 
 def unread_fields(cls: type, reads: set[FieldRef]) -> list[str]:
-    """Dotted paths of the schema's leaf fields that are neither read nor inert."""
+    """Dotted paths of the schema's leaf fields that are neither read nor inert nor refused."""
     return [path for path, owner, name in schema_leaves(cls) if (owner, name) not in reads]
 
 
 def _walk(cls: type, where: str, out: list[tuple[str, type, str]], seen: set[FieldRef]) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if (cls, f.name) in seen or inert_reason(f) is not None:
+        if (cls, f.name) in seen or inert_reason(f) is not None or refusal(f) is not None:
             continue
         seen.add((cls, f.name))
         nested = _section_type(hints[f.name])

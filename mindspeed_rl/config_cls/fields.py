@@ -8,11 +8,22 @@ Two kinds of "no effect" marker, because they are checked differently:
 * ``inert_on_torch``: only the megatron engine reads it (``use_mcore_models: true``). The coverage
   test requires the plan to read it, and the loader lists it as inert only when the run trains
   on the torch engine (``inert.megatron_inert_keys``).
+
+And one "asks for a feature this framework does not have" marker:
+
+* ``refused``: the feature, named for the user, and what to do instead. The loader refuses any
+  value other than the default and the ``accepts`` values (``refusals.py``), naming section.key
+  and that feature; the default and the accepted values ask for nothing the engines do not already
+  do, so the coverage test needs no read of a refused field. ``accepts`` is a tuple of values, or
+  a predicate ``(value, siblings) -> bool`` when acceptance depends on other keys (``siblings``:
+  the actor role's resolved Megatron keys for a Megatron key, else the section holding the field).
+  A refused field may be ``inert`` too: the reason then covers its accepted values.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 # runtime.config documents the control knobs it shares with AsyncConfig under this key.
@@ -20,6 +31,8 @@ from mindspeed_rl.runtime.config import DOC
 
 INERT = "inert"
 INERT_ON_TORCH = "inert_on_torch"
+REFUSED = "refused"
+ACCEPTS = "accepts"
 
 # Reasons reused by many keys; a per-key note is still attached to each field.
 MEGATRON_ONLY = "Megatron/NPU only; the torch backend uses plain HF modules and ignores it"
@@ -27,26 +40,55 @@ PARALLEL_ONLY = "Megatron parallel layout; the torch backend trains one unsharde
 NPU_TOOL = "Ascend profiling/debug tooling; not available on the torch backend"
 
 
-def _metadata(doc: str, inert: str | None, inert_on_torch: str | None) -> dict[str, str]:
+Accepts = tuple[Any, ...] | Callable[[Any, Any], bool]
+
+
+def _metadata(
+    doc: str,
+    inert: str | None,
+    inert_on_torch: str | None,
+    refused: str | None = None,
+    accepts: Accepts = (),
+) -> dict[str, Any]:
     if inert is not None and inert_on_torch is not None:
         raise TypeError("a field is either inert everywhere or inert_on_torch, not both")
-    meta = {DOC: doc}
+    if refused is not None and inert_on_torch is not None:
+        # inert_on_torch means the megatron engine reads the key; a refused key is read by nobody.
+        raise TypeError("a refused field is read by no engine, so it cannot be inert_on_torch")
+    if accepts and refused is None:
+        raise TypeError("accepts only qualifies refused=")
+    meta: dict[str, Any] = {DOC: doc}
     if inert is not None:
         meta[INERT] = inert
     if inert_on_torch is not None:
         meta[INERT_ON_TORCH] = inert_on_torch
+    if refused is not None:
+        meta[REFUSED] = refused
+        meta[ACCEPTS] = accepts
     return meta
 
 
-def opt(default: Any, doc: str, *, inert: str | None = None, inert_on_torch: str | None = None) -> Any:
-    """A field with an immutable default, its documentation and an optional "no effect" reason."""
-    return dataclasses.field(default=default, metadata=_metadata(doc, inert, inert_on_torch))
+def opt(
+    default: Any,
+    doc: str,
+    *,
+    inert: str | None = None,
+    inert_on_torch: str | None = None,
+    refused: str | None = None,
+    accepts: Accepts = (),
+) -> Any:
+    """A field with an immutable default, its documentation and optional "no effect" / "refused"
+    markers (see the module docstring)."""
+    return dataclasses.field(
+        default=default, metadata=_metadata(doc, inert, inert_on_torch, refused, accepts)
+    )
 
 
-def section(factory: Any, doc: str, *, inert: str | None = None) -> Any:
+def section(factory: Any, doc: str, *, inert: str | None = None, refused: str | None = None) -> Any:
     """A nested-section field (a dataclass default built by ``factory``); ``inert`` marks the
-    whole section as having no effect (with the reason)."""
-    return dataclasses.field(default_factory=factory, metadata=_metadata(doc, inert, None))
+    whole section as having no effect (with the reason), ``refused`` refuses any section that
+    differs from the default one."""
+    return dataclasses.field(default_factory=factory, metadata=_metadata(doc, inert, None, refused))
 
 
 def field_doc(f: dataclasses.Field[Any]) -> str:
@@ -63,3 +105,23 @@ def torch_inert_reason(f: dataclasses.Field[Any]) -> str | None:
     """Why the key has no effect on the torch engine, when only the megatron engine reads it."""
     reason = f.metadata.get(INERT_ON_TORCH)
     return None if reason is None else str(reason)
+
+
+def refusal(f: dataclasses.Field[Any]) -> str | None:
+    """The unsupported feature a non-default value asks for (and the fix), or None."""
+    reason = f.metadata.get(REFUSED)
+    return None if reason is None else str(reason)
+
+
+def accepted(f: dataclasses.Field[Any], value: Any, siblings: Any) -> bool:
+    """Whether ``value`` of a refused field asks for nothing new: the default, or an accepted value."""
+    if value == field_default(f):
+        return True
+    accepts = f.metadata.get(ACCEPTS, ())
+    return bool(accepts(value, siblings)) if callable(accepts) else value in accepts
+
+
+def field_default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default

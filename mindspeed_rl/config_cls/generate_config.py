@@ -12,6 +12,8 @@ _HYBRID_OFFLOAD = (
     "and in the async pipeline trainer and rollout are separate processes, so there is nothing to free"
 )
 _ASCEND = "vllm-ascend option; ignored by vLLM on CPU/GPU"
+_EPLB = "vllm-ascend expert load balancing (placement only, same results); not passed to the rollout engine"
+_MULTIMODAL = "multimodal models are not supported: the policy is a text-only Qwen model"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,4 +61,27 @@ class GenerateConfig:
     offload_train_param: bool = opt(False, "Offload params during rollout.", inert=_HYBRID_OFFLOAD)
     torchair_graph: bool = opt(False, "Ascend graph mode.", inert=_ASCEND)
     ascend_scheduler_config_enabled: bool = opt(False, "Ascend scheduler.", inert=_ASCEND)
+    num_scheduler_steps: int = opt(
+        1,
+        "vLLM multi-step scheduling.",
+        inert="vLLM V1 (the engine here) schedules one step at a time; multi-step was a V0 performance knob",
+    )
+    data_parallel_size: int | None = opt(
+        None,
+        "Rollout data-parallel size.",
+        inert=(
+            "follows from the devices: hybrid = the trainer's devices / (infer TP x PP) engines, async = "
+            "async_config.num_generation_units x actors_per_unit"
+        ),
+    )
+    tokenizer_name_or_path: str | None = opt(
+        None,
+        "Tokenizer of the rollout engine (upstream's default is a placeholder path).",
+        inert="the rollout engine loads the policy folder's tokenizer (megatron_training.tokenizer_name_or_path)",
+    )
+    eplb_token_collects: bool = opt(False, "Collect expert-load statistics.", inert=_EPLB)
+    eplb_token_save_path: str = opt("./", "Where expert-load statistics go.", inert=_EPLB)
+    expert_map_path: str | None = opt(None, "Expert placement map.", inert=_EPLB)
+    limit_mm_image_per_prompt: int = opt(1, "Images per prompt.", refused=_MULTIMODAL)
+    limit_mm_video_per_prompt: int = opt(0, "Videos per prompt.", refused=_MULTIMODAL)
     sampling_config: SamplingConfig = section(SamplingConfig, "Sampling parameters.")

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from mindspeed_rl.config_cls import inert
+from mindspeed_rl.config_cls import inert, refusals
 from mindspeed_rl.config_cls.asp_config import ASPConfig
 from mindspeed_rl.config_cls.async_config import AsyncConfig
 from mindspeed_rl.config_cls.generate_config import GenerateConfig
@@ -63,6 +63,7 @@ def load_config(cfg: DictConfig | Mapping[str, Any]) -> GRPOConfig:
     for role_keys in role_origins.values():
         inert_found += inert.megatron_inert_keys(role_keys, megatron_engine=megatron_engine)
     sections = _parse_sections(raw, problems)
+    _refuse(raw, megatron, roles, role_origins, sections, problems)
     run_dir = raw.get("run_dir", "runs")
     if not isinstance(run_dir, str) or not run_dir:
         problems.add("run_dir", f"expected a folder path string, got {run_dir!r}")
@@ -212,6 +213,25 @@ def _parse_sections(raw: Mapping[str, Any], problems: Problems) -> dict[str, Any
             }
         ),
     }
+
+
+def _refuse(
+    raw: Mapping[str, Any],
+    megatron: MegatronConfig,
+    roles: Mapping[str, MegatronConfig | None],
+    role_origins: Mapping[str, Mapping[str, str]],
+    sections: Mapping[str, Any],
+    problems: Problems,
+) -> None:
+    """Keys whose value asks for a feature this framework does not have (``refusals``)."""
+    if raw.get("critic_config"):
+        problems.add("critic_config", refusals.PPO_WITH_CRITIC)
+    built = {"megatron_training": megatron, **{r: c for r, c in roles.items() if c is not None}}
+    refusals.megatron_refusals(built, role_origins, _present(roles["actor_config"]), problems)
+    for name in ("rl_config", "generate_config", "msprobe_config"):
+        refusals.section_refusals(sections[name], name, problems)
+    for role, section in sections["profiler_config"].items():
+        refusals.section_refusals(section, f"profiler_config.{role}", problems)
 
 
 def _section_inert_keys(raw: Mapping[str, Any], pipeline: str) -> list[Any]:

@@ -15,6 +15,11 @@ from typing import Any, Literal
 
 from mindspeed_rl.config_cls.fields import MEGATRON_ONLY, opt
 from mindspeed_rl.config_cls.megatron_only import MegatronOnlyKeys, ParallelKeys
+from mindspeed_rl.config_cls.megatron_upstream import (
+    UnsupportedArchitectureKeys,
+    UnsupportedTrainingKeys,
+    UpstreamInertKeys,
+)
 from mindspeed_rl.config_cls.model_arch import ModelArchitecture
 from mindspeed_rl.config_cls.parse import Problems, check_keys, field_names, parse_fields
 
@@ -46,7 +51,15 @@ class TrainingKeys:
     eval_iters: int = opt(0, "Evaluation batches per evaluation.")
     log_interval: int = opt(1, "Iterations between console log lines.")
     stage: str | None = opt(
-        None, "Upstream stage tag (ray_grpo).", inert="informational; rl_config.pipeline picks the loop"
+        None,
+        "Upstream stage tag (ray_grpo).",
+        refused=(
+            "this stage is not supported: only GRPO trains here (ray_grpo; ray_dapo too, its DAPO-only "
+            "keys are checked one by one), while ray_ppo is PPO with a critic, dpo is DPO, and sft or "
+            "reward-model stages train other objectives"
+        ),
+        accepts=("ray_grpo", "ray_dapo"),
+        inert="informational; rl_config.pipeline picks the loop",
     )
     seed: int = opt(1234, "Global seed (data order, init, sampling).")
     data_path: str | None = opt(
@@ -128,6 +141,9 @@ _GROUPS: dict[str, type] = {
     "optimizer": OptimizerKeys,
     "parallel": ParallelKeys,
     "megatron_only": MegatronOnlyKeys,
+    "unsupported_arch": UnsupportedArchitectureKeys,
+    "unsupported_training": UnsupportedTrainingKeys,
+    "upstream_inert": UpstreamInertKeys,
 }
 
 
@@ -140,6 +156,11 @@ class MegatronConfig:
     optimizer: OptimizerKeys = dataclasses.field(default_factory=OptimizerKeys)
     parallel: ParallelKeys = dataclasses.field(default_factory=ParallelKeys)
     megatron_only: MegatronOnlyKeys = dataclasses.field(default_factory=MegatronOnlyKeys)
+    unsupported_arch: UnsupportedArchitectureKeys = dataclasses.field(
+        default_factory=UnsupportedArchitectureKeys
+    )
+    unsupported_training: UnsupportedTrainingKeys = dataclasses.field(default_factory=UnsupportedTrainingKeys)
+    upstream_inert: UpstreamInertKeys = dataclasses.field(default_factory=UpstreamInertKeys)
 
     def to_flat_dict(self) -> dict[str, Any]:
         """Flat keys as users write them (groups are our internal organisation)."""

@@ -13,6 +13,43 @@ _PERF_ONLY = "upstream performance switch; the torch backend pads per micro-batc
 _GROUP_NORM = "group_norm advantages are (r - group mean) / group std per prompt; GAE keys do not apply"
 _NO_CRITIC = "GRPO has no critic"
 _UPSTREAM_WORKERS = "upstream worker-layout switch; this framework's pipelines decide the layout"
+_DISPATCH = (
+    "upstream's per-stage data-dispatch granularity; the data path here hands each stage its whole "
+    "batch (micro-batch sizes are actor_config.micro_batch_size and rl_config.*_forward_micro_batch_size)"
+)
+_TRANSFER = "upstream's inter-worker data transport; batches travel between this framework's actors over Ray"
+_SWANLAB = (
+    "SwanLab is not wired; metrics go to metrics.jsonl, TensorBoard (use_tensorboard) and W&B (use_wandb)"
+)
+_OVERLONG = (
+    "DAPO's overlong-response penalty is not implemented yet (its clip-higher and token-level loss are: "
+    "clip_higher_enable, token_level_loss)"
+)
+_OVERLONG_OFF = (
+    "tunes DAPO's overlong penalty, which is off (overlong_buffer_enable is refused until it exists)"
+)
+_FILTER = "DAPO's dynamic sampling (filter_groups) is not implemented yet"
+_FILTER_OFF = "tunes DAPO's dynamic sampling, which is off (filter_groups_enable is refused until it exists)"
+_MULTI_TURN = "multi-turn tool rollouts are not supported: a rollout is one response per prompt"
+_MULTIMODAL = "multimodal models are not supported: the policy is a text-only Qwen model"
+_PPO = (
+    "PPO with a critic is not supported: this framework trains GRPO (group_norm advantages, no value model)"
+)
+_LORA = "LoRA is not supported: the policy trains all of its weights"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntegratedModeConfig:
+    """Upstream's integrated (actor + reference in one worker) options."""
+
+    ref_model_load_path: str | None = opt(
+        None,
+        "Weights the reference loads on a resume.",
+        inert=(
+            "the reference is always the initial policy (tokenizer_name_or_path, or load with finetune), "
+            "on a resume too"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,7 +124,7 @@ class RLConfig:
     reward_resource: ActorResources = section(
         ActorResources, "Reward-model worker.", inert="rule rewards are scored inside the Training Unit"
     )
-    critic_resource: ActorResources = section(ActorResources, "Critic worker.", inert=_NO_CRITIC)
+    critic_resource: ActorResources = section(ActorResources, "Critic worker.", refused=_PPO)
     runtime_env_path: str | None = opt(
         None, "Ray runtime_env YAML (env_vars); null = the repository's configs/envs/runtime_env.yaml."
     )
@@ -99,11 +136,115 @@ class RLConfig:
     use_remove_padding: bool = opt(False, "Packed sequences.", inert=_PERF_ONLY)
     use_dynamic_bsz: bool = opt(False, "Token-budget micro-batches.", inert=_PERF_ONLY)
     max_packing_token_size: int | None = opt(None, "Token budget for use_dynamic_bsz.", inert=_PERF_ONLY)
-    partial_rollout_max_split: int = opt(1, "Resume unfinished responses later.", inert=_NOT_IMPLEMENTED)
+    partial_rollout_max_split: int = opt(
+        1,
+        "Resume unfinished responses in later iterations.",
+        refused=(
+            "partial rollouts are not implemented: every response finishes in its iteration "
+            "(rl_config.pipeline: async overlaps generation with training instead)"
+        ),
+    )
+    require_max_age_all_finished: bool = opt(
+        True, "Partial rollouts: finish responses at their maximum age.", inert="partial rollouts are refused"
+    )
     async_engine: bool = opt(False, "Streaming per-request generation.", inert=_NOT_IMPLEMENTED)
     data_strategy: str | None = opt(None, "Upstream data-transfer strategy.", inert=_NOT_IMPLEMENTED)
-    filter_groups_enable: bool = opt(False, "DAPO dynamic sampling.", inert=_NOT_IMPLEMENTED)
     log_max_throughput: bool = opt(False, "Upstream throughput metric variant.", inert=_NOT_IMPLEMENTED)
+    # DAPO: the switches are refused until DAPO is implemented; the keys they enable are typed
+    # with upstream's defaults so that implementation reads them as they are.
+    overlong_buffer_enable: bool = opt(False, "DAPO overlong-response penalty.", refused=_OVERLONG)
+    overlong_buffer: int = opt(
+        0, "Tokens before rollout_max_tokens where the penalty ramps.", inert=_OVERLONG_OFF
+    )
+    overlong_buffer_penalty_factor: float = opt(1.0, "Penalty at rollout_max_tokens.", inert=_OVERLONG_OFF)
+    rollout_max_tokens: int = opt(
+        2048, "Response length the overlong penalty counts from.", inert=_OVERLONG_OFF
+    )
+    filter_groups_enable: bool = opt(False, "DAPO dynamic sampling.", refused=_FILTER)
+    filter_groups_metric: str = opt(
+        "acc", "Verifier whose group variance filters prompts.", inert=_FILTER_OFF
+    )
+    filter_groups_max_batches: int = opt(
+        1, "Generation rounds before giving up (-1 = no limit).", inert=_FILTER_OFF
+    )
+    filter_groups_train_batch_size: int = opt(1, "Prompts to collect before training.", inert=_FILTER_OFF)
+    # Families this framework does not train.
+    multi_turn_enable: bool = opt(False, "Multi-turn rollouts with tool calls.", refused=_MULTI_TURN)
+    tool_config_path: str | None = opt(None, "Tool definitions YAML.", refused=_MULTI_TURN)
+    max_tool_calls: int = opt(0, "Tool calls per rollout.", refused=_MULTI_TURN)
+    max_parallel_calls: int = opt(0, "Tool calls run together.", refused=_MULTI_TURN)
+    max_total_response_length: int = opt(0, "Tokens over all turns.", refused=_MULTI_TURN)
+    max_tool_response_length: int = opt(0, "Tokens of one tool response.", refused=_MULTI_TURN)
+    tool_response_truncate_side: str | None = opt(
+        None, "Where long tool responses are cut.", refused=_MULTI_TURN
+    )
+    tool_parser_format: str | None = opt(None, "Tool-call syntax (hermes, ...).", refused=_MULTI_TURN)
+    is_multimodal: bool = opt(False, "Image/video prompts.", refused=_MULTIMODAL)
+    reuse_image_embeds: bool = opt(False, "Reuse vision-encoder outputs.", refused=_MULTIMODAL)
+    colocate_actor_and_vit: bool = opt(False, "Vision encoder on the actor's devices.", refused=_MULTIMODAL)
+    vit_resource: ActorResources | None = opt(None, "Vision-encoder worker request.", refused=_MULTIMODAL)
+    vit_forward_micro_batch_size: int | None = opt(None, "Vision-encoder micro-batch.", refused=_MULTIMODAL)
+    actor_image_embeds_dispatch_size: int | None = opt(None, "Image-embedding dispatch.", refused=_MULTIMODAL)
+    share_backbone: bool = opt(
+        False,
+        "Actor and reference share one backbone (LoRA adapters on top).",
+        refused=f"{_LORA}, so the reference has no backbone to share",
+    )
+    # Upstream performance and plumbing knobs this framework does not have.
+    hccl_buffersize: int = opt(
+        256,
+        "HCCL buffer (MB) of upstream's NPU weight resharding.",
+        inert=(
+            "upstream's resharding buffer; weight refresh here does not use it (HCCL itself is sized by "
+            "HCCL_BUFFSIZE in the Ray runtime_env)"
+        ),
+    )
+    beta: float = opt(
+        0.1,
+        "Weight of reward-model scores against rule rewards.",
+        inert="there is no reward model (reward_config is refused); rewards are the weighted verifiers",
+    )
+    num_samples_per_step: int = opt(
+        1,
+        "Upstream sample bookkeeping.",
+        inert="batch sizes here are global_batch_size (prompts), mini_batch_size and micro_batch_size",
+    )
+    integrated_mode_config: IntegratedModeConfig | None = opt(
+        None, "Integrated-worker options.", inert="the Training Unit hosts actor and reference together"
+    )
+    tp_split_expert: bool = opt(
+        False,
+        "Split experts over TP in upstream's rollout.",
+        inert="vLLM shards experts by its own TP / expert-parallel settings (generate_config.enable_expert_parallel)",
+    )
+    use_dp_batch_balance: bool = opt(False, "Balance tokens over DP ranks.", inert=_PERF_ONLY)
+    dynamic_max_batch_size: int | None = opt(None, "Cap of use_dynamic_bsz micro-batches.", inert=_PERF_ONLY)
+    ref_dynamic_max_batch_size: int | None = opt(None, "Reference cap (use_dynamic_bsz).", inert=_PERF_ONLY)
+    actor_dynamic_max_batch_size: int | None = opt(
+        None, "Old-log-prob cap (use_dynamic_bsz).", inert=_PERF_ONLY
+    )
+    update_dynamic_max_batch_size: int | None = opt(None, "Update cap (use_dynamic_bsz).", inert=_PERF_ONLY)
+    ref_max_packing_token_size: int | None = opt(None, "Reference token budget.", inert=_PERF_ONLY)
+    actor_max_packing_token_size: int | None = opt(None, "Old-log-prob token budget.", inert=_PERF_ONLY)
+    update_max_packing_token_size: int | None = opt(None, "Update token budget.", inert=_PERF_ONLY)
+    actor_rollout_dispatch_size: int | None = opt(None, "Rollout dispatch.", inert=_DISPATCH)
+    actor_logprob_dispatch_size: int | None = opt(None, "Old-log-prob dispatch.", inert=_DISPATCH)
+    ref_dispatch_size: int | None = opt(None, "Reference dispatch.", inert=_DISPATCH)
+    reward_dispatch_size: int | None = opt(None, "Reward dispatch.", inert=_DISPATCH)
+    adv_dispatch_size: int | None = opt(None, "Advantage dispatch.", inert=_DISPATCH)
+    actor_update_dispatch_size: int | None = opt(None, "Update dispatch.", inert=_DISPATCH)
+    kl_dispatch_size: int | None = opt(None, "KL dispatch.", inert=_DISPATCH)
+    dynamic_sampling_dispatch_size: int | None = opt(None, "Dynamic-sampling dispatch.", inert=_DISPATCH)
+    critic_update_dispatch_size: int | None = opt(None, "Critic update dispatch.", inert=_DISPATCH)
+    critic_value_dispatch_size: int | None = opt(None, "Critic value dispatch.", inert=_DISPATCH)
+    transfer_queue_data_shard_num: int = opt(1, "TransferQueue shards.", inert=_TRANSFER)
+    transfer_queue_data_shard_port_base: int | None = opt(None, "TransferQueue first port.", inert=_TRANSFER)
+    zmq_communication: bool = opt(True, "ZeroMQ data transport.", inert=_TRANSFER)
+    use_swanlab: bool = opt(False, "Log to SwanLab.", inert=_SWANLAB)
+    swanlab_mode: str = opt("", "SwanLab mode.", inert=_SWANLAB)
+    swanlab_project: str = opt("", "SwanLab project.", inert=_SWANLAB)
+    swanlab_exp_name: str = opt("", "SwanLab run name.", inert=_SWANLAB)
+    swanlab_save_dir: str = opt("", "SwanLab local folder.", inert=_SWANLAB)
 
     def mini_batch_prompts(self, global_batch_size: int) -> int:
         """Prompts per optimizer step, resolving 0 to the whole global batch."""

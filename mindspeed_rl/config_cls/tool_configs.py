@@ -15,6 +15,9 @@ from mindspeed_rl.config_cls.fields import NPU_TOOL, opt
 class ProfilerRoleConfig:
     """Profiler settings of one role (upstream keys them by role: integrated, actor, ref, ...)."""
 
+    role: str | None = opt(
+        None, "The role profiled (upstream fills it from the block's key).", inert=NPU_TOOL
+    )
     profile: bool = opt(False, "Enable the profiler.", inert=NPU_TOOL)
     mstx: bool = opt(False, "mstx markers.", inert=NPU_TOOL)
     stage: str = opt("all", "Stages profiled.", inert=NPU_TOOL)
@@ -46,6 +49,8 @@ class MsprobeConfig:
     actor_train_dump: bool = opt(False, "Dump actor training.", inert=NPU_TOOL)
     actor_infer_dump: bool = opt(False, "Dump actor inference.", inert=NPU_TOOL)
     reference_dump: bool = opt(False, "Dump reference pass.", inert=NPU_TOOL)
+    critic_train_dump: bool = opt(False, "Dump critic training.", inert=NPU_TOOL)
+    role: str | None = opt(None, "The role dumped (upstream fills it in).", inert=NPU_TOOL)
     step_start: int = opt(0, "First dumped step.", inert=NPU_TOOL)
     step_end: int = opt(0, "Last dumped step.", inert=NPU_TOOL)
     token_range_start: int = opt(0, "First dumped token.", inert=NPU_TOOL)

@@ -1,8 +1,9 @@
 """Verifier registry: upstream's ``verifier_function`` / ``verifier_weight`` pair -> one reward fn.
 
-A verifier is any ``(response, label) -> float``. Names resolve eagerly when the reward function
-is built, so a typo fails at start-up with the nearest known name instead of upstream's silent
-skip. The ``demo`` verifier lives with the demo task and is imported only when requested.
+A verifier is any ``(response, label) -> float``. The run plan checks the names
+(``check_verifier_names``), so a typo fails in ``check_config`` with the nearest known name instead
+of upstream's silent skip, and an upstream name whose meaning this framework does not have fails
+naming that feature. The ``demo`` verifier lives with the demo task and is imported only when requested.
 
 Bounded and unbounded verifiers: the format, maze and demo checks are linear-time string scans
 that cannot hang, and the demo one runs ~500 times an iteration in microseconds; they run in the
@@ -17,7 +18,7 @@ import difflib
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import numpy as np
 
@@ -48,6 +49,11 @@ _EAGER: dict[str, _Entry] = {
     "math_verify_reward": _Entry(
         verifier=math_verifiers.math_verify_reward, bounded=False, warm_up=math_verifiers.warm_up
     ),
+    # Upstream's PPO accuracy grades the last boxed answer 1/0 with the grader of its math_17k_acc:
+    # the same check as ours under that name.
+    "acc_for_ppo": _Entry(
+        verifier=math_verifiers.math_17k_acc, bounded=False, warm_up=math_verifiers.warm_up
+    ),
     "format": _Entry(verifier=format_verifiers.format_reward, bounded=True),
     "strict_format": _Entry(verifier=format_verifiers.strict_format_reward, bounded=True),
     "maze_integrity": _Entry(verifier=maze.maze_integrity, bounded=True),
@@ -57,6 +63,21 @@ _EAGER: dict[str, _Entry] = {
 # matters to the configs that ask for it.
 _LAZY: dict[str, tuple[str, str, bool]] = {
     "demo": ("mindspeed_rl.datasets.demo_task", "demo_reward", True),
+}
+
+
+# Upstream names whose meaning this framework does not have: an error naming the feature, raised
+# when the run plan is built (check_config), not at the first reward call.
+_REFUSED: dict[str, str] = {
+    "acc_for_dapo": (
+        "is DAPO's reward (+1 / -1 for the normalised answer after the last 'Answer:' near the end of "
+        "the response), which is not implemented yet; for 1 / 0 accuracy on the boxed answer use "
+        "'acc', 'base_acc' or 'math_verify_reward'"
+    ),
+    "retool_reward": (
+        "scores multi-turn tool rollouts (ReTool), which are not supported: a rollout is one response "
+        "per prompt; use a single-turn verifier such as 'acc'"
+    ),
 }
 
 
@@ -78,12 +99,26 @@ def unregister_verifier(name: str) -> None:
     del _EAGER[name]
 
 
+def check_verifier_names(names: Sequence[str]) -> None:
+    """ValueError for the first name that is not registered (naming the nearest known one) or that
+    asks for a feature this framework does not have, without importing any verifier module."""
+    for name in names:
+        if name not in _EAGER and name not in _LAZY:
+            _refuse(name)
+
+
 def _entry(name: str) -> _Entry:
     if name in _EAGER:
         return _EAGER[name]
     if name in _LAZY:
         module_name, attr, bounded = _LAZY[name]
         return _Entry(verifier=getattr(importlib.import_module(module_name), attr), bounded=bounded)
+    _refuse(name)
+
+
+def _refuse(name: str) -> NoReturn:
+    if name in _REFUSED:
+        raise ValueError(f"rl_config.verifier_function: {name!r} {_REFUSED[name]}")
     known = known_verifiers()
     nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.0)
     hint = f" Did you mean {nearest[0]!r}?" if nearest else ""
