@@ -410,8 +410,9 @@ def test_a_step_keeps_every_tensor_on_the_engine_device(
     results = [out.get() for _ in range(2)]
     for rank, violations, (dev_ops, dev_collectives, host_objects), grad_norm in results:
         assert violations == [], f"rank {rank}:\n" + "\n".join(violations[:20])
-        # The ledger saw the step: device ops, device collectives, objects over the host group.
-        assert dev_ops > 1000 and dev_collectives > 0 and host_objects > 0, (rank, dev_ops, dev_collectives)
+        # The ledger saw the step (device ops, device collectives, objects over the host group); the
+        # op count differs between megatron-core versions (0.12.1 runs ~1000 on a PP2 stage).
+        assert dev_ops > 500 and dev_collectives > 0 and host_objects > 0, (rank, dev_ops, dev_collectives)
         assert np.isfinite(grad_norm) and grad_norm > 0
 
 
