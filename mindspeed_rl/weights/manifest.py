@@ -9,6 +9,13 @@ Checksum choice (measured on this machine, 50 MB fp32 buffer): zlib.crc32
 transfer corruption and truncation, not an adversary, so CRC-32 per tensor is
 enough and keeps verification well below the cost of reading the bytes.
 
+What a reader checks, all of it recorded here: each shard file's size (``ShardEntry.nbytes``:
+truncation), its safetensors header field by field (names, dtypes, shapes, byte ranges) against
+the ``TensorEntry`` list, and each tensor's ``checksum``: the CRC-32 (``checksum_algo``) of its
+raw bytes, the file's ``data_offsets`` range; so every byte a loader uses is checked. A CRC
+is a running value: a reader may take it over any chunking of the bytes and keep none of them
+(``shardio.verify_shard``).
+
 No torch import: the Control Unit and tools read manifests without it.
 """
 

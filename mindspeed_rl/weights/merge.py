@@ -9,18 +9,23 @@ Unfusing must happen per TP piece, before the TP merge: Megatron's fused
 ranks first would interleave gate and up rows. Likewise fused QKV holds, per
 rank, repeating query-group blocks ``[q_g (heads_per_group*head_dim); k_g; v_g]``.
 Both are expressed by one generic rule (`UnfuseRule`); see `megatron_unfuse_rules`.
+
+A merge is planned from shapes before any byte moves (`plan_merge`: where each piece lands in
+the merged tensor, every consistency check included). Every step here also runs on meta
+tensors, which is how the GU's converter lays out its output files and checks the whole
+conversion before reading a byte, then fills the merged tensors one piece at a time (convert.py).
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from mindspeed_rl.weights.hostcopy import cat, copy_tensor
+from mindspeed_rl.weights.hostcopy import copy_into, copy_tensor
 from mindspeed_rl.weights.layout import InferenceLayout, PartitionSpec, RankCoords
 from mindspeed_rl.weights.manifest import SnapshotError
 
@@ -120,41 +125,124 @@ def merge_pieces(pieces: Iterable[Piece], *, tp_size: int, ep_size: int) -> dict
     by_name: dict[str, list[Piece]] = defaultdict(list)
     for piece in pieces:
         by_name[piece.name].append(piece)
-    return {name: _merge_one(name, group, tp_size, ep_size) for name, group in by_name.items()}
+    return {
+        name: assemble(plan_merge(name, group, tp_size, ep_size), group) for name, group in by_name.items()
+    }
 
 
-def _merge_one(name: str, group: list[Piece], tp_size: int, ep_size: int) -> torch.Tensor:
+@dataclass(frozen=True, slots=True)
+class MergePlan:
+    """Where each piece of one tensor lands in the merged tensor.
+
+    ``places[i]`` is the index (one slice per dim) of piece ``i`` of the group the plan was
+    made from. Computed from shapes alone (meta pieces will do), so a converter can allocate
+    the merged tensor first and fill it piece by piece as pieces are read.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    places: tuple[tuple[slice, ...], ...]
+
+    @property
+    def single(self) -> bool:
+        """One piece is the whole tensor (replicated, or not split): it needs no copy."""
+        return len(self.places) == 1
+
+    def empty(self) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=self.dtype)
+
+
+def assemble(plan: MergePlan, group: Sequence[Piece]) -> torch.Tensor:
+    """The merged tensor of ``plan`` from its pieces (the group the plan was made from)."""
+    if plan.single:
+        return group[0].tensor
+    out = plan.empty()
+    for piece, index in zip(group, plan.places, strict=True):
+        copy_into(out[index], piece.tensor)
+    return out
+
+
+def plan_merge(name: str, group: Sequence[Piece], tp_size: int, ep_size: int) -> MergePlan:
+    """Check that ``group`` (every piece of ``name``) merges, and plan where each piece goes."""
     specs = {p.spec for p in group}
     stages = {p.coords.pp_rank for p in group}
+    dtypes = {p.tensor.dtype for p in group}
     if len(specs) != 1:
         raise SnapshotError(f"{name}: shards disagree on its partition ({specs}); re-export with one layout")
     if len(stages) != 1:
         raise SnapshotError(
             f"{name}: present on pipeline stages {sorted(stages)}; a name must live on one stage"
         )
+    if len(dtypes) != 1:
+        raise SnapshotError(
+            f"{name}: shards hold it as {sorted(map(str, dtypes))}; re-export with one dtype per tensor"
+        )
     spec = group[0].spec
-    by_ep: dict[int, list[Piece]] = defaultdict(list)
-    for piece in group:
-        by_ep[piece.coords.ep_rank].append(piece)
+    by_ep: dict[int, list[int]] = defaultdict(list)
+    for i, piece in enumerate(group):
+        by_ep[piece.coords.ep_rank].append(i)
     if spec.ep_dim is None:
         if len(by_ep) != 1:
             raise SnapshotError(f"{name}: not EP-split but written by EP ranks {sorted(by_ep)}")
-        return _merge_tp(name, next(iter(by_ep.values())), spec, tp_size)
-    _require_ranks(name, "EP", set(by_ep), ep_size)
-    return cat([_merge_tp(name, by_ep[r], spec, tp_size) for r in range(ep_size)], dim=spec.ep_dim)
+        shape, places = _plan_tp(name, group, next(iter(by_ep.values())), spec, tp_size)
+    else:
+        _require_ranks(name, "EP", set(by_ep), ep_size)
+        shape, places = _concat(
+            name, [_plan_tp(name, group, by_ep[r], spec, tp_size) for r in range(ep_size)], spec.ep_dim
+        )
+    ordered = tuple(places[i] for i in range(len(group)))
+    return MergePlan(name=name, shape=shape, dtype=group[0].tensor.dtype, places=ordered)
 
 
-def _merge_tp(name: str, group: list[Piece], spec: PartitionSpec, tp_size: int) -> torch.Tensor:
+# (shape, {piece index: its index in that shape}); per dim a slice, so nesting only shifts one dim
+_Placed = tuple[tuple[int, ...], dict[int, tuple[slice, ...]]]
+
+
+def _plan_tp(
+    name: str, group: Sequence[Piece], members: list[int], spec: PartitionSpec, tp_size: int
+) -> _Placed:
     if spec.tp_dim is None:
-        if len(group) != 1:
-            raise SnapshotError(f"{name}: replicated over TP but {len(group)} copies were written")
-        return group[0].tensor
-    ranks = [p.coords.tp_rank for p in group]
+        if len(members) != 1:
+            raise SnapshotError(f"{name}: replicated over TP but {len(members)} copies were written")
+        return _whole(group[members[0]], members[0])
+    ranks = [group[i].coords.tp_rank for i in members]
     if len(ranks) != len(set(ranks)):
         raise SnapshotError(f"{name}: TP ranks {sorted(ranks)} contain duplicates")
     _require_ranks(name, "TP", set(ranks), tp_size)
-    ordered = sorted(group, key=lambda p: p.coords.tp_rank)
-    return cat([p.tensor for p in ordered], dim=spec.tp_dim)
+    ordered = sorted(members, key=lambda i: group[i].coords.tp_rank)
+    return _concat(name, [_whole(group[i], i) for i in ordered], spec.tp_dim)
+
+
+def _whole(piece: Piece, index: int) -> _Placed:
+    shape = tuple(piece.tensor.shape)
+    return shape, {index: tuple(slice(0, n) for n in shape)}
+
+
+def _concat(name: str, parts: list[_Placed], dim: int) -> _Placed:
+    """Lay ``parts`` end to end along ``dim``; every other dim must agree (as for a concatenation)."""
+    if len(parts) == 1:
+        return parts[0]
+    shapes = [shape for shape, _ in parts]
+    rest = {shape[:dim] + shape[dim + 1 :] for shape in shapes}
+    if any(len(shape) <= dim for shape in shapes) or len(rest) != 1:
+        raise SnapshotError(
+            f"{name}: pieces of shapes {[list(s) for s in shapes]} cannot be joined along dim {dim}; "
+            "the shards were exported with different model shapes or partition rules"
+        )
+    places: dict[int, tuple[slice, ...]] = {}
+    offset = 0
+    for shape, members in parts:
+        for i, index in members.items():
+            shifted = index[dim]
+            places[i] = (
+                *index[:dim],
+                slice(shifted.start + offset, shifted.stop + offset),
+                *index[dim + 1 :],
+            )
+        offset += shape[dim]
+    total = (*shapes[0][:dim], offset, *shapes[0][dim + 1 :])
+    return total, places
 
 
 def _require_ranks(name: str, axis: str, present: set[int], size: int) -> None:
@@ -163,13 +251,22 @@ def _require_ranks(name: str, axis: str, present: set[int], size: int) -> None:
 
 
 def split_for_rank(
-    full: dict[str, torch.Tensor], layout: InferenceLayout, rank: int
+    full: Mapping[str, torch.Tensor],
+    layout: InferenceLayout,
+    rank: int,
+    *,
+    owners: Mapping[str, int] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The tensors inference rank ``rank`` holds: TP/EP slices, and only its own experts."""
+    """The tensors inference rank ``rank`` holds: TP/EP slices, and only its own experts.
+
+    ``owners`` (`expert_owners` of the whole model) lets a caller split part of the model at a
+    time: which EP rank owns an expert depends on every expert id, not only those in ``full``.
+    """
     coords = layout.coords(rank)
     if layout.world_size == 1:
         return dict(full)
-    owners = _expert_owners(full, layout)
+    if owners is None:
+        owners = expert_owners(full, layout)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in full.items():
         spec = layout.spec_for(name)
@@ -195,10 +292,10 @@ def _chunk(name: str, tensor: torch.Tensor, dim: int, parts: int, index: int) ->
     return copy_tensor(tensor.narrow(dim, index * step, step))
 
 
-def _expert_owners(full: dict[str, torch.Tensor], layout: InferenceLayout) -> dict[str, int]:
+def expert_owners(names: Iterable[str], layout: InferenceLayout) -> dict[str, int]:
     """EP rank owning each ``ep_local`` tensor: experts sorted by id, dealt in equal contiguous runs."""
     ids: dict[str, int] = {}
-    for name in full:
+    for name in names:
         rule = layout.rule_for(name)
         if rule is not None and rule.spec.ep_local:
             match = re.search(rule.pattern, name)

@@ -4,16 +4,25 @@
 
     actor loop:  receive minibatch ─► policy.maybe_reload(latest, engine_load) ─► with policy.generating(): generate
                                            │ newer than mine?  no ─► "up_to_date"
-                                           │ lease + read + verify all tensors of my rank
+                                           │ lease + read + verify all tensors of my rank (or only verify: from_folder)
                                            │    any defect ─► log, keep current weights, "rejected"
                                            ▼
                                       engine_load(tensors) ─► version = latest.version, "loaded"
 
 Validation (sizes, header, and every tensor's CRC-32 taken while its bytes are read:
 this is the end-to-end check of the weight flow, see convert.py) finishes before the
-engine is touched, so a bad snapshot can never leave an engine half-loaded. The price is holding one rank's weights in host
-memory during the reload. An exception raised by ``engine_load_fn`` itself
-propagates: the engine's state is then unknown and the actor must be restarted.
+engine is touched, so a bad snapshot can never leave an engine half-loaded. Two ways to hand
+the weights over, by what the engine takes:
+
+- ``maybe_reload`` (an in-process engine takes tensors): the verified tensors themselves, so
+  one rank's weights sit in host memory during the reload.
+- ``maybe_reload_from_folder`` (an engine whose workers read the folder themselves: TP > 1
+  vLLM): the same checks streamed through an 8 MiB buffer per thread, nothing kept, then the
+  folder path, under the same lease. Host memory stays at the buffers whatever the model size;
+  the verification's reads also leave the file in the page cache the workers then read from.
+
+An exception raised by ``engine_load_fn`` itself propagates: the engine's state is then
+unknown and the actor must be restarted.
 """
 
 from __future__ import annotations
@@ -23,17 +32,21 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Literal, TypeVar
 
 import torch
 
-from mindspeed_rl.weights.manifest import SnapshotError, SnapshotInfo, SnapshotManifest
-from mindspeed_rl.weights.shardio import read_shard
+from mindspeed_rl.weights.manifest import ShardEntry, SnapshotError, SnapshotInfo, SnapshotManifest
+from mindspeed_rl.weights.shardio import read_shard, verify_shard
 from mindspeed_rl.weights.store import lease
 
 logger = logging.getLogger(__name__)
 
 EngineLoadFn = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
+FolderLoadFn = Callable[[Path], None]
+"""Loads the snapshot folder (its one shard file) into the engine."""
+_T = TypeVar("_T")
 ReloadStatus = Literal["loaded", "up_to_date", "no_snapshot", "rejected"]
 
 
@@ -74,6 +87,42 @@ class ReloadPolicy:
             self._generating = False
 
     def maybe_reload(self, latest: SnapshotInfo | None, engine_load_fn: EngineLoadFn) -> ReloadResult:
+        """Load ``latest`` if newer: read and verify this rank's tensors, then ``engine_load_fn(tensors)``."""
+
+        def read(snapshot: SnapshotInfo) -> tuple[dict[str, torch.Tensor], int]:
+            manifest, shard = self._manifest_and_shard(snapshot)
+            tensors = read_shard(snapshot.path, manifest, shard, num_threads=self.num_threads)
+            return tensors, sum(t.numel() * t.element_size() for t in tensors.values())
+
+        # The tensors are in memory once read: the engine load needs no lease.
+        return self._reload(latest, read, lambda tensors: engine_load_fn(tensors.items()), leased_load=False)
+
+    def maybe_reload_from_folder(
+        self, latest: SnapshotInfo | None, engine_load_fn: FolderLoadFn
+    ) -> ReloadResult:
+        """Load ``latest`` if newer: verify its one shard file streaming (no tensor kept), then
+        ``engine_load_fn(folder)``, both under one lease so retention cannot delete the folder between."""
+
+        def verify(snapshot: SnapshotInfo) -> tuple[Path, int]:
+            manifest, shard = self._manifest_and_shard(snapshot)
+            if len(manifest.shards) != 1:
+                raise SnapshotError(
+                    f"snapshot v{manifest.version} has {len(manifest.shards)} shard files, and an engine "
+                    "that loads a folder reads every file in it; convert for this GU with one inference "
+                    "rank (InferenceLayout()): the engine shards the full replica itself"
+                )
+            return snapshot.path, verify_shard(snapshot.path, manifest, shard, num_threads=self.num_threads)
+
+        return self._reload(latest, verify, engine_load_fn, leased_load=True)
+
+    def _reload(
+        self,
+        latest: SnapshotInfo | None,
+        read: Callable[[SnapshotInfo], tuple[_T, int]],
+        load: Callable[[_T], None],
+        *,
+        leased_load: bool,
+    ) -> ReloadResult:
         if self._generating:
             raise RuntimeError(
                 "maybe_reload called while a minibatch is being generated; call it between minibatches"
@@ -85,22 +134,27 @@ class ReloadPolicy:
         if latest.version in self._rejected:
             return self._rejected_result(latest.version, self._rejected[latest.version])
         started = time.perf_counter()
-        try:
-            with lease(latest):
-                tensors = self._read_verified(latest)
-        except (SnapshotError, OSError) as err:
-            logger.error(
-                "not loading snapshot v%d from %s: %s; keeping v%d",
-                latest.version,
-                latest.path,
-                err,
-                self.version,
-            )
-            self._rejected[latest.version] = str(err)
-            return self._rejected_result(latest.version, str(err))
-        read_seconds = time.perf_counter() - started
-        engine_started = time.perf_counter()
-        engine_load_fn(tensors.items())
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(lease(latest))
+                weights, nbytes = read(latest)
+            except (SnapshotError, OSError) as err:
+                logger.error(
+                    "not loading snapshot v%d from %s: %s; keeping v%d",
+                    latest.version,
+                    latest.path,
+                    err,
+                    self.version,
+                )
+                self._rejected[latest.version] = str(err)
+                return self._rejected_result(latest.version, str(err))
+            read_seconds = time.perf_counter() - started
+            engine_started = time.perf_counter()
+            if leased_load:
+                load(weights)
+        if not leased_load:
+            load(weights)
+        del weights
         self.version = latest.version
         return ReloadResult(
             status="loaded",
@@ -108,13 +162,13 @@ class ReloadPolicy:
             target_version=latest.version,
             read_seconds=read_seconds,
             engine_seconds=time.perf_counter() - engine_started,
-            nbytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+            nbytes=nbytes,
         )
 
     def _rejected_result(self, target: int, reason: str) -> ReloadResult:
         return ReloadResult(status="rejected", version=self.version, target_version=target, reason=reason)
 
-    def _read_verified(self, snapshot: SnapshotInfo) -> dict[str, torch.Tensor]:
+    def _manifest_and_shard(self, snapshot: SnapshotInfo) -> tuple[SnapshotManifest, ShardEntry]:
         manifest = SnapshotManifest.load(snapshot.path)
         if manifest.version != snapshot.version:
             raise SnapshotError(
@@ -127,7 +181,5 @@ class ReloadPolicy:
                     f"snapshot v{manifest.version} has a sharded training layout; convert it for this GU "
                     "with GuConverter and reload from the GU cache"
                 )
-            shard = manifest.shards[0]
-        else:
-            shard = manifest.shard(self.rank)
-        return read_shard(snapshot.path, manifest, shard, num_threads=self.num_threads)
+            return manifest, manifest.shards[0]
+        return manifest, manifest.shard(self.rank)

@@ -10,6 +10,13 @@ them ourselves because the library's torch writer first copies every tensor into
   The checksum is therefore computed once, from the exact bytes written, never by re-reading.
 - read: each tensor is read with ``os.preadv`` straight into its (preallocated) torch
   storage, and its CRC-32 is taken chunk by chunk as it arrives.
+- verify: the same reads and checks into one reused chunk buffer per thread, keeping nothing
+  (``verify_shard``): host memory is ``threads x 8 MiB`` whatever the file size. For a reader
+  that only needs to know the file is sound because another process loads it (a TP > 1 vLLM
+  engine's workers read the folder themselves).
+- planned write (``PlannedShard``): the header is laid out from shapes and dtypes alone (meta
+  tensors will do), then tensors are written at their final offsets in any order as they are
+  produced, so a converter never holds the whole file's tensors at once.
 
 Both sides bin tensors by size across a thread pool (big tensors end up alone in a bin,
 small ones grouped, the same idea as the paper's H2D streams). ``pwrite``/``preadv`` and
@@ -20,10 +27,12 @@ Which hop verifies what (and why) is stated in convert.py's module docstring.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +84,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a manifest dtype name (``dtype_name``'s inverse)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise SnapshotError(f"dtype {name!r} is not one snapshots hold ({sorted(_BY_NAME)})") from None
+
+
 def _crc_update(chunk: memoryview, crc: int) -> int:
     """One CRC-32 step; a named function so tests can count the bytes checksummed."""
     return zlib.crc32(chunk, crc)
@@ -115,33 +132,95 @@ def write_shard(
     ``shard_file`` is the name recorded in the entries when ``path`` is a temporary name.
     """
     for name, tensor in tensors.items():
-        if tensor.device.type != "cpu" or tensor.dtype not in _ST_DTYPES:
-            raise ValueError(
-                f"{name}: a {tensor.dtype} tensor on {tensor.device} cannot be written; "
-                "pass CPU tensors of a safetensors dtype"
-            )
-    header, placed = _layout_file(tensors)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        _check_writable(name, tensor)
+    shard = PlannedShard(path, tensors, specs, shard_file=shard_file)
     try:
-        _pwrite_all(fd, memoryview(header), 0)
-        crcs = run_in_bins(placed, lambda p: p.nbytes, lambda p: _write_tensor(fd, p), num_threads)
-        os.fsync(fd)
+        run_in_bins(shard.placed, lambda p: p.nbytes, lambda p: shard.write(p.name, p.tensor), num_threads)
+        return shard.finish()
     finally:
-        os.close(fd)
-    entries = tuple(
-        TensorEntry(
-            name=p.name,
-            shape=tuple(p.tensor.shape),
-            dtype=dtype_name(p.tensor.dtype),
-            shard_file=shard_file or path.name,
-            nbytes=p.nbytes,
-            checksum=crc,
-            partition=specs[p.name],
+        shard.close()
+
+
+def _check_writable(name: str, tensor: torch.Tensor) -> None:
+    if tensor.device.type != "cpu" or tensor.dtype not in _ST_DTYPES:
+        raise ValueError(
+            f"{name}: a {tensor.dtype} tensor on {tensor.device} cannot be written; "
+            "pass CPU tensors of a safetensors dtype"
         )
-        for p, crc in zip(placed, crcs, strict=True)
-    )
-    size = len(header) + sum(p.nbytes for p in placed)
-    return size, entries
+
+
+class PlannedShard:
+    """One shard file whose layout is fixed up front; tensors are written at their offsets later.
+
+    ``planned`` gives every tensor's name, shape and dtype (meta tensors are enough); the file is
+    byte for byte what `write_shard` of the real tensors writes. `write` may be called from several
+    threads, once per name, in any order; `finish` fsyncs and returns what `write_shard` returns.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        planned: Mapping[str, torch.Tensor],
+        specs: Mapping[str, PartitionSpec],
+        *,
+        shard_file: str | None = None,
+    ) -> None:
+        for name, tensor in planned.items():
+            if tensor.dtype not in _ST_DTYPES:
+                raise ValueError(f"{name}: dtype {tensor.dtype} has no safetensors code; convert it first")
+        self.path = path
+        self.header, self.placed = _layout_file(planned)
+        self._by_name = {p.name: p for p in self.placed}
+        self._specs = {name: specs[name] for name in planned}
+        self._shard_file = shard_file or path.name
+        self._crcs: dict[str, str] = {}
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        _pwrite_all(self._fd, memoryview(self.header), 0)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Write ``tensor`` (CPU) as ``name``: its shape and dtype must be the planned ones."""
+        planned = self._by_name.get(name)
+        if planned is None:
+            raise ValueError(f"{self.path}: {name} is not planned in this shard; plan it with the others")
+        _check_writable(name, tensor)
+        if tuple(tensor.shape) != tuple(planned.tensor.shape) or tensor.dtype != planned.tensor.dtype:
+            raise ValueError(
+                f"{self.path}: {name} is {dtype_name(tensor.dtype)}{list(tensor.shape)}, planned as "
+                f"{dtype_name(planned.tensor.dtype)}{list(planned.tensor.shape)}"
+            )
+        if name in self._crcs:
+            raise ValueError(f"{self.path}: {name} is written twice; write each planned tensor once")
+        assert self._fd is not None, "write after close"
+        self._crcs[name] = _write_tensor(self._fd, _Placed(name, tensor, planned.offset, planned.nbytes))
+
+    def finish(self) -> tuple[int, tuple[TensorEntry, ...]]:
+        missing = [p.name for p in self.placed if p.name not in self._crcs]
+        if missing:
+            raise ValueError(
+                f"{self.path}: {len(missing)} planned tensors were never written ({missing[:3]}); "
+                "write every planned tensor before finish()"
+            )
+        assert self._fd is not None, "finish after close"
+        os.fsync(self._fd)
+        self.close()
+        entries = tuple(
+            TensorEntry(
+                name=p.name,
+                shape=tuple(p.tensor.shape),
+                dtype=dtype_name(p.tensor.dtype),
+                shard_file=self._shard_file,
+                nbytes=p.nbytes,
+                checksum=self._crcs[p.name],
+                partition=self._specs[p.name],
+            )
+            for p in self.placed
+        )
+        return len(self.header) + sum(p.nbytes for p in self.placed), entries
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _layout_file(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[_Placed]]:
@@ -200,32 +279,58 @@ def read_shards(
     num_threads: int | None = None,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Several shards of one snapshot read by one thread pool (files overlap, not only tensors)."""
-    jobs: list[_ReadJob] = []
-    fds: list[int] = []
-    try:
-        for shard in shards:
-            path = Path(snapshot_dir) / shard.file
-            offsets = check_shard_file(path, manifest, shard)
-            fd = os.open(path, os.O_RDONLY)
-            fds.append(fd)
-            jobs.extend(
-                _ReadJob(path=path, fd=fd, offset=offsets[e.name], entry=e)
-                for e in manifest.tensors_in(shard.file)
-            )
-        loaded = run_in_bins(jobs, lambda job: job.entry.nbytes, _read_tensor, num_threads)
-    except OSError as err:
-        raise SnapshotError(f"snapshot v{manifest.version}: cannot read {snapshot_dir}: {err}") from err
-    finally:
-        for fd in fds:
-            os.close(fd)
+    with open_shards(snapshot_dir, manifest, shards) as jobs:
+        loaded = run_in_bins(jobs, lambda job: job.entry.nbytes, read_tensor, num_threads)
     out: dict[str, dict[str, torch.Tensor]] = {s.file: {} for s in shards}
     for job, tensor in zip(jobs, loaded, strict=True):
         out[job.entry.shard_file][job.entry.name] = tensor
     return out
 
 
+def verify_shard(
+    snapshot_dir: Path, manifest: SnapshotManifest, shard: ShardEntry, *, num_threads: int | None = None
+) -> int:
+    """Every check `read_shard` makes (size, header, each tensor's CRC-32), keeping no tensor.
+
+    Reads in 8 MiB chunks into one buffer per thread; returns the tensor bytes verified.
+    Raises SnapshotError on any mismatch, a truncated or corrupted file included.
+    """
+    with open_shards(snapshot_dir, manifest, [shard]) as jobs:
+        run_in_bins(jobs, lambda job: job.entry.nbytes, _verify_tensor, num_threads)
+    return sum(job.entry.nbytes for job in jobs)
+
+
+@contextlib.contextmanager
+def open_shards(
+    snapshot_dir: Path, manifest: SnapshotManifest, shards: Sequence[ShardEntry]
+) -> Iterator[list[ReadJob]]:
+    """One read job per tensor of ``shards``, files checked (size, header) and open while inside.
+
+    An OSError inside (opening, reading) comes out as a SnapshotError: the snapshot is unreadable.
+    """
+    jobs: list[ReadJob] = []
+    fds: list[int] = []
+    try:
+        for shard in shards:
+            path = Path(snapshot_dir) / shard.file
+            offsets = check_shard_file(path, manifest, shard)
+            fds.append(fd := os.open(path, os.O_RDONLY))
+            jobs.extend(
+                ReadJob(path=path, fd=fd, offset=offsets[e.name], entry=e)
+                for e in manifest.tensors_in(shard.file)
+            )
+        yield jobs
+    except OSError as err:
+        raise SnapshotError(f"snapshot v{manifest.version}: cannot read {snapshot_dir}: {err}") from err
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 @dataclass(frozen=True, slots=True)
-class _ReadJob:
+class ReadJob:
+    """One tensor of an open shard file: where its bytes are and what the manifest says they are."""
+
     path: Path
     fd: int
     offset: int  # absolute position of the tensor's bytes in the file
@@ -245,7 +350,7 @@ def check_shard_file(path: Path, manifest: SnapshotManifest, shard: ShardEntry) 
             f"snapshot v{manifest.version}: {path} has {size} bytes, manifest says {shard.nbytes} "
             "(truncated or rewritten)"
         )
-    header, data_start = _read_header(path, size)
+    header, data_start = read_header(path, size)
     entries = manifest.tensors_in(shard.file)
     present = set(header) - {"__metadata__"}
     expected = {e.name for e in entries}
@@ -258,7 +363,8 @@ def check_shard_file(path: Path, manifest: SnapshotManifest, shard: ShardEntry) 
     return {e.name: data_start + _check_entry(path, e, header[e.name], data_start, size) for e in entries}
 
 
-def _read_header(path: Path, size: int) -> tuple[dict[str, Any], int]:
+def read_header(path: Path, size: int) -> tuple[dict[str, Any], int]:
+    """A safetensors file's JSON header and the offset its data starts at; SnapshotError if malformed."""
     with path.open("rb") as handle:
         prefix = handle.read(8)
         length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
@@ -293,26 +399,67 @@ def _check_entry(path: Path, entry: TensorEntry, info: Any, data_start: int, siz
     return begin
 
 
-def _read_tensor(job: _ReadJob) -> torch.Tensor:
-    path, fd, offset, entry = job.path, job.fd, job.offset, job.entry
-    tensor = torch.empty(entry.shape, dtype=_BY_NAME[entry.dtype])
-    raw = _raw_bytes(tensor) if entry.nbytes else memoryview(b"")
+def read_tensor(job: ReadJob) -> torch.Tensor:
+    """``job``'s tensor in fresh memory, CRC-checked."""
+    tensor = torch.empty(job.entry.shape, dtype=_BY_NAME[job.entry.dtype])
+    read_into(job, tensor)
+    return tensor
+
+
+def read_into(job: ReadJob, tensor: torch.Tensor) -> None:
+    """Read ``job``'s tensor into ``tensor`` (contiguous CPU memory of its size), CRC-checked."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if not tensor.is_contiguous() or tensor.device.type != "cpu" or nbytes != job.entry.nbytes:
+        raise ValueError(
+            f"{job.entry.name}: cannot read {job.entry.nbytes} bytes into a {nbytes}-byte "
+            f"{'' if tensor.is_contiguous() else 'strided '}{tensor.device} tensor; pass contiguous CPU memory"
+        )
+    raw = _raw_bytes(tensor) if nbytes else memoryview(b"")
     crc = 0
     for start in range(0, len(raw), _CHUNK):
         chunk = raw[start : start + _CHUNK]
-        got = 0
-        while got < len(chunk):
-            n = os.preadv(fd, [chunk[got:]], offset + start + got)
-            if n == 0:
-                raise SnapshotError(f"{path}: {entry.name} ends early (file truncated while reading)")
-            got += n
+        _pread_exact(job, chunk, start)
         crc = _crc_update(chunk, crc)
+    _check_crc(job, crc)
+
+
+def _verify_tensor(job: ReadJob) -> None:
+    buffer = _chunk_buffer()
+    crc = 0
+    for start in range(0, job.entry.nbytes, _CHUNK):
+        chunk = buffer[: min(_CHUNK, job.entry.nbytes - start)]
+        _pread_exact(job, chunk, start)
+        crc = _crc_update(chunk, crc)
+    _check_crc(job, crc)
+
+
+_local = threading.local()
+
+
+def _chunk_buffer() -> memoryview:
+    """This thread's reused read buffer: what bounds a verification's memory."""
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None:
+        buffer = _local.buffer = memoryview(bytearray(_CHUNK))
+    return buffer
+
+
+def _pread_exact(job: ReadJob, chunk: memoryview, start: int) -> None:
+    """Fill ``chunk`` from the tensor's byte ``start`` on; a short file is a SnapshotError."""
+    got = 0
+    while got < len(chunk):
+        n = os.preadv(job.fd, [chunk[got:]], job.offset + start + got)
+        if n == 0:
+            raise SnapshotError(f"{job.path}: {job.entry.name} ends early (file truncated while reading)")
+        got += n
+
+
+def _check_crc(job: ReadJob, crc: int) -> None:
     actual = format_checksum(crc)
-    if actual != entry.checksum:
+    if actual != job.entry.checksum:
         raise SnapshotError(
-            f"{path}: {entry.name} checksum {actual} != manifest {entry.checksum} (corrupted)"
+            f"{job.path}: {job.entry.name} checksum {actual} != manifest {job.entry.checksum} (corrupted)"
         )
-    return tensor
 
 
 def run_in_bins(

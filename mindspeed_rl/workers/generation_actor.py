@@ -11,6 +11,11 @@ cache) and only then asks the CU to start a minibatch with the version the actor
 reload is a separate call, not folded into ``generate_minibatch``, because the CU grants a start
 for one policy version; a reload that is rejected midway would otherwise generate under a
 version the grant did not name.
+
+Every update's shapes are checked against the model folder the engine started from before the
+engine is touched (``weights.slots``): a weight that does not fit is a ``WeightShapeError``
+naming the tensor, both shapes and the config keys behind them, not an engine-internal size
+mismatch.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
+from mindspeed_rl.models.rollout.host_weights import HostWeights
 from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
 from mindspeed_rl.workers.training_unit import torch_threads_for
 
@@ -33,6 +40,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rollout.base import Completion
     from mindspeed_rl.weights.reload import ReloadPolicy, ReloadResult
+    from mindspeed_rl.weights.slots import EngineSlots
 
 
 logger = logging.getLogger(__name__)
@@ -72,6 +80,8 @@ class GenerationActor:
         self.actor_id = actor_id
         self.policy_version = 0
         self._reload_policy: ReloadPolicy | None = None
+        self._policy_path = policy_path
+        self._slots: EngineSlots | Literal[False] | None = None
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -165,13 +175,13 @@ class GenerationActor:
         loop sends a ``HostWeights`` (an iterable of pairs)."""
         tic = time.perf_counter()
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        self._engine.load_weights(items)
+        self._load_tensors(items)
         self.policy_version = version
         return time.perf_counter() - tic
 
     def load_weights_from_path(self, path: str, version: int) -> float:
         tic = time.perf_counter()
-        self._engine.load_weights_from_path(path)
+        self._load_folder(Path(path))
         self.policy_version = version
         return time.perf_counter() - tic
 
@@ -179,36 +189,59 @@ class GenerationActor:
         """Deferred reload (async pipeline): load the snapshot at ``snapshot_path`` if it is newer
         than the weights held. A defective snapshot is logged and never loaded; the actor keeps
         its weights and reports ``status="rejected"``."""
-        from pathlib import Path
-
         from mindspeed_rl.weights.manifest import SnapshotInfo
         from mindspeed_rl.weights.reload import ReloadPolicy
-        from mindspeed_rl.weights.store import lease
 
         if self._reload_policy is None:
             self._reload_policy = ReloadPolicy(self.policy_version, num_threads=1)
         snapshot = SnapshotInfo(version=version, path=Path(snapshot_path))
-        if not getattr(self._engine, "loads_from_path", False):
-            result = self._reload_policy.maybe_reload(snapshot, self._engine.load_weights)
+        if getattr(self._engine, "loads_from_path", False):
+            # TP workers are processes that each read the folder and keep their slice: the policy
+            # checks the file streaming (every CRC, nothing kept), then the workers read it.
+            result = self._reload_policy.maybe_reload_from_folder(snapshot, self._load_folder)
         else:
-            # TP workers are processes: the policy still reads and checksums the file before the
-            # engine is touched (the end-to-end check), then every worker reads the folder itself
-            # and keeps its slice; the tensors read for the check are dropped, never pickled to
-            # each worker. The lease spans both reads, so retention cannot delete the folder between.
-            def load_from_folder(_: object) -> None:
-                self._engine.load_weights_from_path(snapshot_path)
-
-            with lease(snapshot):
-                result = self._reload_policy.maybe_reload(snapshot, load_from_folder)
+            result = self._reload_policy.maybe_reload(snapshot, self._load_tensors)
         self.policy_version = result.version
         return result
+
+    def _load_tensors(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
+        slots = self._engine_slots()
+        if slots is not None:
+            if isinstance(items, HostWeights):
+                shapes = [(name, array.shape) for name, array in items.arrays]
+            else:
+                items = list(items)  # iterated twice: shapes first, then the engine
+                shapes = [(name, tensor.shape) for name, tensor in items]
+            slots.check(shapes)
+        self._engine.load_weights(items)
+
+    def _load_folder(self, path: Path) -> None:
+        slots = self._engine_slots()
+        if slots is not None:
+            from mindspeed_rl.weights.slots import folder_shapes
+
+            slots.check(folder_shapes(path).items())
+        self._engine.load_weights_from_path(str(path))
+
+    def _engine_slots(self) -> EngineSlots | None:
+        """The shapes of the folder the engine started from; None where it holds no safetensors."""
+        if self._slots is None:
+            from mindspeed_rl.weights.slots import EngineSlots
+
+            try:
+                self._slots = EngineSlots.from_model_dir(self._policy_path)
+            except (OSError, ValueError) as err:
+                logger.warning("no weight shape check for %s: %s", self._policy_path, err)
+                self._slots = False
+        return self._slots or None
 
     def sleep(self, level: int) -> None:
         """Colocated hybrid (``workers/colocation.py``): free the engine's device memory."""
         self._engine.sleep(level)  # type: ignore[attr-defined]  # vLLM engines only
 
-    def wake_up(self) -> None:
-        self._engine.wake_up()  # type: ignore[attr-defined]
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Map the engine's memory pools back (``tags``: "weights", "kv_cache"; None = all)."""
+        self._engine.wake_up(tags)  # type: ignore[attr-defined]
 
     def shutdown(self) -> None:
         self._engine.shutdown()

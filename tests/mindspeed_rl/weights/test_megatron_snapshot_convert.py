@@ -12,14 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.parity.engine import build_parity_model
-from mindspeed_rl.models.training.megatron.hf_mapping import (
-    DictSource,
-    ShardCoords,
-    export_shard,
-    load_dims,
-    megatron_names,
-    megatron_shard,
-)
+from mindspeed_rl.models.training.megatron.dims import ShardCoords, load_dims
+from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
+from mindspeed_rl.models.training.megatron.hf_sources import DictSource
+from mindspeed_rl.models.training.megatron.param_names import export_shard, megatron_names
 from mindspeed_rl.weights import megatron_rules
 from mindspeed_rl.weights.convert import GuConverter
 from mindspeed_rl.weights.export import SnapshotWriter
@@ -88,3 +84,46 @@ def test_only_the_first_rank_of_each_shard_writes() -> None:
     assert first_holders(tp2) == [True, True, False, False]
     ep2 = [ShardCoords(ep_rank=r, ep_size=2) for r in range(2)]  # EP2 inside DP2
     assert first_holders(ep2) == [True, True]
+
+
+class _ShardEngine:
+    """A megatron engine's snapshot side: ``snapshot_shard`` is where the shard is copied to host."""
+
+    def __init__(self, model: Path, coords: ShardCoords) -> None:
+        self.dims = load_dims(model)
+        self.coords = coords
+        self._source = DictSource(load_file(str(model / "model.safetensors")))
+        self.copies = 0
+
+    def snapshot_shard(self) -> tuple[dict[str, torch.Tensor], ShardCoords]:
+        self.copies += 1
+        c = self.coords
+        state = {n: megatron_shard(n, self.dims, c, self._source) for n in megatron_names(self.dims, c)}
+        return export_shard(state, self.dims, c), c
+
+
+@pytest.mark.parametrize("global_rank", [0, 1, 2, 3])
+def test_a_data_parallel_replica_never_copies_its_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, global_rank: int
+) -> None:
+    from mindspeed_rl.workers import megatron_engines
+
+    model = build_parity_model(tmp_path / "hf", "qwen3")
+    everyone = [ShardCoords(tp_rank=r % 2, tp_size=2) for r in range(4)]  # TP2 x DP2
+    monkeypatch.setattr(megatron_engines.dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(megatron_engines.dist, "get_rank", lambda: global_rank)
+    monkeypatch.setattr(megatron_engines, "host_group", lambda: None)  # no process group in this test
+    monkeypatch.setattr(
+        megatron_engines.dist, "all_gather_object", lambda out, _, **kw: out.__setitem__(slice(None), everyone)
+    )
+    engine = _ShardEngine(model, everyone[global_rank])
+    snapshots = megatron_engines.MegatronSnapshots(engine, coords_of=lambda e: e.coords)  # type: ignore[arg-type]
+    parts = [snapshots() for _ in range(3)]  # three exports
+    writes = global_rank < 2
+    assert engine.copies == (3 if writes else 0)
+    assert {p.rank for p in parts} == ({global_rank} if writes else {None})
+    if writes:
+        assert {n for n, _ in parts[0].tensors} == set(engine.snapshot_shard()[0])
+    else:
+        assert list(parts[0].tensors) == []
+    assert parts[0].layout.tp_size == 2

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from mindspeed_rl.weights import shardio
 from mindspeed_rl.weights.convert import GuConverter
 from mindspeed_rl.weights.export import SnapshotWriter
 from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
 from mindspeed_rl.weights.manifest import MANIFEST_NAME, SnapshotError, SnapshotInfo
-from mindspeed_rl.weights.reload import ReloadPolicy
-from mindspeed_rl.weights.store import latest_published
+from mindspeed_rl.weights.reload import ReloadPolicy, ReloadResult
+from mindspeed_rl.weights.store import LEASE_DIR, latest_published
 
 SHARD = "rank-00000.safetensors"
 
@@ -30,6 +32,16 @@ class FakeEngine:
     def load(self, named) -> None:
         self.calls += 1
         self.weights.update({k: v.clone() for k, v in named})
+
+    def load_folder(self, folder: Path) -> None:
+        """What a TP > 1 engine's workers do: read the folder themselves."""
+        self.load(load_file(str(folder / SHARD)).items())
+
+
+def _reload(policy: ReloadPolicy, info: SnapshotInfo, engine: FakeEngine, mode: str) -> ReloadResult:
+    if mode == "folder":
+        return policy.maybe_reload_from_folder(info, engine.load_folder)
+    return policy.maybe_reload(info, engine.load)
 
 
 def _publish(root: Path, versions: list[int], factory: Callable[[int], dict[str, torch.Tensor]]) -> None:
@@ -70,10 +82,22 @@ def _wrong_shape_in_manifest(path: Path) -> None:
     (path / MANIFEST_NAME).write_text(json.dumps(manifest))
 
 
+def _flip_first_tensor_byte(path: Path) -> None:
+    shard = path / SHARD
+    with shard.open("r+b") as handle:  # the first byte after the header: the first tensor's data
+        data_start = 8 + int.from_bytes(handle.read(8), "little")
+        handle.seek(data_start)
+        byte = handle.read(1)[0]
+        handle.seek(data_start)
+        handle.write(bytes([byte ^ 0x40]))
+
+
+@pytest.mark.parametrize("mode", ["tensors", "folder"])
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
         (_truncate, "truncated"),
+        (_flip_first_tensor_byte, "checksum"),
         (_flip_last_byte, "checksum"),
         (_remove_manifest, "no manifest.json"),
         (_remove_shard, "missing"),
@@ -81,14 +105,14 @@ def _wrong_shape_in_manifest(path: Path) -> None:
         (_wrong_shape_in_manifest, r"\[1, 2, 3\]"),
     ],
 )
-def test_damaged_snapshot_is_never_loaded(tmp_path, model_factory, caplog, damage, reason):
+def test_damaged_snapshot_is_never_loaded(tmp_path, model_factory, caplog, damage, reason, mode):
     _publish(tmp_path, [1, 2], model_factory)
     engine = FakeEngine(model_factory(1))
     policy = ReloadPolicy(1)
     damage(tmp_path / "v2")
 
     with caplog.at_level(logging.ERROR, logger="mindspeed_rl.weights.reload"):
-        result = policy.maybe_reload(SnapshotInfo(version=2, path=tmp_path / "v2"), engine.load)
+        result = _reload(policy, SnapshotInfo(version=2, path=tmp_path / "v2"), engine, mode)
 
     assert result.status == "rejected" and result.version == 1 and result.target_version == 2
     assert result.reason is not None and result.load_seconds == 0.0
@@ -168,3 +192,56 @@ def test_sharded_training_snapshot_must_be_converted_first(tmp_path, model_facto
     writer.close()
     result = ReloadPolicy(0).maybe_reload(latest_published(tmp_path), FakeEngine({}).load)
     assert result.status == "rejected" and result.reason is not None and "GuConverter" in result.reason
+
+
+def test_folder_reload_verifies_every_byte_keeps_none_and_loads_under_the_lease(
+    tmp_path, model_factory, monkeypatch
+):
+    _publish(tmp_path, [1], model_factory)
+    info = SnapshotInfo(version=1, path=tmp_path / "v1")
+    checked: list[int] = []
+    real_crc = shardio._crc_update
+    monkeypatch.setattr(
+        shardio, "_crc_update", lambda chunk, crc: checked.append(len(chunk)) or real_crc(chunk, crc)
+    )
+
+    def no_tensor(job):  # the folder reload's whole point: the engine's workers read the tensors
+        raise AssertionError(f"{job.entry.name} was read into memory")
+
+    monkeypatch.setattr(shardio, "read_tensor", no_tensor)
+    engine = FakeEngine({})
+    leases: list[list[Path]] = []
+
+    def load_folder(folder: Path) -> None:
+        leases.append(list((tmp_path / LEASE_DIR).iterdir()))
+        engine.load_folder(folder)
+
+    result = ReloadPolicy(0).maybe_reload_from_folder(info, load_folder)
+    size = sum(t.numel() * t.element_size() for t in model_factory(1).values())
+    assert result.status == "loaded" and result.version == 1 and result.nbytes == size
+    assert sum(checked) == size, "every tensor byte is checksummed once"
+    assert max(checked) <= shardio._CHUNK
+    assert len(leases) == 1 and [p.name.split(".")[0] for p in leases[0]] == ["v1"], (
+        "lease held while loading"
+    )
+    assert not list((tmp_path / LEASE_DIR).iterdir()), "lease released after"
+    for name, tensor in model_factory(1).items():
+        assert torch.equal(engine.weights[name], tensor)
+
+
+def test_folder_reload_refuses_a_snapshot_of_several_files(tmp_path, model_factory):
+    from mindspeed_rl.weights.layout import hf_dense_rules
+
+    _publish(tmp_path / "export", [1], model_factory)
+    layout = InferenceLayout(tp_size=2, rules=hf_dense_rules())
+    converted = GuConverter(tmp_path / "gu", layout).convert(
+        SnapshotInfo(version=1, path=tmp_path / "export" / "v1")
+    )
+    engine = FakeEngine({})
+    result = ReloadPolicy(0).maybe_reload_from_folder(converted.converted, engine.load_folder)
+    assert result.status == "rejected" and engine.calls == 0
+    assert (
+        result.reason is not None
+        and "2 shard files" in result.reason
+        and "InferenceLayout()" in result.reason
+    )

@@ -2,6 +2,8 @@
 
 A good snapshot is loaded and stamps later samples with its version; a truncated file, a wrong
 checksum or a missing manifest is never loaded: the actor keeps its weights and logs the error.
+The same holds where the engine reads the folder itself (``loads_from_path``, as TP > 1 vLLM
+does; the HF engine stands in), and a weight of the wrong shape is an error naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from mindspeed_rl.weights.convert import GuConverter
 from mindspeed_rl.weights.export import SnapshotWriter
 from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
 from mindspeed_rl.weights.manifest import MANIFEST_NAME
+from mindspeed_rl.weights.slots import WeightShapeError
 from mindspeed_rl.workers.generation_actor import GenerationActor
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -118,3 +121,54 @@ def test_defective_snapshot_is_never_loaded_and_the_actor_keeps_its_weights(
     after = _weights(actor)
     assert all(torch.equal(after[k], before[k]) for k in before)
     assert any(f"v{newer}" in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+
+
+@pytest.mark.parametrize("engine_reads_folder", [False, True], ids=["tensors", "folder"])
+def test_a_weight_that_does_not_fit_is_an_error_naming_it_and_nothing_is_loaded(
+    actor: GenerationActor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine_reads_folder: bool
+) -> None:
+    monkeypatch.setattr(actor._engine, "loads_from_path", engine_reads_folder, raising=False)
+    before, version = _weights(actor), actor.policy_version
+    newer = version + next(_FRESH)
+    misfit = _shifted(before, 0.5)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    misfit[name] = misfit[name][:64]  # half the query heads: a snapshot of another model
+    path = _converted_snapshot(tmp_path, newer, misfit)
+    with pytest.raises(WeightShapeError) as caught:
+        actor.reload(str(path), newer)
+    message = str(caught.value)
+    assert f"{name}: the weight is [64, 64], the engine's slot [128, 64]" in message
+    assert "num_attention_heads x head_dim (4 x 32 = 128)" in message
+    assert actor.policy_version == version
+    after = _weights(actor)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+@pytest.mark.parametrize("damage", [None, _truncate, _flip_bytes], ids=["sound", "truncated", "checksum"])
+def test_an_engine_that_reads_the_folder_gets_it_only_once_verified(
+    actor: GenerationActor,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    damage: Callable[[Path], None] | None,
+) -> None:
+    """As a TP > 1 vLLM engine reloads: the actor verifies the file streaming, the engine reads it."""
+    from mindspeed_rl.weights import shardio
+
+    monkeypatch.setattr(actor._engine, "loads_from_path", True, raising=False)
+    read_by_actor: list[str] = []
+    monkeypatch.setattr(shardio, "read_tensor", lambda job: read_by_actor.append(job.entry.name))
+    before, version = _weights(actor), actor.policy_version
+    newer = version + next(_FRESH)
+    target = _shifted(before, 0.25)
+    path = _converted_snapshot(tmp_path, newer, target)
+    if damage is not None:
+        damage(path)
+    result = actor.reload(str(path), newer)
+    assert read_by_actor == [], "the actor keeps no tensor of a folder reload"
+    now = _weights(actor)
+    if damage is None:
+        assert result.status == "loaded" and actor.policy_version == newer
+        assert all(torch.equal(now[k], target[k]) for k in target)
+    else:
+        assert result.status == "rejected" and actor.policy_version == version
+        assert all(torch.equal(now[k], before[k]) for k in before)

