@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from mindspeed_rl.weights.convert import ConversionPlan
     from mindspeed_rl.weights.layout import PartitionSpec, TrainingLayout
     from mindspeed_rl.weights.manifest import ShardEntry, TensorEntry
+    from mindspeed_rl.weights.streaming_merge import ConversionPlan
 
 NON_WEIGHT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
 
@@ -100,9 +100,9 @@ def merge_plan(
 ) -> ConversionPlan:
     """The GU's conversion plan of the rank shards written by :class:`RankShardWriter` into one
     unsplit set of HF tensors (every name, shape and merge checked before a byte is read)."""
-    from mindspeed_rl.weights.convert import plan_conversion
     from mindspeed_rl.weights.layout import InferenceLayout
     from mindspeed_rl.weights.manifest import SnapshotError, SnapshotManifest
+    from mindspeed_rl.weights.streaming_merge import plan_conversion
 
     ordered = tuple(sorted(shards, key=lambda s: s.rank))
     if [s.rank for s in ordered] != list(range(layout.world_size)):
@@ -122,9 +122,9 @@ def merge_plan(
 
 def write_merged(folder: Path, plan: ConversionPlan, target: Path, *, num_threads: int | None = None) -> None:
     """The merged tensors of ``plan`` (rank shards in ``folder``) as one safetensors file."""
-    from mindspeed_rl.weights.convert import run_conversion
     from mindspeed_rl.weights.layout import REPLICATED, InferenceLayout
     from mindspeed_rl.weights.shardio import PlannedShard
+    from mindspeed_rl.weights.streaming_merge import run_conversion
 
     (planned,) = plan.per_rank
     out = PlannedShard(target, planned, dict.fromkeys(planned, REPLICATED))
@@ -145,8 +145,8 @@ def read_merged(
     folder: Path, plan: ConversionPlan, *, num_threads: int | None = None
 ) -> dict[str, torch.Tensor]:
     """The merged tensors of ``plan`` in host memory, by HF name (in the plan's order)."""
-    from mindspeed_rl.weights.convert import run_conversion
     from mindspeed_rl.weights.layout import InferenceLayout
+    from mindspeed_rl.weights.streaming_merge import run_conversion
 
     got: dict[str, torch.Tensor] = {}
     lock = threading.Lock()

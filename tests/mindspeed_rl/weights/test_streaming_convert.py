@@ -23,13 +23,7 @@ from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import DictSource
 from mindspeed_rl.models.training.megatron.param_names import export_shard, megatron_names
 from mindspeed_rl.weights import megatron_rules
-from mindspeed_rl.weights.convert import (
-    GuConverter,
-    _run_bounded,
-    conversion_steps,
-    plan_conversion,
-    read_training_pieces,
-)
+from mindspeed_rl.weights.convert import GuConverter, read_training_pieces
 from mindspeed_rl.weights.export import SnapshotWriter
 from mindspeed_rl.weights.layout import (
     InferenceLayout,
@@ -42,6 +36,7 @@ from mindspeed_rl.weights.manifest import MANIFEST_NAME, SnapshotError, Snapshot
 from mindspeed_rl.weights.merge import apply_name_map, merge_pieces, split_for_rank
 from mindspeed_rl.weights.shardio import write_shard
 from mindspeed_rl.weights.store import latest_published
+from mindspeed_rl.weights.streaming_merge import _run_bounded, conversion_steps, plan_conversion
 from mindspeed_rl.workers.megatron_engines import layout_rank
 
 TP2 = TrainingLayout(tp_size=2, rules=hf_dense_rules())
