@@ -197,7 +197,8 @@ def _megatron_term_grads(
 ) -> dict[str, torch.Tensor]:
     """A fresh engine's ``main_grad`` of one update, as full HF tensors on rank 0 (``{}`` elsewhere):
     merged from every rank's shards exactly as the weights are (``gather_hf_weights``)."""
-    from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine, gather_hf_weights
+    from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
+    from mindspeed_rl.models.training.megatron.hf_export import gather_hf_weights
 
     engine = MegatronTrainingEngine(model_dir, config, layout)
     module = engine.model.module
@@ -250,10 +251,8 @@ def _worker(
 
     init_gloo(rank, world_size, port)
     try:
-        from mindspeed_rl.models.training.megatron.engine import (
-            MegatronReferenceModel,
-            MegatronTrainingEngine,
-        )
+        from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
+        from mindspeed_rl.models.training.megatron.reference import MegatronReferenceModel
 
         batch: TrainBatch = torch.load(Path(out_dir) / "batch.pt", weights_only=False)
         engine = MegatronTrainingEngine(model_dir, config, layout)
@@ -328,8 +327,8 @@ def _gather_name_mismatches(engine: Any) -> list[str]:
     """Per rank, names in the real ``state_dict`` but not in ``megatron_names`` and vice versa."""
     import torch.distributed as dist
 
-    from mindspeed_rl.models.training.megatron.hf_mapping import is_weight_name, megatron_names
     from mindspeed_rl.models.training.megatron.model import rank_coords
+    from mindspeed_rl.models.training.megatron.param_names import is_weight_name, megatron_names
 
     real = {n for n in engine.model.module.state_dict() if is_weight_name(n)}
     expected = set(megatron_names(engine.dims, rank_coords(engine.layout)))
@@ -419,7 +418,7 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
     """Compare the megatron engine at ``layout_name`` with HF log-probs and the torch engine's update."""
     from safetensors.torch import load_file
 
-    from mindspeed_rl.models.training.megatron.hf_mapping import load_dims
+    from mindspeed_rl.models.training.megatron.dims import load_dims
     from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
 
     if layout_name not in LAYOUTS:

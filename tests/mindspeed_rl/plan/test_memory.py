@@ -42,7 +42,7 @@ LAYOUTS = {"tp2": (2, 1, 1), "pp2": (1, 2, 1), "ep2": (1, 1, 2)}
 
 
 def _dims(shape: ModelShape) -> Any:
-    from mindspeed_rl.models.training.megatron.hf_mapping import GPTDims
+    from mindspeed_rl.models.training.megatron.dims import GPTDims
 
     return GPTDims(
         family="qwen3_moe" if shape.is_moe else "qwen3",
@@ -221,10 +221,8 @@ def _engine_memory_worker(rank: int, port: int, layout_name: str, model_dir: str
         from mindspeed_rl.models.loss.config import GRPOLossConfig
         from mindspeed_rl.models.training.batch import TrainBatch
         from mindspeed_rl.models.training.engine_config import TorchEngineConfig
-        from mindspeed_rl.models.training.megatron.engine import (
-            MegatronReferenceModel,
-            MegatronTrainingEngine,
-        )
+        from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
+        from mindspeed_rl.models.training.megatron.reference import MegatronReferenceModel
 
         layout = LAYOUTS[layout_name]
         batch = TrainBatch.from_lists(
@@ -271,7 +269,7 @@ def test_byte_terms_equal_what_the_megatron_engine_allocates(tmp_path: Any, layo
     import torch.multiprocessing as mp
 
     from benchmarks.parity.engine import build_parity_model, free_port
-    from mindspeed_rl.models.training.megatron.hf_mapping import load_dims
+    from mindspeed_rl.models.training.megatron.dims import load_dims
 
     family = ENGINE_CASES[layout_name]
     model_dir = build_parity_model(tmp_path / family, family, tied=family == "qwen2")

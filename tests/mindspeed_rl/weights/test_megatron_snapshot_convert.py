@@ -114,7 +114,9 @@ def test_a_data_parallel_replica_never_copies_its_shard(
     monkeypatch.setattr(megatron_engines.dist, "get_rank", lambda: global_rank)
     monkeypatch.setattr(megatron_engines, "host_group", lambda: None)  # no process group in this test
     monkeypatch.setattr(
-        megatron_engines.dist, "all_gather_object", lambda out, _, **kw: out.__setitem__(slice(None), everyone)
+        megatron_engines.dist,
+        "all_gather_object",
+        lambda out, _, **kw: out.__setitem__(slice(None), everyone),
     )
     engine = _ShardEngine(model, everyone[global_rank])
     snapshots = megatron_engines.MegatronSnapshots(engine, coords_of=lambda e: e.coords)  # type: ignore[arg-type]

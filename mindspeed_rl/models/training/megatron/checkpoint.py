@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from mindspeed_rl.models.training import trainer_state
 from mindspeed_rl.models.training.megatron import patches
-from mindspeed_rl.models.training.megatron.engine import host_group
+from mindspeed_rl.models.training.megatron.groups import host_group
 from mindspeed_rl.models.training.update_loop import progress_state, restore_progress
 
 if TYPE_CHECKING:

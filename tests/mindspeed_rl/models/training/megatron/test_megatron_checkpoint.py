@@ -144,7 +144,8 @@ def _bf16_resume_worker(rank: int, port: int, model_dir: str, out: str) -> None:
     try:
         import dataclasses
 
-        from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine, gather_hf_weights
+        from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
+        from mindspeed_rl.models.training.megatron.hf_export import gather_hf_weights
 
         batch = parity_batch(100)
         rng = np.random.default_rng(5)

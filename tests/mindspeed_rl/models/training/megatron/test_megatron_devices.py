@@ -365,20 +365,22 @@ def _worker(rank: int, port: int, model_dir: str, layout_name: str, out: Any) ->
     try:
         from mindspeed_rl.models.loss.config import GRPOLossConfig
         from mindspeed_rl.models.training.engine_config import TorchEngineConfig
-        from mindspeed_rl.models.training.megatron import engine as engine_module
+        from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
+        from mindspeed_rl.models.training.megatron.groups import host_group
+        from mindspeed_rl.models.training.megatron.reference import MegatronReferenceModel
 
         layout = LAYOUTS[layout_name]
         config = TorchEngineConfig(
             lr=1e-3, micro_batch_size=2, forward_micro_batch_size=3, mini_batch_size=4, n_samples_per_prompt=1,
             loss=GRPOLossConfig(init_kl_coef=0.05, entropy_coeff=0.01), device="cuda", param_dtype="bfloat16",
         )  # fmt: skip
-        engine = engine_module.MegatronTrainingEngine(model_dir, config, layout)
-        reference = engine_module.MegatronReferenceModel(
+        engine = MegatronTrainingEngine(model_dir, config, layout)
+        reference = MegatronReferenceModel(
             model_dir, layout, micro_batch_size=2, device="cuda", param_dtype="bfloat16"
         )
         batch = _batch(engine.dims.vocab_size)
         _tag_engine_state(engine, reference)
-        ledger = DeviceLedger(engine_module.host_group())
+        ledger = DeviceLedger(host_group())
         with _accelerator_runtime(), _transfer_copies(), watched_collectives(ledger), ledger:
             batch = batch.with_log_probs(ref=reference.compute_log_probs(batch, 0.7))
             batch = batch.with_log_probs(old=engine.compute_log_probs(batch, 0.7))

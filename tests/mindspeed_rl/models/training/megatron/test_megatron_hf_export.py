@@ -20,10 +20,10 @@ HAVE_MEGATRON = (
 REPO = Path(__file__).resolve().parents[5]
 OBJECT_COLLECTIVES = {"all_gather_object", "gather_object", "broadcast_object_list", "send_object_list", "recv_object_list"}  # fmt: skip
 ENGINE_FILES = (
-    "mindspeed_rl/models/training/megatron/engine.py",
-    "mindspeed_rl/models/training/megatron/checkpoint.py",
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "mindspeed_rl/models/training/megatron").glob("*.py")),
     "mindspeed_rl/workers/megatron_engines.py",
 )
+"""Every module of the megatron engine (the package, whatever its split) and its Training Unit side."""
 
 
 def test_object_collectives_of_the_engine_go_over_the_host_group() -> None:
@@ -53,8 +53,9 @@ def _old_gather(engine: Any) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from mindspeed_rl.models.training.megatron.hf_mapping import assemble_hf, hf_pieces, is_weight_name
+    from mindspeed_rl.models.training.megatron.hf_mapping import assemble_hf, hf_pieces
     from mindspeed_rl.models.training.megatron.model import rank_coords
+    from mindspeed_rl.models.training.megatron.param_names import is_weight_name
 
     coords = rank_coords(engine.layout)
     state = engine.model.module.state_dict()

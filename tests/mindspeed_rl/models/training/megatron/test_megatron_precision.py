@@ -135,7 +135,7 @@ def test_megatron_optimizer_gets_the_engine_settings(version: str) -> None:
     from megatron.core.optimizer import OptimizerConfig
 
     from mindspeed_rl.models.training.lr_schedule import LRSchedule
-    from mindspeed_rl.models.training.megatron.engine import build_megatron_optimizer
+    from mindspeed_rl.models.training.megatron.optimizer import build_megatron_optimizer
 
     factory = _RecordingFactory()
     if version == "0.19.2":
@@ -178,7 +178,7 @@ def test_megatron_optimizer_gets_the_engine_settings(version: str) -> None:
 def test_ddp_config_follows_upstream_keys() -> None:
     from megatron.core.distributed import DistributedDataParallelConfig
 
-    from mindspeed_rl.models.training.megatron.engine import ddp_config_kwargs
+    from mindspeed_rl.models.training.megatron.optimizer import ddp_config_kwargs
 
     default = DistributedDataParallelConfig(**ddp_config_kwargs(_config("bfloat16"), megatron_optimizer=True))
     assert default.grad_reduce_in_fp32 is False  # upstream's accumulate_allreduce_grads_in_fp32 default

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from mindspeed_rl.models.training.megatron import model as model_module
-from mindspeed_rl.models.training.megatron.hf_mapping import GPTDims
+from mindspeed_rl.models.training.megatron.dims import GPTDims
 from mindspeed_rl.models.training.megatron.layout import DeviceKind, MegatronLayout, check_trainable
 
 DENSE = GPTDims(
