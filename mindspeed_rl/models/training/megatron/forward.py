@@ -19,10 +19,14 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 
 from mindspeed_rl.models.training.batch import PaddedBatch, TrainBatch, pad_batch
 from mindspeed_rl.models.training.megatron import patches
 from mindspeed_rl.models.training.megatron.vocab_parallel import vocab_parallel_log_probs
+
+# Response tokens per log-prob chunk, as in the torch engine (``TorchEngineConfig.log_prob_chunk_tokens``).
+LOGPROB_CHUNK_TOKENS = 1024
 
 LossFn = Callable[["Micro", torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
 """``loss_fn(micro, logits) -> (loss, num_tokens, stats)``, called on the last pipeline stage."""
@@ -131,20 +135,39 @@ def response_log_probs(
     *,
     vocab_size: int,
     with_entropy: bool,
+    chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[B, R]`` log-probs (and entropy) of the response tokens from ``[B, S, V/tp]`` logits."""
+    """``[B, R]`` log-probs (and entropy) of the response tokens from ``[B, S, V/tp]`` logits.
+
+    Computed ``chunk_tokens`` response tokens at a time: the fp32 copy of a chunk's vocab-parallel
+    logits and its softmax temporaries exist for one chunk only, and with gradients each chunk is
+    recomputed in the backward pass (activation checkpointing) instead of saved, so no fp32
+    ``[B, R, V/tp]`` tensor of a whole micro-batch is ever alive. The chunk's collectives run in the
+    same order on every TP rank, in the forward and in the recompute alike."""
     from megatron.core import parallel_state as ps
 
-    index = padded.logit_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-    picked = torch.gather(logits, 1, index).float() / temperature
-    return vocab_parallel_log_probs(
-        picked,
-        padded.targets,
-        vocab_start=ps.get_tensor_model_parallel_rank() * logits.shape[-1],
-        vocab_size=vocab_size,
-        group=ps.get_tensor_model_parallel_group(),
-        with_entropy=with_entropy,
-    )
+    group = ps.get_tensor_model_parallel_group()
+    vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
+    rows, width = padded.logit_index.shape
+    step = max(1, chunk_tokens // max(rows, 1))
+
+    def chunk(logits: torch.Tensor, index: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        gathered = torch.gather(logits, 1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        logp, entropy = vocab_parallel_log_probs(
+            gathered.float() / temperature, targets, vocab_start=vocab_start, vocab_size=vocab_size,
+            group=group, with_entropy=with_entropy,
+        )  # fmt: skip
+        return (logp,) if entropy is None else (logp, entropy)
+
+    parts = []
+    for start in range(0, width, step):
+        args = (logits, padded.logit_index[:, start : start + step], padded.targets[:, start : start + step])
+        if torch.is_grad_enabled() and logits.requires_grad:
+            parts.append(torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False))
+        else:
+            parts.append(chunk(*args))
+    logp = torch.cat([p[0] for p in parts], dim=1)
+    return logp, (torch.cat([p[1] for p in parts], dim=1) if with_entropy else None)
 
 
 def _forward_step(

@@ -54,7 +54,9 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module", params=sorted(SHAPES))
-def moe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+def moe(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, Path]]:
     path = create_tiny_model(
         tmp_path_factory.mktemp(request.param) / "model", {**TINY_QWEN3_MOE_ARCH, **SHAPES[request.param]}
     )
