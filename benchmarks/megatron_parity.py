@@ -49,7 +49,7 @@ from benchmarks.parity.engine import (  # noqa: E402
     build_parity_model,
     run_parity_case,
 )
-from mindspeed_rl.models.training.megatron.dims import load_dims  # noqa: E402
+from mindspeed_rl.weights.megatron_dims import load_dims  # noqa: E402
 
 LOGPROB_GOAL = 1e-4
 CONVERT_GOAL = 1e-4

@@ -418,8 +418,8 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
     """Compare the megatron engine at ``layout_name`` with HF log-probs and the torch engine's update."""
     from safetensors.torch import load_file
 
-    from mindspeed_rl.models.training.megatron.dims import load_dims
     from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+    from mindspeed_rl.weights.megatron_dims import load_dims
 
     if layout_name not in LAYOUTS:
         raise ValueError(f"unknown layout {layout_name!r}; choose from {sorted(LAYOUTS)}")

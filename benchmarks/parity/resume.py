@@ -104,7 +104,7 @@ def run_resume_case(
     import numpy as np
     import torch.multiprocessing as mp
 
-    from mindspeed_rl.models.training.megatron.dims import load_dims
+    from mindspeed_rl.weights.megatron_dims import load_dims
 
     unknown = sorted({save_layout, load_layout} - set(LAYOUTS))
     if unknown:

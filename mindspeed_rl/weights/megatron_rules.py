@@ -22,9 +22,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from mindspeed_rl.models.training.megatron.dims import GPTDims, ShardCoords
-from mindspeed_rl.models.training.megatron.param_names import LAYER_COPIES
 from mindspeed_rl.weights.layout import PartitionRule, PartitionSpec, RankCoords, TrainingLayout
+from mindspeed_rl.weights.megatron_dims import LAYER_COPIES, GPTDims, ShardCoords
 from mindspeed_rl.weights.merge import NameMap, UnfuseRule
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")

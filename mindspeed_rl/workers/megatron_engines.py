@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from mindspeed_rl.models.training.megatron.dims import ShardCoords
 from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
 from mindspeed_rl.models.training.megatron.groups import host_group
 from mindspeed_rl.models.training.megatron.hf_export import first_holders, layout_rank, snapshot_layout
 from mindspeed_rl.models.training.megatron.reference import MegatronReferenceModel
+from mindspeed_rl.weights.megatron_dims import ShardCoords
 
 if TYPE_CHECKING:
     from mindspeed_rl.contracts import TrainerSpec

@@ -3,8 +3,8 @@ imports alike), so a climb back up fails here naming the edge instead of growing
 
     runtime      (pure control logic: imports nothing else of the package)
     config_cls   (the typed schema)           ─► runtime
-    models       (engines, losses, rewards)   ─► datasets, utils, runtime
-    weights      (weight-format library)      ─► models, utils
+    weights      (weight-format library)      ─► utils
+    models       (engines, losses, rewards)   ─► weights, datasets, utils, runtime
     contracts    (specs the workers receive)  ─► models
     plan         (the one reader of the config) ─► config_cls, contracts, models, runtime, utils, ...
     workers      (Ray actors: TU, GU, CU)     ─► everything above except plan and trainer
@@ -38,7 +38,7 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     ),
     "config_cls": frozenset({"contracts", "models", "plan", "sim", "trainer", "weights", "workers"}),
     "models": frozenset({"contracts", "plan", "sim", "trainer", "workers"}),
-    "weights": frozenset({"contracts", "plan", "sim", "trainer", "workers"}),
+    "weights": frozenset({"contracts", "models", "plan", "sim", "trainer", "workers"}),
     "contracts": frozenset({"config_cls", "plan", "sim", "trainer", "weights", "workers"}),
     "datasets": frozenset({"plan", "trainer", "workers"}),
     "utils": frozenset({"plan", "trainer", "workers"}),

@@ -42,7 +42,7 @@ LAYOUTS = {"tp2": (2, 1, 1), "pp2": (1, 2, 1), "ep2": (1, 1, 2)}
 
 
 def _dims(shape: ModelShape) -> Any:
-    from mindspeed_rl.models.training.megatron.dims import GPTDims
+    from mindspeed_rl.weights.megatron_dims import GPTDims
 
     return GPTDims(
         family="qwen3_moe" if shape.is_moe else "qwen3",
@@ -269,7 +269,7 @@ def test_byte_terms_equal_what_the_megatron_engine_allocates(tmp_path: Any, layo
     import torch.multiprocessing as mp
 
     from benchmarks.parity.engine import build_parity_model, free_port
-    from mindspeed_rl.models.training.megatron.dims import load_dims
+    from mindspeed_rl.weights.megatron_dims import load_dims
 
     family = ENGINE_CASES[layout_name]
     model_dir = build_parity_model(tmp_path / family, family, tied=family == "qwen2")

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from benchmarks.parity.engine import build_parity_model
-from mindspeed_rl.models.training.megatron.dims import ShardCoords, load_dims
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import DictSource
 from mindspeed_rl.models.training.megatron.param_names import export_name, export_shard, megatron_names
 from mindspeed_rl.weights import megatron_rules
+from mindspeed_rl.weights.megatron_dims import ShardCoords, load_dims
 from mindspeed_rl.weights.merge import Piece, apply_name_map, merge_pieces
 
 

@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.parity.engine import build_parity_model
-from mindspeed_rl.models.training.megatron.dims import ShardCoords, load_dims
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import DictSource
 from mindspeed_rl.models.training.megatron.param_names import export_shard, megatron_names
@@ -21,6 +20,7 @@ from mindspeed_rl.weights.convert import GuConverter
 from mindspeed_rl.weights.export import SnapshotWriter
 from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
 from mindspeed_rl.weights.manifest import SnapshotManifest
+from mindspeed_rl.weights.megatron_dims import ShardCoords, load_dims
 from mindspeed_rl.workers.megatron_engines import first_holders, layout_rank
 
 

@@ -18,7 +18,6 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.parity.engine import build_parity_model
-from mindspeed_rl.models.training.megatron.dims import ShardCoords, load_dims
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import DictSource
 from mindspeed_rl.models.training.megatron.param_names import export_shard, megatron_names
@@ -33,6 +32,7 @@ from mindspeed_rl.weights.layout import (
     hf_dense_rules,
 )
 from mindspeed_rl.weights.manifest import MANIFEST_NAME, SnapshotError, SnapshotInfo, SnapshotManifest
+from mindspeed_rl.weights.megatron_dims import ShardCoords, load_dims
 from mindspeed_rl.weights.merge import apply_name_map, merge_pieces, split_for_rank
 from mindspeed_rl.weights.shardio import write_shard
 from mindspeed_rl.weights.store import latest_published

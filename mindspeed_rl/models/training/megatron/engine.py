@@ -38,7 +38,6 @@ from mindspeed_rl.models.loss.kl_control import build_kl_controller
 from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.megatron import patches
-from mindspeed_rl.models.training.megatron.dims import ShardCoords, load_dims
 from mindspeed_rl.models.training.megatron.forward import (
     Micro,
     plan_micros,
@@ -74,6 +73,7 @@ from mindspeed_rl.models.training.update_loop import (
     loss_term_values,
     run_update,
 )
+from mindspeed_rl.weights.megatron_dims import ShardCoords, load_dims
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -27,11 +27,11 @@ from mindspeed_rl.models.training.hf_folder import (
     write_merged,
     written_specs,
 )
-from mindspeed_rl.models.training.megatron.dims import GPTDims, ShardCoords
 from mindspeed_rl.models.training.megatron.groups import host_group
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.models.training.megatron.model import rank_coords
 from mindspeed_rl.models.training.megatron.param_names import export_shard, is_weight_name
+from mindspeed_rl.weights.megatron_dims import GPTDims, ShardCoords
 
 if TYPE_CHECKING:
     from mindspeed_rl.weights.layout import TrainingLayout

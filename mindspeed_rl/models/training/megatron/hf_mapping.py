@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mindspeed_rl.models.training.megatron.dims import GPTDims, ShardCoords
 from mindspeed_rl.models.training.megatron.hf_sources import TensorSource
-from mindspeed_rl.models.training.megatron.param_names import LAYER_COPIES, LAYER_NAME, expert_match
+from mindspeed_rl.models.training.megatron.param_names import LAYER_NAME, expert_match
+from mindspeed_rl.weights.megatron_dims import LAYER_COPIES, GPTDims, ShardCoords
 
 
 def _chunk(size: int, parts: int, index: int) -> tuple[int, int]:

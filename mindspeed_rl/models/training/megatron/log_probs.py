@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.log_probs import check_temperature
-from mindspeed_rl.models.training.megatron.dims import GPTDims
 from mindspeed_rl.models.training.megatron.forward import Micro, plan_micros, response_log_probs, run_micros
 from mindspeed_rl.models.training.megatron.groups import dp_rank_size, host_group, reports_stats
+from mindspeed_rl.weights.megatron_dims import GPTDims
 
 
 def compute_log_probs_megatron(

@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from mindspeed_rl.models.training.megatron import patches
-from mindspeed_rl.models.training.megatron.dims import GPTDims, ShardCoords
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import SafetensorsSource, TensorSource
 from mindspeed_rl.models.training.megatron.layout import (
@@ -30,6 +29,7 @@ from mindspeed_rl.models.training.megatron.layout import (
     spec_kind,
 )
 from mindspeed_rl.models.training.megatron.param_names import is_weight_name
+from mindspeed_rl.weights.megatron_dims import GPTDims, ShardCoords
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -19,24 +19,13 @@ from collections.abc import Mapping
 
 import torch
 
-from mindspeed_rl.models.training.megatron.dims import GPTDims, ShardCoords
 from mindspeed_rl.models.training.megatron.layout import SpecKind
+from mindspeed_rl.weights.megatron_dims import GPTDims, ShardCoords
 
 LAYER_NAME = re.compile(r"decoder\.layers\.(?P<layer>\d+)\.(?P<rest>.+)")
 _LOCAL_EXPERT = re.compile(r"mlp\.experts\.local_experts\.(\d+)\.(.+)")
 _EXPERT = re.compile(r"mlp\.experts\.local_experts\.(?P<expert>\d+)\.(?P<fc>linear_fc[12])\.weight")
 _GROUPED_EXPERT = re.compile(r"mlp\.experts\.(?P<fc>linear_fc[12])\.weight(?P<expert>\d+)")
-# Replicated per-layer tensors: megatron suffix -> HF suffix. The TE-spec names (layer norm fused
-# into the next linear) are listed too so checkpoints of accelerator runs map the same way.
-LAYER_COPIES = {
-    "input_layernorm.weight": "input_layernorm.weight",
-    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
-    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
-    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
-    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
-    "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight",
-    "mlp.router.weight": "mlp.gate.weight",
-}
 
 
 def is_weight_name(name: str) -> bool:

@@ -16,11 +16,11 @@ import torch
 
 from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.device import torch_dtype
-from mindspeed_rl.models.training.megatron.dims import GPTDims, load_dims
 from mindspeed_rl.models.training.megatron.groups import ensure_host_group
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.models.training.megatron.log_probs import compute_log_probs_megatron
 from mindspeed_rl.models.training.megatron.model import init_model_parallel, load_model
+from mindspeed_rl.weights.megatron_dims import GPTDims, load_dims
 
 
 def load_model_in_dtype(

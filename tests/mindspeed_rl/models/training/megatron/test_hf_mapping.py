@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from benchmarks.parity.engine import build_parity_model
-from mindspeed_rl.models.training.megatron.dims import ShardCoords, dims_from_hf_config, load_dims
 from mindspeed_rl.models.training.megatron.hf_mapping import assemble_hf, hf_pieces, megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import DictSource, SafetensorsSource
 from mindspeed_rl.models.training.megatron.layout import SpecKind
 from mindspeed_rl.models.training.megatron.param_names import export_name, megatron_names
+from mindspeed_rl.weights.megatron_dims import ShardCoords, dims_from_hf_config, load_dims
 
 
 @pytest.fixture(scope="module")

@@ -77,8 +77,8 @@ def test_several_shuffled_steps_with_clipping_and_sequence_loss_match_at_tp2(tmp
         with_behaviour_log_probs,
     )
     from mindspeed_rl.models.loss.config import GRPOLossConfig
-    from mindspeed_rl.models.training.megatron.dims import load_dims
     from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+    from mindspeed_rl.weights.megatron_dims import load_dims
 
     model_dir = build_parity_model(tmp_path / "qwen3", "qwen3")
     batch = parity_batch(load_dims(model_dir).vocab_size)

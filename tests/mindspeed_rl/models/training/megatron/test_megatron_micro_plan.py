@@ -105,10 +105,10 @@ def _log_probs_worker(rank: int, port: int, model_dir: str, out: str) -> None:
     import torch.distributed as dist
 
     from benchmarks.parity.engine import init_gloo, parity_batch
-    from mindspeed_rl.models.training.megatron.dims import load_dims
     from mindspeed_rl.models.training.megatron.forward import response_log_probs, run_micros, widen
     from mindspeed_rl.models.training.megatron.layout import MegatronLayout
     from mindspeed_rl.models.training.megatron.model import init_model_parallel, load_model
+    from mindspeed_rl.weights.megatron_dims import load_dims
 
     init_gloo(rank, 1, port)
     try:

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from mindspeed_rl.models.training.megatron import model as model_module
-from mindspeed_rl.models.training.megatron.dims import GPTDims
 from mindspeed_rl.models.training.megatron.layout import DeviceKind, MegatronLayout, check_trainable
+from mindspeed_rl.weights.megatron_dims import GPTDims
 
 DENSE = GPTDims(
     family="qwen3",

@@ -1,10 +1,11 @@
 """What an HF checkpoint's architecture is (:class:`GPTDims`, read from ``config.json``) and where
-one rank sits in the training layout (:class:`ShardCoords`).
+one rank sits in the training layout (:class:`ShardCoords`), and which per-layer tensors are
+copies of one HF tensor (``LAYER_COPIES``).
 
-The two facts every rule between HF checkpoints and megatron-core shards is computed from (the
-names in ``param_names``, the tensors in ``hf_mapping``, the snapshot rules in
-``weights.megatron_rules``), and all the model builder takes from the checkpoint's config; plain
-data, without torch.
+The facts every rule between HF checkpoints and megatron-core shards is computed from (the snapshot
+rules in ``weights.megatron_rules``; the names in ``models/training/megatron/param_names``, the
+tensors in ``hf_mapping``), and all the model builder takes from the checkpoint's config. They live
+in the weight-format library, below the engines that use them; plain data, without torch.
 """
 
 from __future__ import annotations
@@ -162,3 +163,16 @@ class ShardCoords:
     def local_experts(self, dims: GPTDims) -> int:
         assert dims.num_experts is not None
         return dims.num_experts // self.ep_size
+
+
+# Replicated per-layer tensors: megatron suffix -> HF suffix. The TE-spec names (layer norm fused
+# into the next linear) are listed too so checkpoints of accelerator runs map the same way.
+LAYER_COPIES = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight",
+    "mlp.router.weight": "mlp.gate.weight",
+}
