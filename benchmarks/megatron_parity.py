@@ -43,12 +43,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.parity.engine import (  # noqa: E402
-    LAYOUTS,
-    build_near_uniform_model,
-    build_parity_model,
-    run_parity_case,
-)
+from benchmarks.parity.engine import LAYOUTS, run_parity_case  # noqa: E402
+from benchmarks.parity.models import build_near_uniform_model, build_parity_model  # noqa: E402
 from mindspeed_rl.weights.megatron_dims import load_dims  # noqa: E402
 
 LOGPROB_GOAL = 1e-4

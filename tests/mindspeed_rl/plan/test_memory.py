@@ -268,7 +268,8 @@ def test_byte_terms_equal_what_the_megatron_engine_allocates(tmp_path: Any, layo
     AdamW moments after a step, on the CPU path) and ``reference``, byte for byte per rank."""
     import torch.multiprocessing as mp
 
-    from benchmarks.parity.engine import build_parity_model, free_port
+    from benchmarks.parity.engine import free_port
+    from benchmarks.parity.models import build_parity_model
     from mindspeed_rl.weights.megatron_dims import load_dims
 
     family = ENGINE_CASES[layout_name]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from benchmarks.parity.engine import build_parity_model
+from benchmarks.parity.models import build_parity_model
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import DictSource
 from mindspeed_rl.models.training.megatron.param_names import export_shard, megatron_names

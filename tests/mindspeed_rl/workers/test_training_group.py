@@ -83,11 +83,8 @@ def test_rank_options_must_match_the_world_size() -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
 def test_megatron_engine_at_tp2_through_the_group(ray_local: None, tmp_path: Path) -> None:
-    from benchmarks.parity.engine import (
-        build_parity_model,
-        parity_batch,
-        parity_engine_config,
-    )
+    from benchmarks.parity.engine import parity_batch, parity_engine_config
+    from benchmarks.parity.models import build_parity_model
     from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
     from mindspeed_rl.models.training.megatron.layout import MegatronLayout
     from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine

@@ -68,7 +68,7 @@ def bf16_parity_model(tmp_path: Path) -> Path:
     bf16 numbers stored in fp32, so fp32 and bf16 runs start from exactly the same weights."""
     from safetensors.torch import load_file, save_file
 
-    from benchmarks.parity.engine import build_parity_model
+    from benchmarks.parity.models import build_parity_model
 
     path = build_parity_model(tmp_path / "qwen3", "qwen3")
     for file in path.glob("*.safetensors"):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.parity.engine import build_parity_model
+from benchmarks.parity.models import build_parity_model
 from mindspeed_rl.models.training.megatron.hf_mapping import assemble_hf, hf_pieces, megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import DictSource, SafetensorsSource
 from mindspeed_rl.models.training.megatron.layout import SpecKind

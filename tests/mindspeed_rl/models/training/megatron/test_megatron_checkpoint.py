@@ -32,7 +32,7 @@ CASES = [
     ("family", "tied", "saved", "loaded"), CASES, ids=[f"{c[0]}-{c[2]}-to-{c[3]}" for c in CASES]
 )
 def test_resume_continues_the_run(tmp_path: Path, family: str, tied: bool, saved: str, loaded: str) -> None:
-    from benchmarks.parity.engine import build_parity_model
+    from benchmarks.parity.models import build_parity_model
     from benchmarks.parity.resume import run_resume_case
 
     result = run_resume_case(build_parity_model(tmp_path / family, family, tied=tied), saved, loaded)
@@ -51,7 +51,7 @@ def test_resume_continues_the_run(tmp_path: Path, family: str, tied: bool, saved
 @needs_megatron
 @pytest.mark.timeout(300)
 def test_no_load_optim_restores_the_weights_with_fresh_moments(tmp_path: Path) -> None:
-    from benchmarks.parity.engine import build_parity_model
+    from benchmarks.parity.models import build_parity_model
     from benchmarks.parity.resume import run_resume_case
 
     model = build_parity_model(tmp_path / "qwen3", "qwen3")
@@ -201,7 +201,8 @@ def test_bf16_resume_restores_the_fp32_masters(tmp_path: Path) -> None:
     import torch
     import torch.multiprocessing as mp
 
-    from benchmarks.parity.engine import build_parity_model, free_port
+    from benchmarks.parity.engine import free_port
+    from benchmarks.parity.models import build_parity_model
 
     model = build_parity_model(tmp_path / "qwen3", "qwen3")
     mp.start_processes(

@@ -402,7 +402,8 @@ def test_a_step_keeps_every_tensor_on_the_engine_device(
     at PP2 with tied embeddings (pipeline p2p, the embedding all-reduce over stages)."""
     import torch.multiprocessing as mp
 
-    from benchmarks.parity.engine import build_parity_model, free_port
+    from benchmarks.parity.engine import free_port
+    from benchmarks.parity.models import build_parity_model
 
     model_dir = build_parity_model(tmp_path / family, family, tied=family == "qwen2")
     out = mp.get_context("spawn").SimpleQueue()

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.parity.engine import GRAD_TERMS, build_near_uniform_model, build_parity_model, run_parity_case
+from benchmarks.parity.engine import GRAD_TERMS, run_parity_case
+from benchmarks.parity.models import build_near_uniform_model, build_parity_model
 
 # find_spec, not importorskip: importing megatron at collection would slow every test tier.
 pytestmark = [

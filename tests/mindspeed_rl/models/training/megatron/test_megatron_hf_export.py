@@ -128,7 +128,8 @@ def test_hf_folder_and_push_are_the_gathered_weights(
     import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
-    from benchmarks.parity.engine import build_parity_model, free_port
+    from benchmarks.parity.engine import free_port
+    from benchmarks.parity.models import build_parity_model
 
     model_dir = build_parity_model(tmp_path / family, family, tied=family == "qwen2")
     out = tmp_path / "out"

@@ -157,7 +157,8 @@ def _log_probs_worker(rank: int, port: int, model_dir: str, out: str) -> None:
 def test_narrower_micro_batches_give_the_same_log_probs(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
-    from benchmarks.parity.engine import build_parity_model, free_port
+    from benchmarks.parity.engine import free_port
+    from benchmarks.parity.models import build_parity_model
 
     model_dir = build_parity_model(tmp_path / "qwen3", "qwen3")
     out = tmp_path / "logp.pt"
