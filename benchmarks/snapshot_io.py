@@ -31,6 +31,7 @@ excluded. ``largest_tensor_gb`` is the model's largest tensor.
 Every number is the median over ``--repeats``; the ratio is the median of the per-repeat ratios::
 
     .venv/bin/python benchmarks/snapshot_io.py --mb 1024 --json runs/snapshot_io.json
+    .venv/bin/python benchmarks/snapshot_io.py --transport object_store --mb 1024 --json runs/snapshot_io_os.json
     .venv/bin/python benchmarks/snapshot_io.py --mb 4096 --hidden 1024 --vocab 32768 --cases tp2_to_tp1
 """
 
@@ -77,6 +78,13 @@ def parse_args() -> argparse.Namespace:
         "--vocab", type=int, default=2048, help="vocabulary (embedding and lm_head: vocab x hidden)"
     )
     p.add_argument("--cases", default="tp1,tp2_to_tp1", help="comma-separated: tp1, tp2_to_tp1")
+    p.add_argument(
+        "--transport",
+        default="shared_fs",
+        choices=("shared_fs", "object_store", "collective"),
+        help="the weight medium (async_config.weight_transport); in-memory ones: snapshot_io_memory.py",
+    )
+    p.add_argument("--bucket-mb", type=float, default=512.0, help="collective: MB per send bucket")
     return p.parse_args()
 
 
@@ -256,6 +264,28 @@ def _max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def memory_flow(
+    transport: str, case: str, model: dict[str, torch.Tensor], run: int, bucket_mb: float
+) -> dict[str, Any]:
+    """One repeat of an in-memory transport, with the same per-case keys as ``one_flow``."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root
+    from benchmarks.snapshot_io_memory import collective_flow, object_store_flow
+
+    if transport == "object_store":
+        stages = object_store_flow(case, model, run)
+    else:
+        stages = collective_flow(case, model, run, bucket_mb)
+    nbytes = sum(t.numel() * t.element_size() for t in model.values())
+    end_to_end = sum(stages[k] for k in ("export_copy_s", "save_s", "convert_s", "reload_s"))
+    return stages | {
+        "end_to_end_s": end_to_end,
+        "end_to_end_gb_per_s": nbytes / 1e9 / end_to_end,
+        "raw_copy_gb_per_s": nbytes / 1e9 / stages["raw_copy_s"],
+    }
+
+
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in runs[0].items():
@@ -267,9 +297,18 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["repeats_ratio"] = [round(x, 3) for x in ratios]
     out["repeats_end_to_end_gb_per_s"] = [round(r["end_to_end_gb_per_s"], 3) for r in runs]
     out["repeats_raw_copy_gb_per_s"] = [round(r["raw_copy_gb_per_s"], 3) for r in runs]
-    out["repeats_end_to_end_tensors_gb_per_s"] = [round(r["end_to_end_tensors_gb_per_s"], 3) for r in runs]
-    for key in ("convert_peak_rss_gb", "reload_peak_rss_gb", "reload_tensors_peak_rss_gb"):
-        out[f"repeats_{key}"] = [round(r[key], 4) for r in runs]
+    if "end_to_end_tensors_gb_per_s" in runs[0]:
+        out["repeats_end_to_end_tensors_gb_per_s"] = [
+            round(r["end_to_end_tensors_gb_per_s"], 3) for r in runs
+        ]
+    for key in (
+        "convert_peak_rss_gb",
+        "reload_peak_rss_gb",
+        "reload_tensors_peak_rss_gb",
+        "receive_peak_rss_gb",
+    ):
+        if key in runs[0]:
+            out[f"repeats_{key}"] = [round(r[key], 4) for r in runs]
     return out
 
 
@@ -300,9 +339,21 @@ def main() -> None:
         "timings": "in this process",
         "peak_rss": "child process per step: VmHWM reset before the step, minus VmRSS before it",
     }
+    report["transport"] = args.transport
+    if args.transport != "shared_fs":
+        import ray
+
+        # Room for a few model copies (the flow's, the raw copy's) in the store's shared memory.
+        ray.init(address="local", include_dashboard=False, log_to_driver=False,
+                 object_store_memory=int(max(4 * report["model_mb"] * 1e6, 2e9)))  # fmt: skip
+        report["timings"] = "stages self-timed; reload in a Ray task (another process, as an actor)"
+        report["peak_rss"] = "in the process of the step: VmHWM reset before it, minus VmRSS before it"
     for case in args.cases.split(","):
         runs = []
-        for _ in range(args.repeats):
+        for run in range(args.repeats):
+            if args.transport != "shared_fs":
+                runs.append(memory_flow(args.transport, case, model, run, args.bucket_mb))
+                continue
             with tempfile.TemporaryDirectory(prefix="snapshot_io_", dir=args.dir) as tmp:
                 runs.append(one_flow(Path(tmp), case, model, threads))
         report[case] = medians(runs)

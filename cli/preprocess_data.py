@@ -7,6 +7,7 @@ A bare name resolves to ``configs/datasets/<name>.yaml``; ``key=value`` override
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         "--config-dir", type=Path, default=CONFIG_DIR, help="where bare config names are looked up"
     )
     args = parser.parse_args(argv)
+    # Warnings (prompts with unknown characters) in the same one-line form as errors.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         config = load_config(args.config, args.overrides, args.config_dir)
         path, drops = run_preprocess(config)

@@ -2,6 +2,12 @@
 
     python cli/simulate.py --preset configs/sim/qwen3_30b_a3b.yaml [--json out.json]
     python cli/simulate.py --trace lengths.jsonl --scale 0.05 --tau 0.6 --num-generation-units 2 --actors-per-gu 2
+    python cli/simulate.py --preset configs/sim/qwen3_30b_a3b.yaml --length-drift hetero2x,noise2x \
+        --compare-online --seeds 3 --json out.json
+
+``--compare-online`` runs C4 offline vs C4 online (feedback, refit, re-plan of the unsent tail)
+over two epochs under each ``--length-drift`` model and no drift (``mindspeed_rl/sim/drift.py``
+documents the models; their parameters are written into the JSON).
 
 Every condition uses the same prompts, predictions (a τ-controlled noisy oracle), cluster and
 timing profile; only the dispatch order differs. The real ``ControlLoop`` (dispatch, Training
@@ -26,6 +32,7 @@ from mindspeed_rl.sim.preset import ReferenceTimings, SimPreset, TraceSpec
 from mindspeed_rl.sim.runner import ConditionsReport, eq4_constant, simulate_conditions, with_cluster
 from mindspeed_rl.sim.table4b import format_table
 from mindspeed_rl.sim.timing import TrainModel
+from mindspeed_rl.sim.workload import Workload
 
 DEFAULT_PRESET = Path(__file__).resolve().parents[1] / "configs" / "sim" / "qwen3_30b_a3b.yaml"
 
@@ -55,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="write the full report here")
     p.add_argument("--series", action="store_true", help="include iteration and queue series in the JSON")
     p.add_argument("--check-invariants", action="store_true", help="ControlLoop.check_invariants per event")
+    p.add_argument("--compare-online", action="store_true", help="C4 offline vs online over 2 epochs")
+    p.add_argument(
+        "--length-drift",
+        default="",
+        help="comma-separated drift models for --compare-online (hetero2x,noise2x)",
+    )
+    p.add_argument("--seeds", type=int, default=1, help="--compare-online: seeds 0..N-1")
+    p.add_argument("--refit-interval", type=int, default=1, help="--compare-online: steps between refits")
+    p.add_argument("--replan-interval", type=int, default=1, help="--compare-online: steps between re-plans")
     return p
 
 
@@ -119,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     preset = preset_from_args(args)
     workload = preset.load_workload()
+    if args.compare_online or args.length_drift:
+        return _compare_online(args, preset, workload)
     report = simulate_conditions(
         preset,
         workload,
@@ -131,6 +149,37 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report.to_dict(include_series=args.series), indent=2))
+        print(f"wrote {out}")
+    return 0
+
+
+def _compare_online(args: argparse.Namespace, preset: SimPreset, workload: Workload) -> int:
+    from mindspeed_rl.sim.drift import DRIFTS
+    from mindspeed_rl.sim.online import OnlineSettings, compare_online
+
+    if not args.compare_online:
+        raise SystemExit("--length-drift applies to --compare-online; add --compare-online.")
+    drifts = [d for d in args.length_drift.split(",") if d]
+    unknown = sorted(set(drifts) - set(DRIFTS))
+    if unknown or args.seeds < 1:
+        raise SystemExit(f"unknown drift(s) {unknown} (choose from {DRIFTS}) or --seeds < 1.")
+    settings = OnlineSettings(refit_interval=args.refit_interval, replan_interval=args.replan_interval)
+    report = compare_online(preset, workload, drifts, range(args.seeds), settings=settings)
+    lines = [
+        "| drift | offline group CV | online group CV | ratio | offline iter (s) | online iter (s) | ratio |"
+    ]
+    lines.append("|---|---|---|---|---|---|---|")
+    for a in report["aggregate"]:
+        lines.append(
+            f"| {a['drift']} | {a['offline']['group_cv_mean']:.4f} | {a['online']['group_cv_mean']:.4f} | "
+            f"{a['group_cv_ratio']:.2f} | {a['offline']['iteration_s_mean']:.1f} | "
+            f"{a['online']['iteration_s_mean']:.1f} | {a['iteration_ratio']:.3f} |"
+        )
+    print("\n".join(lines))
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
         print(f"wrote {out}")
     return 0
 

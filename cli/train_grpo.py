@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from mindspeed_rl.config_cls import ConfigError, GRPOConfig, load_config
 from mindspeed_rl.config_cls.loader import SELF_WARNING, schema_overrides
-from mindspeed_rl.utils import ray_setup
+from mindspeed_rl.utils import quiet_logs, ray_setup
 
 if __package__ in (None, ""):  # run as a script: make `cli` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -113,7 +113,19 @@ def run_hooks(config: GRPOConfig, env: Mapping[str, str]) -> RunHooks | None:
     return RunHooks(faults=faults or FaultPlan(), checkpoint_commit_delay_s=delay)
 
 
-def run(cfg: DictConfig, config_name: str | None) -> int:
+def dapo_parts(config: GRPOConfig) -> str:
+    """Which of DAPO's four parts ``config`` turns on (logged by ``cli/train_dapo.py``)."""
+    rl = config.rl_config
+    parts = {
+        "clip_higher": rl.clip_higher_enable,
+        "token_level_loss": rl.token_level_loss,
+        "overlong_penalty": rl.overlong_buffer_enable,
+        "dynamic_sampling": rl.filter_groups_enable,
+    }
+    return ", ".join(f"{name}={'on' if on else 'off'}" for name, on in parts.items())
+
+
+def run(cfg: DictConfig, config_name: str | None, entry: str = "grpo") -> int:
     """Validate, prepare the run directory, start Ray, hand over to the trainer. Returns an exit code."""
     if not config_name:
         print("error: pass --config-name NAME (a run YAML in configs/ or --config-dir)", file=sys.stderr)
@@ -129,10 +141,16 @@ def run(cfg: DictConfig, config_name: str | None) -> int:
         return EXIT_TRAINER
     for key in config.inert_keys:
         logger.info("no effect here: %s", key)
+    if entry == "dapo":
+        logger.info("DAPO: %s", dapo_parts(config))
     run_dir = create_run_dir(config, config_name)
     write_resolved_config(config, run_dir)
     hooks = run_hooks(config, os.environ)
-    cluster = ray_setup.init_ray(config)
+    try:
+        cluster = ray_setup.init_ray(config)
+    except ConnectionError as err:  # a refused join: the message names the token and the fix
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_TRAINER
     logger.info(
         "run %s: pipeline=%s, ray %s %s", run_dir, config.rl_config.pipeline,
         "joined" if cluster.attached else "started", cluster.address,
@@ -149,10 +167,16 @@ def _hydra_entry(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     # SystemExit passes through Hydra's job runner (it only catches Exception).
-    raise SystemExit(run(cfg, HydraConfig.get().job.config_name))
+    raise SystemExit(run(cfg, HydraConfig.get().job.config_name, _ENTRY[0]))
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+_ENTRY = ["grpo"]  # which entry point called main(); hydra.main passes no argument of ours
+
+
+def main(argv: Sequence[str] | None = None, *, entry: str = "grpo") -> None:
+    """``entry``: "grpo" (this file) or "dapo" (``cli/train_dapo.py``)."""
+    _ENTRY[0] = entry
+    quiet_logs.install()  # before anything logs; MINDSPEED_RL_LOG=debug shows everything
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     warnings.filterwarnings("ignore", message=SELF_WARNING)
     args = list(sys.argv[1:] if argv is None else argv)

@@ -56,6 +56,26 @@ class TrainerSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DynamicSampling:
+    """DAPO's dynamic sampling (``rl_config.filter_groups_*``): a prompt group whose ``metric``
+    scores are all equal carries no GRPO signal (every advantage is 0), so it is dropped, counted,
+    and more prompts are generated until a step holds ``train_batch_prompts`` kept groups."""
+
+    metric: str
+    """The verifier whose per-sample score the rollout attaches (``Sample.filter_score``)."""
+    max_batches: int | None
+    """Generation batches one trainer step may use before the run stops; None = no limit."""
+    train_batch_prompts: int
+    generation_batch_prompts: int
+    """Prompts per generation batch (``global_batch_size``): the unit ``max_batches`` counts in."""
+    scorer: RewardConfig
+    """``metric`` alone, weight 1: what each generation actor scores its samples with."""
+
+    def max_prompts_per_step(self) -> int | None:
+        return None if self.max_batches is None else self.max_batches * self.generation_batch_prompts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RolloutSpec:
     """What a generation actor needs."""
 
@@ -66,6 +86,8 @@ class RolloutSpec:
     n_samples_per_prompt: int
     num_cpus: float
     seed: int
+    filter_scorer: RewardConfig | None = None
+    """Dynamic sampling: the filter metric each sample is scored with (``DynamicSampling.scorer``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

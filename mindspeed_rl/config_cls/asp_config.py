@@ -1,4 +1,5 @@
-"""``asp_config``: the offline length-aware scheduler (predict, DP minibatches, SA ordering)."""
+"""``asp_config``: the length-aware scheduler (predict, DP minibatches, SA ordering), offline or
+online (``online: true``: predictions refit on the run's lengths, the unsent tail re-planned)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,23 @@ class ASPConfig:
     schedule_path: str | None = opt(
         None, "Precomputed schedule file; when set, prediction and SA are skipped."
     )
+    online: bool = opt(
+        False,
+        "Online ASP (async pipeline): every completed prompt's length feeds the predictor (per-prompt "
+        "history, PAVA calibration refit over a recency window) and the not-yet-dispatched schedule "
+        "is re-planned (DP + SA) from the refreshed predictions.",
+    )
+    refit_interval: int = opt(1, "online: trainer steps between calibration refits (>= 1).")
+    replan_interval: int = opt(1, "online: trainer steps between re-plans of the unsent tail (>= 1).")
+    recency_window: int = opt(256, "online: latest (prediction, length) pairs each refit fits (>= 8).")
+    window: int | None = opt(
+        None,
+        "Streaming: schedule only the next W global batches from a lazy prompt source (null: the "
+        "whole run's prompts up front).",
+        refused="streaming prompts through a bounded schedule window (asp_config.window) is not "
+        "implemented yet; leave window null (the whole run is scheduled up front)",
+        accepts=(None,),
+    )
 
     def schedule_params(self) -> ScheduleParams:
         """These settings as the scheduler's one parameter record (validated there)."""
@@ -106,6 +124,13 @@ class ASPConfig:
             normalize=self.normalize,
             allow_small=self.allow_small,
         )
+
+    def check_online(self) -> None:
+        """The online keys' ranges, with the fix named (the trainer calls it before the run)."""
+        for name, low in (("refit_interval", 1), ("replan_interval", 1), ("recency_window", 8)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"asp_config.{name} must be an integer >= {low}, got {value!r}")
 
     def predictor_spec(self) -> PredictorSpec:
         """``predictor`` with this section's seed and profiled share."""

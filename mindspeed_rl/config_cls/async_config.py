@@ -33,6 +33,12 @@ class AsyncConfig(ControlKnobs):
         "so reruns into one folder never prune each other's versions; null = <run_dir>/snapshots.",
     )
     snapshot_keep: int = opt(3, "Snapshots kept; older ones are deleted (>= 2 so a loading one survives).")
-    weight_transport: Literal["shared_fs", "object_store"] = opt(
-        "shared_fs", "shared_fs = snapshot files; object_store = Ray object store (no shared disk)."
+    weight_transport: Literal["shared_fs", "object_store", "collective"] = opt(
+        "shared_fs",
+        "shared_fs = snapshot files in snapshot_dir (every node must see it; checked at start); "
+        "object_store = Ray's object store (no shared disk); collective = one process group per GU "
+        "(gloo on CPU), bucketed sends (no shared disk).",
+    )
+    bucket_mb: float = opt(
+        512.0, "weight_transport=collective: bytes per send bucket, in MB (a larger tensor goes alone)."
     )

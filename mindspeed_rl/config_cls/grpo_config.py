@@ -13,6 +13,7 @@ from mindspeed_rl.config_cls.generate_config import GenerateConfig
 from mindspeed_rl.config_cls.megatron_config import MegatronConfig
 from mindspeed_rl.config_cls.model_arch import ModelArchitecture
 from mindspeed_rl.config_cls.rl_config import RLConfig
+from mindspeed_rl.config_cls.rollout_correction import RolloutCorrectionSection
 from mindspeed_rl.config_cls.tool_configs import MsprobeConfig, ProfilerRoleConfig
 from mindspeed_rl.config_cls.warmup_config import WarmupConfig
 from mindspeed_rl.runtime.config import RuntimeConfig
@@ -55,6 +56,8 @@ class GRPOConfig:
     warmup_config: WarmupConfig
     profiler_config: Mapping[str, ProfilerRoleConfig]
     msprobe_config: MsprobeConfig
+    rollout_correction: RolloutCorrectionSection = dataclasses.field(default_factory=RolloutCorrectionSection)
+    """Off-policy correction of the policy loss (all null: today's loss)."""
     run_dir: str = "runs"
     """Root folder of run directories (a run writes <run_dir>/<timestamp>_<config-name>/)."""
     inert_keys: tuple[InertKey, ...] = dataclasses.field(default=(), compare=False)

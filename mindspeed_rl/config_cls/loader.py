@@ -25,6 +25,7 @@ from mindspeed_rl.config_cls.grpo_config import GRPOConfig
 from mindspeed_rl.config_cls.megatron_config import MegatronConfig, build_megatron_config
 from mindspeed_rl.config_cls.parse import ConfigError, Problems, check_keys, parse_dataclass
 from mindspeed_rl.config_cls.rl_config import RLConfig
+from mindspeed_rl.config_cls.rollout_correction import RolloutCorrectionSection
 from mindspeed_rl.config_cls.tool_configs import MsprobeConfig, ProfilerRoleConfig
 from mindspeed_rl.config_cls.validate import validate
 from mindspeed_rl.config_cls.warmup_config import WarmupConfig
@@ -32,7 +33,7 @@ from mindspeed_rl.config_cls.warmup_config import WarmupConfig
 ROLE_SECTIONS = ("actor_config", "ref_config", "reward_config", "critic_config")
 TOP_LEVEL_KEYS = (
     "model", "megatron_training", *ROLE_SECTIONS, "rl_config", "generate_config", "asp_config",
-    "async_config", "warmup_config", "profiler_config", "msprobe_config", "run_dir",
+    "async_config", "warmup_config", "profiler_config", "msprobe_config", "rollout_correction", "run_dir",
 )  # fmt: skip
 # Upstream YAML lists `- model: [...]` in defaults without `_self_`; Hydra then warns about a
 # composition order that is exactly the one upstream relies on (the file's own keys last).
@@ -206,6 +207,9 @@ def _parse_sections(raw: Mapping[str, Any], problems: Problems) -> dict[str, Any
         "msprobe_config": parse_dataclass(
             MsprobeConfig, raw.get("msprobe_config"), "msprobe_config", problems
         ),
+        "rollout_correction": parse_dataclass(
+            RolloutCorrectionSection, raw.get("rollout_correction"), "rollout_correction", problems
+        ),
         "profiler_config": MappingProxyType(
             {
                 str(role): parse_dataclass(ProfilerRoleConfig, r, f"profiler_config.{role}", problems)
@@ -228,7 +232,7 @@ def _refuse(
         problems.add("critic_config", refusals.PPO_WITH_CRITIC)
     built = {"megatron_training": megatron, **{r: c for r, c in roles.items() if c is not None}}
     refusals.megatron_refusals(built, role_origins, _present(roles["actor_config"]), problems)
-    for name in ("rl_config", "generate_config", "msprobe_config"):
+    for name in ("rl_config", "generate_config", "msprobe_config", "asp_config"):
         refusals.section_refusals(sections[name], name, problems)
     for role, section in sections["profiler_config"].items():
         refusals.section_refusals(section, f"profiler_config.{role}", problems)

@@ -54,8 +54,9 @@ class TrainingKeys:
         None,
         "Upstream stage tag (ray_grpo).",
         refused=(
-            "this stage is not supported: only GRPO trains here (ray_grpo; ray_dapo too, its DAPO-only "
-            "keys are checked one by one), while ray_ppo is PPO with a critic, dpo is DPO, and sft or "
+            "this stage is not supported: GRPO and DAPO train here (ray_grpo; ray_dapo = GRPO with "
+            "rl_config's clip-higher, token-level loss, overlong penalty and filter_groups keys), while "
+            "ray_ppo is PPO with a critic, dpo is DPO, and sft or "
             "reward-model stages train other objectives"
         ),
         accepts=("ray_grpo", "ray_dapo"),

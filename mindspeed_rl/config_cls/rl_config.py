@@ -21,15 +21,6 @@ _TRANSFER = "upstream's inter-worker data transport; batches travel between this
 _SWANLAB = (
     "SwanLab is not wired; metrics go to metrics.jsonl, TensorBoard (use_tensorboard) and W&B (use_wandb)"
 )
-_OVERLONG = (
-    "DAPO's overlong-response penalty is not implemented yet (its clip-higher and token-level loss are: "
-    "clip_higher_enable, token_level_loss)"
-)
-_OVERLONG_OFF = (
-    "tunes DAPO's overlong penalty, which is off (overlong_buffer_enable is refused until it exists)"
-)
-_FILTER = "DAPO's dynamic sampling (filter_groups) is not implemented yet"
-_FILTER_OFF = "tunes DAPO's dynamic sampling, which is off (filter_groups_enable is refused until it exists)"
 _MULTI_TURN = "multi-turn tool rollouts are not supported: a rollout is one response per prompt"
 _MULTIMODAL = "multimodal models are not supported: the policy is a text-only Qwen model"
 _PPO = (
@@ -150,24 +141,25 @@ class RLConfig:
     async_engine: bool = opt(False, "Streaming per-request generation.", inert=_NOT_IMPLEMENTED)
     data_strategy: str | None = opt(None, "Upstream data-transfer strategy.", inert=_NOT_IMPLEMENTED)
     log_max_throughput: bool = opt(False, "Upstream throughput metric variant.", inert=_NOT_IMPLEMENTED)
-    # DAPO: the switches are refused until DAPO is implemented; the keys they enable are typed
-    # with upstream's defaults so that implementation reads them as they are.
-    overlong_buffer_enable: bool = opt(False, "DAPO overlong-response penalty.", refused=_OVERLONG)
+    # DAPO (stage: ray_dapo, cli/train_dapo.py): clip-higher and token-level loss are the keys
+    # above; these two switches add the overlong penalty (rewards) and dynamic sampling (both
+    # pipelines: groups whose filter metric has no spread are dropped, more prompts are generated).
+    overlong_buffer_enable: bool = opt(False, "DAPO overlong-response penalty in the reward.")
     overlong_buffer: int = opt(
-        0, "Tokens before rollout_max_tokens where the penalty ramps.", inert=_OVERLONG_OFF
+        0, "Tokens before rollout_max_tokens over which the penalty ramps (> 0 when enabled)."
     )
-    overlong_buffer_penalty_factor: float = opt(1.0, "Penalty at rollout_max_tokens.", inert=_OVERLONG_OFF)
-    rollout_max_tokens: int = opt(
-        2048, "Response length the overlong penalty counts from.", inert=_OVERLONG_OFF
-    )
-    filter_groups_enable: bool = opt(False, "DAPO dynamic sampling.", refused=_FILTER)
+    overlong_buffer_penalty_factor: float = opt(1.0, "Penalty at rollout_max_tokens.")
+    rollout_max_tokens: int = opt(2048, "Response length the overlong penalty counts to.")
+    filter_groups_enable: bool = opt(False, "DAPO dynamic sampling: train only on groups with reward spread.")
     filter_groups_metric: str = opt(
-        "acc", "Verifier whose group variance filters prompts.", inert=_FILTER_OFF
+        "acc", "Verifier (one of verifier_function) whose spread over a group keeps the group."
     )
     filter_groups_max_batches: int = opt(
-        1, "Generation rounds before giving up (-1 = no limit).", inert=_FILTER_OFF
+        1, "Generation batches one trainer step may use before the run stops (-1 = no limit)."
     )
-    filter_groups_train_batch_size: int = opt(1, "Prompts to collect before training.", inert=_FILTER_OFF)
+    filter_groups_train_batch_size: int = opt(
+        1, "Kept prompts each trainer step trains on (must equal global_batch_size here)."
+    )
     # Families this framework does not train.
     multi_turn_enable: bool = opt(False, "Multi-turn rollouts with tool calls.", refused=_MULTI_TURN)
     tool_config_path: str | None = opt(None, "Tool definitions YAML.", refused=_MULTI_TURN)

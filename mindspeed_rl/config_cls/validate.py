@@ -95,6 +95,45 @@ def _rewards(config: GRPOConfig, p: Problems) -> None:
         p.add("rl_config.verifier_function", "rule_reward is true but no verifier is listed")
 
 
+def _dapo(config: GRPOConfig, p: Problems) -> None:
+    rl = config.rl_config
+    if rl.overlong_buffer_enable:
+        if not 0 < rl.overlong_buffer <= rl.rollout_max_tokens:
+            p.add(
+                "rl_config.overlong_buffer",
+                f"{rl.overlong_buffer} tokens must be in 1..rollout_max_tokens ({rl.rollout_max_tokens}) "
+                "when overlong_buffer_enable is true (DAPO's recipes use 512 of 2048)",
+            )
+        if rl.overlong_buffer_penalty_factor < 0:
+            p.add(
+                "rl_config.overlong_buffer_penalty_factor", "must be >= 0 (the penalty at rollout_max_tokens)"
+            )
+    if not rl.filter_groups_enable:
+        return
+    if rl.filter_groups_metric not in rl.verifier_function:
+        p.add(
+            "rl_config.filter_groups_metric",
+            f"{rl.filter_groups_metric!r} is not one of verifier_function {list(rl.verifier_function)}; "
+            "dynamic sampling filters on one of the run's verifiers (add it with weight 0 to filter on it "
+            "without rewarding it)",
+        )
+    if rl.filter_groups_max_batches == 0 or rl.filter_groups_max_batches < -1:
+        p.add(
+            "rl_config.filter_groups_max_batches",
+            f"{rl.filter_groups_max_batches}; use a number of generation batches >= 1, or -1 for no limit",
+        )
+    gbs = config.num_prompts_per_global_batch
+    if rl.filter_groups_train_batch_size != gbs:
+        p.add(
+            "rl_config.filter_groups_train_batch_size",
+            f"{rl.filter_groups_train_batch_size} kept prompts per step differs from global_batch_size {gbs}; "
+            f"here a step trains on global_batch_size kept prompts: set filter_groups_train_batch_size: {gbs} "
+            "(a train batch smaller than the generation batch is not implemented)",
+        )
+    if config.rl_config.n_samples_per_prompt < 2:
+        p.add("rl_config.n_samples_per_prompt", "dynamic sampling needs >= 2 responses per prompt")
+
+
 def _generation(config: GRPOConfig, p: Problems) -> None:
     g = config.generate_config
     s = g.sampling_config
@@ -214,6 +253,7 @@ RULES: tuple[Callable[[GRPOConfig, Problems], None], ...] = (
     _batch_units,
     _run_keys,
     _rewards,
+    _dapo,
     _generation,
     _model_build,
     _asp,

@@ -16,6 +16,7 @@ BUILTIN_PREFIX = "builtin:"
 # Imported on use: the demo task module is optional for anyone not running the demo.
 _GENERATORS: dict[str, tuple[str, str]] = {
     "demo": ("mindspeed_rl.datasets.demo_task", "generate_demo_prompts"),
+    "demo_short": ("mindspeed_rl.datasets.demo_task", "generate_demo_short_prompts"),
     "maze": ("mindspeed_rl.datasets.maze_task", "generate_maze_prompts"),
 }
 

@@ -39,6 +39,11 @@ class DemoLengths:
 
 
 DEFAULT_LENGTHS = DemoLengths()
+# ``builtin:demo_short``, the `make demo` variant: counts 1-24 (median 5). The tiny model cannot
+# count out DEFAULT_LENGTHS' 20-150 tail, which caps its reward near 0.8 and leaves a 30-iteration
+# demo little visible room; the ASP benchmarks keep DEFAULT_LENGTHS (``builtin:demo``), whose long
+# tail is what a length-aware schedule is measured on.
+SHORT_LENGTHS = DemoLengths(median_count=5.0, sigma=0.6, max_count=24)
 
 
 def answer_for(prompt: str) -> str:
@@ -71,6 +76,11 @@ def _examples(num: int, seed: int, stream: int, lengths: DemoLengths) -> list[tu
 def generate_demo_prompts(num: int, seed: int) -> list[dict[str, str]]:
     """``num`` RL prompts as ``{"prompt": "k*5=", "answer": "kkkkk"}``; deterministic in ``seed``."""
     return [{"prompt": p, "answer": a} for p, a in _examples(num, seed, _RL_STREAM, DEFAULT_LENGTHS)]
+
+
+def generate_demo_short_prompts(num: int, seed: int) -> list[dict[str, str]]:
+    """As ``generate_demo_prompts`` with ``SHORT_LENGTHS`` counts (``builtin:demo_short``)."""
+    return [{"prompt": p, "answer": a} for p, a in _examples(num, seed, _RL_STREAM, SHORT_LENGTHS)]
 
 
 def demo_sft_pairs(num: int, seed: int) -> list[tuple[str, str]]:

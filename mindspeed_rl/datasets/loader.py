@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from mindspeed_rl.datasets import builtin, prompt_files, sources
 from mindspeed_rl.datasets.columns import ColumnMap, map_row
+from mindspeed_rl.datasets.encode_errors import encode_failure
 from mindspeed_rl.datasets.records import DropCounter, PromptRecord, PromptSet, Tokenizer
 from mindspeed_rl.datasets.templates import apply_template, check_prompt_type
 
@@ -36,7 +37,7 @@ def load_prompts(
     """Load, template, tokenize and length-filter prompts.
 
     ``data_path``: a .jsonl/.json/.parquet file, a folder of .jsonl/.parquet files, an upstream
-    output prefix (``<prefix>.jsonl``), or ``builtin:demo`` / ``builtin:maze``. For files,
+    output prefix (``<prefix>.jsonl``), or ``builtin:demo`` / ``builtin:demo_short`` / ``builtin:maze``. For files,
     ``num_samples`` draws a seeded subset (kept in source order) of the prompts that survive the
     filter; for built-ins it is the number generated (required) and ``seed`` seeds the generator.
     """
@@ -109,7 +110,10 @@ def _records(
                 counter.drop(DROP_MISSING_LABEL, mapped.prompt_id)
                 continue
             text = apply_template(prompt_type, mapped.prompt, system=mapped.system)
-            token_ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+            try:
+                token_ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+            except Exception as err:  # the tokenizer's own message names no file, line or character
+                raise encode_failure(tokenizer, text, row.location, err) from err
             record = PromptRecord(
                 prompt_id=mapped.prompt_id, text=text, token_ids=token_ids, label=mapped.label
             )

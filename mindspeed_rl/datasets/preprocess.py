@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from mindspeed_rl.datasets.encode_errors import describe_characters, unknown_characters
 from mindspeed_rl.datasets.loader import load_prompts
 from mindspeed_rl.datasets.prompt_files import write_prompt_file
-from mindspeed_rl.datasets.records import DropReport
+from mindspeed_rl.datasets.records import DropReport, PromptRecord
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,13 @@ class PreprocessConfig:
 def load_tokenizer(name_or_path: str) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name_or_path)
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as err:  # transformers' own message is a paragraph about the hub
+        raise ValueError(
+            f"tokenizer_name_or_path={name_or_path!r} is not a tokenizer folder ({type(err).__name__}); "
+            "point it at a local HF model folder, e.g. runs/models/tiny_qwen3 (make demo builds it)"
+        ) from err
 
 
 def run_preprocess(config: PreprocessConfig, tokenizer: Any | None = None) -> tuple[Path, DropReport]:
@@ -93,9 +100,10 @@ def run_preprocess(config: PreprocessConfig, tokenizer: Any | None = None) -> tu
             key,
             getattr(config, key),
         )
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer_name_or_path)
     prompts = load_prompts(
         data_path=config.input,
-        tokenizer=tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer_name_or_path),
+        tokenizer=tokenizer,
         prompt_type=config.prompt_type,
         map_keys=config.map_keys,
         max_prompt_length=config.max_prompt_length,
@@ -107,6 +115,7 @@ def run_preprocess(config: PreprocessConfig, tokenizer: Any | None = None) -> tu
             f"every prompt from {config.input} was dropped ({prompts.drops.summary()}); "
             "raise max_prompt_length or check map_keys"
         )
+    _report_unknown_characters(tokenizer, prompts.records, config.input)
     path = write_prompt_file(
         prompts.records,
         output_prefix=config.output_prefix,
@@ -114,3 +123,15 @@ def run_preprocess(config: PreprocessConfig, tokenizer: Any | None = None) -> tu
         output_format=config.output_format,
     )
     return path, prompts.drops
+
+
+def _report_unknown_characters(tokenizer: Any, records: Sequence[PromptRecord], source: str) -> None:
+    """Prompts that hold the tokenizer's unknown token are kept, and said so: two prompts that
+    differ only in those characters look alike to the model."""
+    num, chars = unknown_characters(tokenizer, records)
+    if num:
+        logger.warning(
+            "preprocess: %d of %d prompts from %s hold characters this tokenizer encodes as its "
+            "unknown token %r: %s; kept (use a tokenizer that covers them to tell them apart)",
+            num, len(records), source, tokenizer.unk_token, describe_characters(chars),
+        )  # fmt: skip

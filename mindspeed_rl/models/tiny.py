@@ -35,6 +35,10 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_
 CHARACTERS: tuple[str, ...] = ("\n", "\t", *(chr(c) for c in range(32, 127)))
 PAD_TOKEN_ID = 0
 EOS_TOKEN_ID = 1
+# Any character outside CHARACTERS (LaTeX symbols, accents, CJK) encodes to this one id, placed
+# after the characters so every earlier id keeps its value (models built before it still load).
+UNK_TOKEN = "<unk>"
+UNK_TOKEN_ID = len(SPECIAL_TOKENS) + len(CHARACTERS)
 
 # ChatML, the format Qwen models use; the tokenizer knows <|im_start|>/<|im_end|> as single tokens.
 CHAT_TEMPLATE = (
@@ -156,16 +160,17 @@ _COMPLETE_MARKERS = ("config.json", "model.safetensors", "tokenizer.json", "gene
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer: 4 special tokens, then `\\n`, `\\t` and ASCII 32..126 (101 ids).
+    """A character-level tokenizer: 4 special tokens, `\\n`, `\\t`, ASCII 32..126, then `<unk>` (102 ids).
 
-    Characters outside that set raise at encode time (WordLevel has no unknown token on purpose:
-    silently mapping them to one id would make different prompts look identical).
+    Every text encodes: a character outside that set becomes `<unk>` (so a DeepMath-style LaTeX
+    prompt preprocesses). Two prompts that differ only there encode alike, so the data layer
+    counts and reports prompts holding `<unk>` (``datasets/preprocess.py``) instead of staying silent.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: idx for idx, token in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
-    backend = Tokenizer(models.WordLevel(vocab=vocab))
+    vocab = {token: idx for idx, token in enumerate((*SPECIAL_TOKENS, *CHARACTERS, UNK_TOKEN))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     # One piece per character, whitespace included; Fuse concatenates on decode (no inserted spaces).
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
@@ -174,12 +179,14 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
         additional_special_tokens=[IM_START_TOKEN, IM_END_TOKEN],
         model_max_length=1 << 30,
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     assert tokenizer.pad_token_id == PAD_TOKEN_ID and tokenizer.eos_token_id == EOS_TOKEN_ID
+    assert tokenizer.unk_token_id == UNK_TOKEN_ID
     return tokenizer
 
 
@@ -259,7 +266,7 @@ def _parse_arch(arch: Mapping[str, Any]) -> _Arch:
             f"Qwen2 derives head_dim from hidden_size / num_attention_heads = {hidden // heads}, not "
             f"kv_channels={head_dim}; change num_attention_heads or kv_channels"
         )
-    min_vocab = len(SPECIAL_TOKENS) + len(CHARACTERS)
+    min_vocab = UNK_TOKEN_ID + 1
     vocab = int(arch.get("padded_vocab_size") or _pad_vocab(min_vocab, arch))
     if vocab < min_vocab:
         raise ValueError(f"padded_vocab_size={vocab} is smaller than the tokenizer ({min_vocab}); raise it")

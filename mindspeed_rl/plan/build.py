@@ -29,8 +29,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mindspeed_rl.config_cls.grpo_config import InertKey
 from mindspeed_rl.config_cls.resources import ActorResources
-from mindspeed_rl.contracts import EvalConfig, OffloadSpec, OldLogProbs, RolloutSpec, TrainerSpec
+from mindspeed_rl.contracts import (
+    DynamicSampling,
+    EvalConfig,
+    OffloadSpec,
+    OldLogProbs,
+    RolloutSpec,
+    TrainerSpec,
+)
 from mindspeed_rl.models.rewards.config import RewardConfig
+from mindspeed_rl.plan import correction, dapo
 from mindspeed_rl.plan import placement as placing
 from mindspeed_rl.plan import sections as parts
 from mindspeed_rl.plan.memory_section import MemoryPlan, memory_plan
@@ -126,6 +134,8 @@ class RunPlan:
     no model shape."""
     inert_keys: tuple[InertKey, ...] = ()
     """Keys the user set that have no effect in this plan (loader's list + plan-level ones)."""
+    dynamic_sampling: DynamicSampling | None = None
+    """DAPO's group filter (``rl_config.filter_groups_enable``); None = train on every group."""
 
     def check_fits(self, cluster: ClusterSpec | Mapping[str, float]) -> Placement:
         """Place every actor per node (``utils.placement``), or raise naming what is short: Ray
@@ -162,6 +172,7 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         placement=placing.placement_request(config),
         memory=memory_plan(config, trainer, rollout_tensor_parallel_size(config)),
         inert_keys=parts.plan_inert_keys(config),
+        dynamic_sampling=dapo.dynamic_sampling(config),
     )
     if not is_async:
         return plan
@@ -224,7 +235,7 @@ def trainer_spec(config: GRPOConfig) -> TrainerSpec:
     rl = config.rl_config
     engine = parts.engine_config(config)
     steps = config.num_prompts_per_global_batch // config.mini_batch_prompts * rl.epochs
-    old: OldLogProbs = "rollout" if rl.pipeline == "async" else ("recompute" if steps > 1 else "current")
+    old: OldLogProbs = correction.old_log_probs(config, steps)
     resources = config.async_config.trainer_resources if rl.pipeline == "async" else rl.actor_resource
     megatron = parts.megatron_layout(config)
     return TrainerSpec(
@@ -236,6 +247,7 @@ def trainer_spec(config: GRPOConfig) -> TrainerSpec:
             verifier_weight=rl.verifier_weight,
             verifier_parallel=rl.verifier_parallel,
             verifier_timeout=rl.verifier_timeout,
+            overlong=dapo.overlong_penalty(config),
         ),
         reference_micro_batch_size=rl.ref_forward_micro_batch_size if engine.loss.needs_reference else None,
         temperature=config.generate_config.sampling_config.temperature,
@@ -249,6 +261,7 @@ def trainer_spec(config: GRPOConfig) -> TrainerSpec:
 def rollout_spec(config: GRPOConfig) -> RolloutSpec:
     rl = config.rl_config
     resources = config.async_config.actor_resources if rl.pipeline == "async" else rl.actor_resource
+    sampling = dapo.dynamic_sampling(config)
     return RolloutSpec(
         backend=rl.rollout_backend,
         engine_keys=parts.engine_keys(config),
@@ -256,6 +269,7 @@ def rollout_spec(config: GRPOConfig) -> RolloutSpec:
         n_samples_per_prompt=rl.n_samples_per_prompt,
         num_cpus=resources.num_cpus,
         seed=config.megatron_training.training.seed,
+        filter_scorer=None if sampling is None else sampling.scorer,
     )
 
 

@@ -25,6 +25,7 @@ from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.lr_schedule import LRSchedule
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout, check_trainable
+from mindspeed_rl.plan import correction
 from mindspeed_rl.plan.placement import device_kind
 from mindspeed_rl.utils.logging_config import LoggingConfig
 
@@ -44,7 +45,7 @@ ENGINE_KEYS = (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WarmupSpec:
-    """SFT warm-up of a freshly built model (``warmup_config``; builtin:demo only)."""
+    """SFT warm-up of a freshly built model (``warmup_config``; builtin:demo and builtin:demo_short only)."""
 
     steps: int
     lr: float
@@ -67,6 +68,10 @@ class AsyncSpec:
     """Null = <run dir>/snapshots."""
     snapshot_keep: int
     snapshot_interval: int
+    weight_transport: str = "shared_fs"
+    """shared_fs | object_store | collective (``weights/transport.py``)."""
+    bucket_mb: float = 512.0
+    """collective: MB per send bucket."""
 
 
 def refuse_unsupported(config: GRPOConfig) -> None:
@@ -246,6 +251,7 @@ def loss_config(config: GRPOConfig) -> GRPOLossConfig:
         use_kl_in_reward=rl.use_kl_in_reward,
         token_level_loss=rl.token_level_loss,
         entropy_coeff=rl.entropy_coeff,
+        rollout_correction=correction.rollout_correction(config),
     )
 
 
@@ -332,10 +338,11 @@ def warmup_spec(config: GRPOConfig) -> WarmupSpec | None:
     if not w.enabled:
         return None
     data_path = config.megatron_training.training.data_path
-    if data_path != "builtin:demo":
+    # Both demo variants warm up on builtin:demo's (prompt, answer) pairs: same format, more counts.
+    if data_path not in ("builtin:demo", "builtin:demo_short"):
         raise ValueError(
-            f"warmup_config.enabled needs reference answers; only builtin:demo provides them, got "
-            f"data_path={data_path!r}. Disable warmup_config or use builtin:demo"
+            f"warmup_config.enabled needs reference answers; only builtin:demo and builtin:demo_short "
+            f"provide them, got data_path={data_path!r}. Disable warmup_config or use builtin:demo"
         )
     return WarmupSpec(
         steps=w.steps, lr=w.lr, batch_size=w.batch_size, num_examples=w.num_examples, seed=w.seed
@@ -429,10 +436,8 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
     """Add the async pipeline's settings, refusing what this backend does not implement (the queue
     and lag rules, ``minibatch_fits`` included, ran at load: ``config_cls.validate``)."""
     a = config.async_config
-    if a.weight_transport != "shared_fs":
-        raise ValueError(
-            f"async_config.weight_transport={a.weight_transport!r} is not implemented yet; use shared_fs"
-        )
+    if not a.bucket_mb > 0:
+        raise ValueError(f"async_config.bucket_mb={a.bucket_mb}; use a positive size in MB (e.g. 512)")
     asp = copy_section(config.asp_config, ASPConfig)
     spec = AsyncSpec(
         num_generation_units=a.num_generation_units,
@@ -444,6 +449,8 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
         snapshot_dir=a.snapshot_dir,
         snapshot_keep=a.snapshot_keep,
         snapshot_interval=a.snapshot_interval,
+        weight_transport=a.weight_transport,
+        bucket_mb=a.bucket_mb,
     )
     return dataclasses.replace(plan, runtime=runtime, asp=asp, async_spec=spec)
 

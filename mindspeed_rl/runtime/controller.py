@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
 
 from mindspeed_rl.runtime import events as ev
-from mindspeed_rl.runtime import readout
+from mindspeed_rl.runtime import readout, replan
 from mindspeed_rl.runtime.backpressure import Backpressure
 from mindspeed_rl.runtime.clock import Clock, WallClock
 from mindspeed_rl.runtime.config import RuntimeConfig
@@ -49,6 +49,7 @@ from mindspeed_rl.runtime.faults import (
     StalledPipeline,
     diagnose_stall,
 )
+from mindspeed_rl.runtime.group_filter import DynamicSampling
 from mindspeed_rl.runtime.ingestor import Ingestor, IngestOutcome
 from mindspeed_rl.runtime.lag import LagTracker
 from mindspeed_rl.runtime.lag_budget import LagBudget
@@ -91,8 +92,11 @@ class ControlLoop:
         schedule: Sequence[ScheduledMinibatch],
         clock: Clock | None = None,
         events: ev.EventLog | None = None,
+        sampling: DynamicSampling | None = None,
     ) -> None:
+        """``sampling``: DAPO's dynamic sampling (``runtime/group_filter.py``), None when off."""
         self.config = config
+        self.sampling = sampling
         self.clock: Clock = clock or WallClock()
         self.events = events if events is not None else ev.EventLog()
         self.database = Database(schedule)
@@ -111,6 +115,7 @@ class ControlLoop:
             queue=self.queue,
             num_samples_per_prompt=config.num_samples_per_prompt,
             clock=self.clock,
+            group_filter=None if sampling is None else sampling.filter,
         )
         self.backpressure = Backpressure(
             max_samples=config.queue_max_samples, resume_samples=config.queue_resume_samples, clock=self.clock
@@ -170,6 +175,8 @@ class ControlLoop:
     def _dispatch(self) -> list[Assignment]:
         if self.fatal is not None:
             return []
+        if self.sampling is not None:
+            self.sampling.release_reserve(self.database, self.budget.next_step, self.queue.depth_prompts)
         retry_now = self.recovery.retry_now
         assignments = self.sender.dispatch(urgent=retry_now)
         retry_now.difference_update(a.minibatch.minibatch_id for a in assignments)
@@ -279,6 +286,11 @@ class ControlLoop:
                 None if timings is None else eq4_d_off_estimate(arrival.depth_global_batches_before, timings)
             )
             self.lag.record_arrival(completed.minibatch_id, estimate)
+            dropped = len(self.ingestor.last_filtered)  # dynamic sampling: consumed, never trained
+            if dropped and self.sampling is not None:
+                self.budget.release(dropped, completed.policy_version)
+                self.prompts_consumed += dropped
+                self.sampling.on_dropped(dropped, kept_queued=self.queue.depth_prompts)
             self._update_backpressure()
         self.events.append(
             ev.MinibatchReceived(
@@ -307,8 +319,8 @@ class ControlLoop:
 
     @property
     def fatal(self) -> PipelineFailure | None:
-        """Set once the run cannot go on (a poison minibatch); nothing is dispatched after it."""
-        return self.recovery.fatal
+        """Set once the run cannot go on (poison minibatch, dynamic sampling): nothing is sent after."""
+        return self.recovery.fatal or (self.sampling.failure if self.sampling is not None else None)
 
     @_serialized
     def failure(self) -> PipelineFailure | None:
@@ -376,6 +388,9 @@ class ControlLoop:
             )
         candidates = self.queue.candidates(self.config.num_prompts_per_global_batch)
         full = len(candidates) == self.config.num_prompts_per_global_batch
+        if not full and self.sampling is not None and self.database.all_completed():
+            self.sampling.on_exhausted(step, len(candidates))  # whole batches only
+            return None
         if not candidates or not (full or self.database.all_completed()):
             return None
         deadlines = [c.deadline for c in candidates]
@@ -383,9 +398,11 @@ class ControlLoop:
             self.trainer_lag_holds += 1
             return None
         batch = self.queue.take(candidates, step=step)
+        if self.sampling is not None:
+            batch = batch.with_filter_stats(self.sampling.filter.on_pop(batch.num_prompts))
         self.budget.consume(deadlines)
         lag = self.lag.on_consumed(batch)
-        self.prompts_consumed += batch.num_prompts
+        self.prompts_consumed += batch.num_prompts  # filtered prompts were counted when dropped
         now = self.clock.now()
         self._step_in_progress = (step, now)
         self.last_progress = now
@@ -428,9 +445,15 @@ class ControlLoop:
             )
 
     @_serialized
+    def replan_unsent(self, planner: replan.TailPlanner) -> replan.ReplanOutcome:
+        """Online ASP: rebuild the unsent tail with ``planner`` (``runtime/replan.py``)."""
+        return replan.replan_unsent(self.database, planner)
+
+    @_serialized
     def is_finished(self) -> bool:
-        """Every scheduled prompt has been consumed by the trainer."""
-        return self.prompts_consumed == self.database.num_prompts
+        """Every scheduled prompt has been consumed (trained on, or dropped by dynamic sampling);
+        an over-sampling reserve still held is not needed."""
+        return self.prompts_consumed == self.database.num_prompts - self.database.num_held_prompts
 
     @_serialized
     def summary(self) -> RuntimeSummary:

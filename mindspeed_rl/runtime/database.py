@@ -7,7 +7,8 @@ Each minibatch is in exactly one state::
        └─── REQUEUED ◄───┴──── GU/actor failure
 
 Re-queued minibatches are sent again before any new work, in schedule order, so a failure does
-not push its prompts behind the rest of the run. The schedule is never re-optimized here.
+not push its prompts behind the rest of the run. The schedule is never re-optimized here; an
+online re-plan (``runtime/replan.py``) may swap the unsent tail for another ordering of its prompts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from mindspeed_rl.runtime.records import ScheduledMinibatch
 
 
 class MinibatchState(enum.Enum):
+    HELD = "held"
+    """Over-sampling reserve (``ScheduledMinibatch.reserve``): not sent until released."""
     PENDING = "pending"
     REQUEUED = "requeued"
     ISSUED = "issued"
@@ -46,8 +49,12 @@ class Database:
         ordered = sorted(schedule, key=lambda mb: mb.order_index)
         _validate_schedule(ordered)
         self._minibatches = {mb.minibatch_id: mb for mb in ordered}
-        self._state = {mb.minibatch_id: MinibatchState.PENDING for mb in ordered}
-        self._pending: deque[int] = deque(mb.minibatch_id for mb in ordered)
+        self._state = {
+            mb.minibatch_id: MinibatchState.HELD if mb.reserve else MinibatchState.PENDING for mb in ordered
+        }
+        self._pending: deque[int] = deque(mb.minibatch_id for mb in ordered if not mb.reserve)
+        # DAPO's over-sampling reserve, released a batch group at a time (``release_held``).
+        self._held: deque[int] = deque(mb.minibatch_id for mb in ordered if mb.reserve)
         self._requeued: list[tuple[int, int]] = []  # heap of (order_index, minibatch_id)
         self._in_flight: dict[int, InFlight] = {}
         self._num_attempts: dict[int, int] = {}
@@ -91,6 +98,28 @@ class Database:
 
     def has_unsent(self) -> bool:
         return bool(self._pending or self._requeued)
+
+    def num_live_prompts(self) -> int:
+        """Prompts sent or sendable and not yet completed (pending, re-queued, issued, running)."""
+        done = (MinibatchState.COMPLETED, MinibatchState.HELD)
+        return sum(mb.num_prompts for i, mb in self._minibatches.items() if self._state[i] not in done)
+
+    @property
+    def num_held_prompts(self) -> int:
+        return sum(self._minibatches[i].num_prompts for i in self._held)
+
+    def release_held(self) -> tuple[ScheduledMinibatch, ...]:
+        """Move the next held batch group to the end of the send order; () when none is held."""
+        if not self._held:
+            return ()
+        group = self._minibatches[self._held[0]].batch_group_id
+        released = []
+        while self._held and self._minibatches[self._held[0]].batch_group_id == group:
+            mb_id = self._held.popleft()
+            self._state[mb_id] = MinibatchState.PENDING
+            self._pending.append(mb_id)
+            released.append(self._minibatches[mb_id])
+        return tuple(released)
 
     def all_completed(self) -> bool:
         return self._num_completed == len(self._minibatches)
@@ -169,22 +198,82 @@ class Database:
         self.num_requeued += len(victims)
         return victims
 
+    # ---- online re-plan (runtime/replan.py) ----------------------------------------------
+    def unsent_tail(self) -> tuple[ScheduledMinibatch, ...]:
+        """The pending minibatches a re-plan may rebuild, in send order.
+
+        Everything issued, running, completed or re-queued is excluded, and so is the rest of a
+        batch group some of whose minibatches were already issued (a group is balanced as a
+        whole, so a half-sent one is finished as planned)."""
+        pending = [self._minibatches[i] for i in self._pending]
+        started_groups = {
+            self._minibatches[i].batch_group_id
+            for i, state in self._state.items()
+            if state is not MinibatchState.PENDING
+        }
+        return tuple(mb for mb in pending if mb.batch_group_id not in started_groups)
+
+    def schedule_now(self) -> tuple[ScheduledMinibatch, ...]:
+        """Every minibatch of the schedule as it stands (re-planned tails included), in dispatch
+        order: what a checkpoint carries so a resumed run continues the re-planned order."""
+        return tuple(sorted(self._minibatches.values(), key=lambda mb: mb.order_index))
+
+    def replace_unsent_tail(self, new: Sequence[ScheduledMinibatch]) -> int:
+        """Replace :meth:`unsent_tail` by ``new`` (the re-planned tail); returns how many left.
+
+        ``new`` must hold exactly the tail's prompts (each once), with minibatch ids, batch
+        group ids and order indices unused by the rest of the schedule, order indices after
+        every kept minibatch's, and contiguous groups, so every invariant of ``__init__`` and
+        exactly-once hold after the swap."""
+        tail = self.unsent_tail()
+        old_ids = {mb.minibatch_id for mb in tail}
+        kept = [mb for i, mb in self._minibatches.items() if i not in old_ids]
+        old_prompts = sorted(p for mb in tail for p in mb.prompt_ids)
+        new_prompts = sorted(p for mb in new for p in mb.prompt_ids)
+        if old_prompts != new_prompts:
+            raise ValueError(
+                f"a re-planned tail must hold exactly the {len(old_prompts)} prompts of the unsent tail "
+                f"(each once), got {len(new_prompts)}; re-plan from unsent_tail()."
+            )
+        kept_ids = {mb.minibatch_id for mb in kept}
+        kept_groups = {mb.batch_group_id for mb in kept}
+        last_kept = max((mb.order_index for mb in kept), default=-1)
+        for mb in new:
+            if mb.minibatch_id in kept_ids or mb.batch_group_id in kept_groups or mb.order_index <= last_kept:
+                raise ValueError(
+                    f"re-planned minibatch {mb.minibatch_id} reuses an id or group of the kept schedule, "
+                    f"or is ordered before it (order_index {mb.order_index} <= {last_kept}); number the new "
+                    "tail after the whole schedule."
+                )
+        ordered_new = sorted(new, key=lambda mb: mb.order_index)
+        _validate_schedule(ordered_new)
+        for mb_id in old_ids:
+            del self._minibatches[mb_id], self._state[mb_id]
+        self._pending = deque(i for i in self._pending if i not in old_ids)
+        for mb in ordered_new:
+            self._minibatches[mb.minibatch_id] = mb
+            self._state[mb.minibatch_id] = MinibatchState.PENDING
+            self._pending.append(mb.minibatch_id)
+        return len(ordered_new)
+
     # ---- invariants ----------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Every minibatch is in exactly one state and in exactly the matching structure."""
         pending, requeued = set(self._pending), {i for _, i in self._requeued}
-        in_flight = set(self._in_flight)
+        in_flight, held = set(self._in_flight), set(self._held)
+        assert not held & (pending | requeued | in_flight), "a held minibatch is also in flight or queued"
         assert len(pending) == len(self._pending), "a minibatch is pending twice"
         assert len(requeued) == len(self._requeued), "a minibatch is re-queued twice"
         assert not (pending & requeued or pending & in_flight or requeued & in_flight)
         num_completed = 0
         for mb_id, state in self._state.items():
             expected = {
+                MinibatchState.HELD: mb_id in held,
                 MinibatchState.PENDING: mb_id in pending,
                 MinibatchState.REQUEUED: mb_id in requeued,
                 MinibatchState.ISSUED: mb_id in in_flight and self._in_flight[mb_id].actor_id is None,
                 MinibatchState.RUNNING: mb_id in in_flight and self._in_flight[mb_id].actor_id is not None,
-                MinibatchState.COMPLETED: mb_id not in pending | requeued | in_flight,
+                MinibatchState.COMPLETED: mb_id not in pending | requeued | in_flight | held,
             }[state]
             assert expected, f"minibatch {mb_id} is {state.value} but its bookkeeping disagrees"
             num_completed += state is MinibatchState.COMPLETED

@@ -15,13 +15,15 @@ stamped with the receive time and forwarded with their lag deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import Counter
 
 from mindspeed_rl.runtime.clock import Clock
 from mindspeed_rl.runtime.database import Database, InFlight, MinibatchState
 from mindspeed_rl.runtime.errors import ProtocolError
-from mindspeed_rl.runtime.records import CompletedMinibatch
+from mindspeed_rl.runtime.group_filter import GroupFilter
+from mindspeed_rl.runtime.records import CompletedMinibatch, PromptGroup, Sample
 from mindspeed_rl.runtime.training_queue import QueueArrival, TrainingQueue
 
 
@@ -33,9 +35,18 @@ class IngestOutcome(enum.Enum):
 
 class Ingestor:
     def __init__(
-        self, *, database: Database, queue: TrainingQueue, num_samples_per_prompt: int, clock: Clock
+        self,
+        *,
+        database: Database,
+        queue: TrainingQueue,
+        num_samples_per_prompt: int,
+        clock: Clock,
+        group_filter: GroupFilter | None = None,
     ) -> None:
         self._db = database
+        self.group_filter = group_filter
+        self.last_filtered: list[PromptGroup] = []
+        """Dynamic sampling: the groups of the latest accepted completion that were dropped."""
         self._queue = queue
         self._n = num_samples_per_prompt
         self._clock = clock
@@ -67,10 +78,25 @@ class Ingestor:
             record = self._db.mark_completed(completed.minibatch_id)
             for sample in completed.samples:
                 sample.received_at = now
-            arrival = self._queue.put(completed, deadline=deadline)
+            arrival = self._queue.put(self._kept(completed), deadline=deadline)
         self.outcomes[outcome] += 1
         self.received_per_gu[completed.gu_id] += 1
         return outcome, (record if outcome is IngestOutcome.ACCEPTED else None), arrival
+
+    def _kept(self, completed: CompletedMinibatch) -> CompletedMinibatch:
+        """``completed`` without the groups dynamic sampling drops (all of it when it is off)."""
+        self.last_filtered = []
+        if self.group_filter is None:
+            return completed
+        by_prompt: dict[str, list[Sample]] = {}
+        for sample in completed.samples:
+            by_prompt.setdefault(sample.prompt_id, []).append(sample)
+        groups = [
+            PromptGroup(prompt_id=p, minibatch_id=completed.minibatch_id, samples=tuple(ss))
+            for p, ss in by_prompt.items()
+        ]
+        kept, self.last_filtered = self.group_filter.split(groups)
+        return dataclasses.replace(completed, samples=tuple(s for g in kept for s in g.samples))
 
     def _validate(self, completed: CompletedMinibatch, record: InFlight) -> None:
         mb = self._db.minibatch(completed.minibatch_id)

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mindspeed_rl.runtime.group_filter import StepFilterStats
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,6 +31,9 @@ class ScheduledMinibatch:
     """Sum of the predicted output lengths of the minibatch's prompts (tokens)."""
     order_index: int
     """Position in the precomputed dispatch order (0 = first to send)."""
+    reserve: bool = False
+    """DAPO over-sampling: held back until dynamic sampling has filtered enough groups that the
+    run needs more prompts (``ControlLoop`` releases it a batch group at a time)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -66,6 +73,9 @@ class Sample:
     received_at: float | None = None
     """When the Ingestor accepted it; set by the CU, ``None`` until then."""
     finish_reason: str = "stop"
+    filter_score: float | None = None
+    """Dynamic sampling (DAPO): the filter metric's score, set by the generation actor; a group
+    whose scores are all equal is dropped before the Training Queue (``runtime.group_filter``)."""
 
     def __post_init__(self) -> None:
         if len(self.rollout_log_probs) != len(self.response_token_ids):
@@ -109,10 +119,34 @@ class GlobalBatch:
 
     step: int
     prompts: tuple[PromptGroup, ...]
+    filtered_prompt_ids: tuple[str, ...] = ()
+    """Dynamic sampling: prompts dropped (no spread) since the previous step; consumed, not trained."""
+    gen_batches: int = 1
+    """Dynamic sampling: generation batches this step's kept + filtered prompts make."""
 
     @property
     def num_prompts(self) -> int:
         return len(self.prompts)
+
+    @property
+    def consumed_prompt_ids(self) -> tuple[str, ...]:
+        """Every prompt this step consumed: trained, then dropped by dynamic sampling."""
+        return self.prompt_ids + self.filtered_prompt_ids
+
+    def with_filter_stats(self, stats: StepFilterStats) -> GlobalBatch:
+        return GlobalBatch(
+            step=self.step,
+            prompts=self.prompts,
+            filtered_prompt_ids=stats.filtered_prompt_ids,
+            gen_batches=stats.gen_batches,
+        )
+
+    def filter_metrics(self) -> dict[str, float]:
+        return {
+            "dapo/groups_kept": float(self.num_prompts),
+            "dapo/groups_filtered": float(len(self.filtered_prompt_ids)),
+            "dapo/gen_batches": float(self.gen_batches),
+        }
 
     @property
     def num_samples(self) -> int:
@@ -134,6 +168,9 @@ class SnapshotInfo:
     version: int
     path: str
     created_at: float
+    handle: Any = None
+    """``weight_transport`` object_store / collective: the in-memory snapshot record
+    (``weights.memory_snapshot.MemorySnapshot``; ``path`` then names the version only); None for files."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -43,6 +44,20 @@ from mindspeed_rl.sim.event_queue import EventKind, EventQueue, SimEvent
 from mindspeed_rl.sim.result import SimResult, build_result
 from mindspeed_rl.sim.timing import TimingProfile
 from mindspeed_rl.sim.workload import Workload
+
+
+class LengthModel(Protocol):
+    """Token counts of one generation of workload rows at run progress in [0, 1] (drift)."""
+
+    def lengths(self, rows: Sequence[int], progress: float) -> np.ndarray: ...
+
+
+class RunObserver(Protocol):
+    """Online hooks: every generated minibatch's lengths, and every finished trainer step."""
+
+    def on_generated(self, minibatch: ScheduledMinibatch, lengths: np.ndarray, now: float) -> None: ...
+
+    def on_train_step_done(self, step: int, loop: ControlLoop, now: float) -> None: ...
 
 
 class SimulationStalled(RuntimeError):
@@ -79,6 +94,8 @@ class Simulator:
         label: str = "sim",
         check_invariants: bool = False,
         max_event_batches: int = 5_000_000,
+        length_model: LengthModel | None = None,
+        observer: RunObserver | None = None,
     ) -> None:
         if runtime.num_samples_per_prompt != workload.num_samples_per_prompt:
             raise ValueError(
@@ -108,6 +125,10 @@ class Simulator:
         self._next_step = 0
         self._trainer_busy = False
         self.gen_seconds: list[float] = []
+        # Drift: lengths depend on when a prompt is generated, so training reads them back.
+        self._length_model, self._observer = length_model, observer
+        self._generated: dict[int, np.ndarray] = {}
+        self._num_steps = -(-workload.num_prompts // runtime.num_prompts_per_global_batch)
 
     # ---- main loop -------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -189,7 +210,8 @@ class Simulator:
     def _start_generation(self, assignment: Assignment, g: int, a: int, version: int) -> None:
         now, mb = self.clock.now(), assignment.minibatch
         rows = [self._rows[p] for p in mb.prompt_ids]
-        seconds = self.profile.decode.minibatch_seconds(self.workload.lengths[rows]) * self._jitter()
+        lengths = self._lengths_now(rows, version)
+        seconds = self.profile.decode.minibatch_seconds(lengths) * self._jitter()
         n = self.runtime.num_samples_per_prompt
         samples = tuple(
             Sample(
@@ -217,15 +239,21 @@ class Simulator:
             started_at=now,
             finished_at=now + seconds,
         )
-        self._push(seconds, EventKind.GEN_DONE, (g, a), completed)
+        self._push(seconds, EventKind.GEN_DONE, (g, a), (completed, mb, lengths))
 
     def _on_gen_done(self, event: SimEvent) -> None:
-        completed = event.payload
+        assert isinstance(event.payload, tuple)
+        completed, mb, lengths = event.payload
         assert isinstance(completed, CompletedMinibatch)
         self._units[completed.gu_id].on_generation_done(completed.actor_id)
         outcome = self.loop.on_minibatch_completed(completed)
         assert outcome is IngestOutcome.ACCEPTED, f"fault-free run dropped minibatch {completed.minibatch_id}"
         self.gen_seconds.append(completed.generation_seconds)
+        if self._length_model is not None:
+            for row, length in zip((self._rows[p] for p in mb.prompt_ids), lengths):
+                self._generated[row] = length
+        if self._observer is not None:
+            self._observer.on_generated(mb, lengths, self.clock.now())
 
     # ---- training and weight flow ------------------------------------------------------------
     def _feed_trainer(self) -> bool:
@@ -235,7 +263,10 @@ class Simulator:
         if batch is None:
             return False
         rows = [self._rows[p] for p in batch.prompt_ids]
-        tokens = int(self.workload.lengths[rows].sum())
+        if self._length_model is None:
+            tokens = int(self.workload.lengths[rows].sum())
+        else:
+            tokens = int(sum(self._generated.pop(r).sum() for r in rows))
         seconds = self.profile.train.step_seconds(tokens) * self._jitter()
         self._push(seconds, EventKind.TRAIN_DONE, (self._next_step,))
         self._trainer_busy = True
@@ -245,6 +276,8 @@ class Simulator:
     def _on_train_done(self, step: int) -> None:
         self.loop.on_train_step_done(step)
         self._trainer_busy = False
+        if self._observer is not None:
+            self._observer.on_train_step_done(step, self.loop, self.clock.now())
         version = step + 1
         if version % self.runtime.snapshot_interval == 0:
             self._push(self.profile.weight_flow.save_seconds, EventKind.SAVE_DONE, (version,))
@@ -277,6 +310,11 @@ class Simulator:
     # ---- helpers -------------------------------------------------------------------------------
     def _push(self, delay: float, kind: EventKind, unit: tuple[int, ...], payload: object = None) -> None:
         self._queue.push(SimEvent(time=self.clock.now() + delay, kind=kind, unit=unit, payload=payload))
+
+    def _lengths_now(self, rows: list[int], version: int) -> np.ndarray:
+        if self._length_model is None:
+            return self.workload.lengths[rows]
+        return self._length_model.lengths(rows, version / self._num_steps)
 
     def _jitter(self) -> float:
         """Mean-one log-normal factor (exactly 1 when ``noise_cv`` is 0, drawing nothing)."""

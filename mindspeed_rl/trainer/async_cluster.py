@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mindspeed_rl.trainer import oversampling
 from mindspeed_rl.utils.run_summary import write_summary
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.contracts import TrainerSpec
     from mindspeed_rl.plan.build import RunPlan
-    from mindspeed_rl.runtime.records import GlobalBatch
+    from mindspeed_rl.runtime.records import GlobalBatch, ScheduledMinibatch
     from mindspeed_rl.trainer.async_inputs import PipelineInputs
     from mindspeed_rl.trainer.startup import RunStart
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
@@ -66,6 +67,8 @@ class AsyncCluster:
         The generation actors start from ``run.rollout_path`` (a resumed run: the checkpoint's)."""
         import ray
 
+        from mindspeed_rl.trainer.online_asp import online_hook
+        from mindspeed_rl.trainer.weight_channels import start_weight_flow
         from mindspeed_rl.utils.ray_setup import ray_actor_options, reserve
         from mindspeed_rl.workers.control_unit import ControlUnit
         from mindspeed_rl.workers.generation_unit import GenerationUnit
@@ -77,10 +80,18 @@ class AsyncCluster:
         reserved = reserve(run.placement)
         prompts = ray.put({r.prompt_id: r for r in inputs.prompts})
         control = ray_actor_options(a.control_resources)
+        sampling = plan.dynamic_sampling
         cu: Any = (
             ray.remote(ControlUnit)
             .options(**control, max_concurrency=32)
-            .remote(plan.runtime, inputs.schedule, str(run_dir / "events.jsonl"))
+            .remote(
+                plan.runtime,
+                inputs.schedule,
+                str(run_dir / "events.jsonl"),
+                group_filter=None if sampling is None else oversampling.group_filter(sampling),
+                steps_total=plan.data.train_iters - (run.resumed.iteration if run.resumed else 0),
+                online=online_hook(plan.asp, inputs.schedule, run_dir),
+            )
         )
         tu = remote_training_unit(
             plan.trainer,
@@ -106,10 +117,21 @@ class AsyncCluster:
         gu_remote: Any = ray.remote(GenerationUnit).options(**control, max_concurrency=4)
         cluster = cls(cu, tu, {s.gu_id: gu_remote.remote(s, cu) for s in specs}, reserved)
         cluster.trainer = plan.trainer
+        # The shared-path probe and (collective) the GUs' process groups, before any engine starts.
+        try:
+            weights = start_weight_flow(tu, cluster.gus, a, plan.trainer, snapshots)
+        except BaseException:
+            cluster.kill()
+            raise
         # Engine start-up is not part of any iteration's time (as in the hybrid loop).
+        logger.info(
+            "starting %d generation unit(s) x %d actor(s) and the trainer: each engine loads its "
+            "model and warms up first (about a minute per vLLM engine on a laptop CPU)",
+            len(cluster.gus), a.actors_per_unit,
+        )  # fmt: skip
         ray.get(
             [
-                tu.enable_snapshots.remote(str(snapshots / "trainer"), a.snapshot_keep),
+                tu.enable_snapshots.remote(str(snapshots / "trainer"), a.snapshot_keep, **weights),
                 *[g.start_actors.remote() for g in cluster.gus.values()],
             ]
         )
@@ -148,6 +170,13 @@ class AsyncCluster:
 
         seconds: float = ray.get(self.tu.export_snapshot.remote(version, notify=self.cu))
         return seconds
+
+    def current_schedule(self) -> tuple[ScheduledMinibatch, ...]:
+        """The CU's schedule as it stands (online ASP re-plans it), for a checkpoint."""
+        import ray
+
+        schedule: tuple[ScheduledMinibatch, ...] = ray.get(self.cu.schedule_now.remote())
+        return schedule
 
     def step_done(self, step: int) -> dict[str, float]:
         """Tell the CU the step is trained; returns its pipeline digest since the last step."""
@@ -219,6 +248,7 @@ class AsyncCluster:
                     logger.exception("GU %d failed", gu_id)
                 self._failed.add(gu_id)
                 ray.get(self.cu.on_gu_failed.remote(gu_id))
+                self.tu.drop_weight_channel.remote(gu_id)  # collective: stop sending it refreshes
 
     def _control_plane_cpu(self, seconds: float) -> dict[str, Any]:
         """CPU the CU and the live GU control loops used: cores the engines and the trainer did not get,
@@ -304,6 +334,7 @@ def gu_specs(
             seed=plan.rollout.seed,
             faults=faults,
             forced_lengths=forced_lengths,
+            weight_transport=a.weight_transport,
         )
         for g in range(a.num_generation_units)
     ]

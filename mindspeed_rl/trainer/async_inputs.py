@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mindspeed_rl.trainer import oversampling
 from mindspeed_rl.trainer.prompts import global_batches
 from mindspeed_rl.trainer.run_schedule import SCHEDULE_FILE, build_schedule
 from mindspeed_rl.workers.fault_plan import FaultPlan
@@ -95,10 +96,15 @@ def _from_split(run: RunStart, *, build: bool) -> PipelineInputs:
     """The split's training prompts as the run draws them; their ASP schedule when ``build``."""
     if run.splits is None:
         raise ValueError("the run was started without loading its prompts; pass its PipelineInputs")
-    records = tuple(run_prompts(run.plan.data, run.splits.train))
+    data, sampling = run.plan.data, run.plan.dynamic_sampling
+    records = tuple(run_prompts(oversampling.drawn_data(data, sampling), run.splits.train))
+    # Dynamic sampling draws further: the base is what a run without it trains on, the rest is
+    # the held over-sampling reserve (trainer/oversampling.py).
+    num_base = data.train_iters * data.num_prompts_per_global_batch
     schedule: tuple[ScheduledMinibatch, ...] = ()
     if build:
         if run.plan.asp is None:
             raise ValueError(f"pipeline: {run.plan.pipeline} has no ASP schedule; use pipeline: async")
-        schedule = build_schedule(run.plan.asp, run.plan.data, records, run.run_dir)
+        schedule = build_schedule(run.plan.asp, data, records[:num_base], run.run_dir)
+        schedule += oversampling.reserve_schedule(run.plan.asp, data, records[num_base:], after=schedule)
     return PipelineInputs(prompts=records, schedule=schedule, held_out=run.splits.valid)

@@ -151,6 +151,7 @@ def schedule_from_json(rows: Sequence[Mapping[str, Any]]) -> tuple[ScheduledMini
             batch_group_id=int(r["batch_group_id"]),
             predicted_load=float(r["predicted_load"]),
             order_index=int(r["order_index"]),
+            reserve=bool(r.get("reserve", False)),
         )
         for r in rows
     )
@@ -317,6 +318,11 @@ class Lineage:
         if self._log_path is not None:
             with self._log_path.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps({"iteration": iteration, "prompt_ids": list(prompt_ids)}) + "\n")
+
+    @property
+    def num_consumed(self) -> int:
+        """Prompts consumed over the lineage, counting a prompt drawn again in a later pass again."""
+        return len(self._consumed)
 
     def state(self, iteration: int) -> PipelineState:
         return PipelineState(

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mindspeed_rl.trainer import startup
+from mindspeed_rl.trainer import online_asp, run_end, startup
 from mindspeed_rl.trainer.async_cluster import AsyncCluster
 from mindspeed_rl.trainer.async_inputs import PipelineInputs, RunHooks, run_inputs
 from mindspeed_rl.trainer.iteration_report import IterationReport
@@ -34,6 +34,7 @@ CONSOLE_KEYS = (
     "time/trainer_wait_s",
     "lag/d_off_max",
     "queue/depth_samples_max",
+    "eval/accuracy",  # on the lines of iterations that evaluated
 )
 
 
@@ -61,9 +62,16 @@ def train(
             trained = time.perf_counter() - start - waited
             copy_s = cluster.export_snapshot(local + 1) if _exports_after(plan, step) else 0.0
             pipeline = cluster.step_done(local)
-            lineage.record(step, batch.prompt_ids)
-            report.write(step, iteration_record(stats, pipeline, start, waited, trained, copy_s), cluster.tu)
-            saver.maybe_save(step, cluster.tu)
+            lineage.record(step, batch.consumed_prompt_ids)  # dynamic sampling's dropped prompts too
+            record = iteration_record(stats, pipeline, start, waited, trained, copy_s)
+            if plan.dynamic_sampling is not None:
+                record.update(batch.filter_metrics())
+            report.write(step, record, cluster.tu)
+            if plan.asp is not None and plan.asp.online and saver.spec.is_save_iteration(step):
+                # Online ASP: the checkpoint carries the schedule as re-planned.
+                lineage.schedule = online_asp.carry_schedule(lineage.schedule, cluster.current_schedule())
+            if saver.maybe_save(step, cluster.tu) is not None:
+                run_end.plots_at_checkpoint(run_dir)
     cluster.close(run_dir)
     startup.finish(run_dir, lineage)
 

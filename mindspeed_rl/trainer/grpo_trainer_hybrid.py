@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mindspeed_rl.trainer import checkpointing as ckpt
-from mindspeed_rl.trainer import startup
+from mindspeed_rl.trainer import oversampling, run_end, startup
 from mindspeed_rl.trainer.hybrid_cluster import HybridCluster
+from mindspeed_rl.trainer.hybrid_dapo import HybridDynamicSampling
 from mindspeed_rl.trainer.iteration_report import IterationReport
 from mindspeed_rl.trainer.prompts import global_batches
 
@@ -32,18 +33,32 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
     run = startup.start(config, run_dir, check_placement=HybridCluster.check_placement)
     assert run.splits is not None, "the hybrid loop always loads its prompts"
     prompts = {r.prompt_id: r for r in run.splits.train}
-    batches = global_batches(run.plan.data, list(prompts))
+    sampling = run.plan.dynamic_sampling
+    # Dynamic sampling draws further (the same stream): up to max_batches x the run's batches.
+    batches = global_batches(oversampling.drawn_data(run.plan.data, sampling), list(prompts))
     saver = startup.checkpointer(run, ckpt.batches_as_schedule(batches))
     lineage = saver.lineage
     _check_same_order(lineage, batches)
     cluster = HybridCluster.start(run, prompts)
     saver.restore(cluster.trainer, run.resumed)
-    todo = batches[lineage.start_iteration :]  # deterministic draw: a resumed run skips the first N
+    # Deterministic draw: a resumed run skips the batches its lineage consumed (every iteration
+    # consumes whole generation batches, one without dynamic sampling).
+    todo = iter(batches[lineage.num_consumed // run.plan.data.num_prompts_per_global_batch :])
+    dapo = HybridDynamicSampling(sampling) if sampling is not None else None
     with IterationReport(run_dir, run.plan, run.splits.valid, CONSOLE_KEYS) as report:
-        for iteration, prompt_ids in enumerate(todo, start=lineage.start_iteration):
-            report.write(iteration, cluster.iteration(iteration, prompt_ids), cluster.trainer)
+        for iteration in range(lineage.start_iteration, run.plan.data.train_iters):
+            if dapo is None:
+                prompt_ids = next(todo)
+                record = cluster.iteration(iteration, prompt_ids)
+            else:
+                done = dapo.iteration(cluster, iteration, todo)
+                record, prompt_ids = done.record, done.consumed_prompt_ids
+            report.write(iteration, record, cluster.trainer)
             lineage.record(iteration, prompt_ids)
-            saver.maybe_save(iteration, cluster.trainer)
+            if saver.maybe_save(iteration, cluster.trainer) is not None:
+                run_end.plots_at_checkpoint(run_dir)
+    if dapo is not None:
+        cluster.summary_extra.update(dapo.summary())
     cluster.close(run_dir)
     startup.finish(run_dir, lineage)
 

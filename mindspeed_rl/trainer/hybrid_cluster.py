@@ -37,6 +37,8 @@ class HybridCluster:
         self.trainer, self.rollout = trainer, rollout
         self._reserved, self._spec = reserved, spec
         self._prompts_trained = 0
+        self.summary_extra: dict[str, Any] = {}
+        """More summary.json fields from the loop (dynamic sampling's counts)."""
 
     @staticmethod
     def check_placement(placement: Placement) -> None:
@@ -94,9 +96,14 @@ class HybridCluster:
     # ---- one iteration ---------------------------------------------------------------------------
     def iteration(self, iteration: int, prompt_ids: tuple[str, ...]) -> dict[str, float]:
         """Generate the global batch, train on it, push the new weights; the iteration's record."""
+        start = time.perf_counter()
+        groups = self.generate(iteration, prompt_ids)
+        return self.train_and_push(iteration, groups, gen_s=time.perf_counter() - start)
+
+    def generate(self, iteration: int, prompt_ids: tuple[str, ...]) -> tuple[PromptGroup, ...]:
+        """One generation batch under the current weights, as whole prompt groups."""
         import ray
 
-        start = time.perf_counter()
         minibatch = ScheduledMinibatch(
             minibatch_id=iteration,
             prompt_ids=prompt_ids,
@@ -105,15 +112,23 @@ class HybridCluster:
             order_index=iteration,
         )
         completed: CompletedMinibatch = ray.get(self.rollout.generate_minibatch.remote(minibatch))
-        gen_s = time.perf_counter() - start
-        stats: dict[str, float] = ray.get(self.trainer.train_step.remote(group_by_prompt(completed)))
-        train_s = time.perf_counter() - start - gen_s
+        return group_by_prompt(completed)
+
+    def train_and_push(
+        self, iteration: int, groups: tuple[PromptGroup, ...], *, gen_s: float
+    ) -> dict[str, float]:
+        """Train on ``groups`` (generated in ``gen_s`` seconds), push the new weights; the record."""
+        import ray
+
+        start = time.perf_counter()
+        stats: dict[str, float] = ray.get(self.trainer.train_step.remote(groups))
+        train_s = time.perf_counter() - start
         if self.rollout is self.trainer:  # colocated: the weights move inside the worker's process
             ray.get(self.rollout.refresh.remote(iteration + 1))
         else:
             ray.get(self.rollout.load_weights.remote(self.trainer.inference_weights.remote(), iteration + 1))
-        total_s = time.perf_counter() - start
-        self._prompts_trained += len(prompt_ids)
+        total_s = time.perf_counter() - start + gen_s
+        self._prompts_trained += len(groups)
         return {
             **stats,
             "iteration_time_s": total_s,
@@ -141,6 +156,7 @@ class HybridCluster:
             max_queue_depth_samples=0,
             queue_limit_samples=None,
             training_layout=self._spec.layout_summary(),
+            **self.summary_extra,
         )
 
 

@@ -23,7 +23,7 @@ SCHEDULE_FILE = "asp_schedule.json"
 
 def true_lengths(data: DataSpec, records: Sequence[PromptRecord]) -> dict[str, float] | None:
     """Response lengths a built-in task knows exactly (the demo: answer + eos), else ``None``."""
-    if data.data_path != "builtin:demo":
+    if data.data_path not in ("builtin:demo", "builtin:demo_short"):
         return None
     return {r.prompt_id: float(len(r.label) + 1) for r in records}
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from mindspeed_rl.plan.build import RunPlan, build_run_plan
 from mindspeed_rl.trainer import checkpointing as ckpt
+from mindspeed_rl.trainer import run_end
 from mindspeed_rl.trainer.policy_model import prepare_policy_model
 from mindspeed_rl.trainer.prompts import load_run_split
 
@@ -98,5 +99,7 @@ def checkpointer(
 
 
 def finish(run_dir: Path, lineage: ckpt.Lineage) -> None:
-    """After the pipeline wrote ``summary.json``: add the lineage's counts to it."""
+    """After the pipeline wrote ``summary.json``: add the lineage's counts to it, then write the
+    plots and print the end-of-run block (``run_end``)."""
     ckpt.add_lineage_summary(run_dir, lineage)
+    run_end.report_run_end(run_dir)

@@ -8,6 +8,11 @@ Decision order (never hangs on a dead address):
      ``address="local"`` is explicit because plain ``ray.init()`` would follow a stale bootstrap
      file of a cluster that has died.
 
+Joining (1, 2) carries the cluster's token (``join_cluster``; the rules are in ``utils.ray_auth``):
+a cluster found by its bootstrap file is joined as ``address="auto"`` would be, token mode on when
+a token is available; ``RAY_ADDRESS`` leaves it to ``RAY_AUTH_MODE`` (``examples/ray_launch.sh``
+sets it), and a refusal names the token sent and the fix.
+
 Every actor's request comes from config through ``ray_actor_options``; requests are fractional on
 small hosts (DESIGN.md: on 2 cores, actors asking for whole CPUs queue forever).
 
@@ -27,9 +32,11 @@ set by Ray because the actor asks for GPU/NPU) are the plan's indices on a node 
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +45,7 @@ from typing import Any
 import yaml
 
 from mindspeed_rl.config_cls import ActorResources, GRPOConfig
+from mindspeed_rl.utils import quiet_logs, ray_auth
 from mindspeed_rl.utils.placement import ClusterSpec, DeviceKind, NodeSpec, Placement, Slot
 
 PLACEMENT_READY_TIMEOUT_S = 120.0
@@ -69,12 +77,63 @@ def init_ray(config: GRPOConfig, *, env: Mapping[str, str] | None = None) -> Ray
         # The caller (a test, a notebook) already chose the cluster; never start a second one.
         return _describe(ray, attached=True)
     runtime_env = load_runtime_env(config.rl_config.runtime_env_path or REPO_RUNTIME_ENV)
+    # Every worker filters engine noise itself (Ray forwards actor output): utils/quiet_logs.py.
+    runtime_env = quiet_logs.worker_runtime_env(runtime_env, env)
     address = find_cluster_address(env)
     if address is not None:
-        ray.init(address=address, runtime_env=runtime_env)
+        join_cluster(address, found_locally=not env.get("RAY_ADDRESS"), runtime_env=runtime_env)
         return _describe(ray, attached=True)
     ray.init(address="local", num_cpus=local_cpu_count(), runtime_env=runtime_env, include_dashboard=False)
     return _describe(ray, attached=False)
+
+
+def join_cluster(address: str, *, found_locally: bool, runtime_env: Mapping[str, Any] | None = None) -> None:
+    """``ray.init(address=address)`` with the cluster's token (``utils.ray_auth``).
+
+    A cluster found on this node (its bootstrap file) is joined as ``address="auto"`` would: token
+    mode on when a token is available, Ray's own rule (its private helper, pinned ray 2.60), which
+    Ray skips for any explicit address.
+    An explicit ``RAY_ADDRESS`` keeps Ray's rule: the caller sets ``RAY_AUTH_MODE`` (the launcher
+    does). A refusal is re-raised naming the token this process sent and how to give it the right one.
+    """
+    import ray
+    from ray.exceptions import AuthenticationError
+
+    if found_locally:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    try:
+        if runtime_env is None:
+            ray.init(address=address)
+        else:
+            ray.init(address=address, runtime_env=dict(runtime_env))
+    except (ConnectionError, AuthenticationError) as err:
+        raise ConnectionError(f"{ray_auth.refused_advice(address, os.environ)} ({err})") from err
+
+
+def wait_for_nodes(address: str, nodes: int, timeout_s: float, poll_s: float = 2.0) -> int:
+    """Join ``address`` once and wait until ``nodes`` nodes are alive; the count, or TimeoutError."""
+    import ray
+
+    join_cluster(address, found_locally=False)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = sum(1 for n in ray.nodes() if n.get("Alive"))
+            if alive >= nodes:
+                return alive
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{alive} of {nodes} Ray nodes joined {address} in {timeout_s:g} s; start the others with "
+                    f"RAY_HEAD={address} bash examples/ray_launch.sh --worker (with the head's token file)"
+                )
+            print(f"waiting for Ray nodes: {alive}/{nodes}", file=sys.stderr, flush=True)
+            time.sleep(poll_s)
+    finally:
+        ray.shutdown()
 
 
 def find_cluster_address(env: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
@@ -334,3 +393,26 @@ def _reachable(address: str, timeout_s: float) -> bool:
             return True
     except OSError:
         return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``wait-nodes ADDRESS N [--timeout S]``: the launcher's wait for its worker nodes (exit 2 on
+    a refused join or a timeout, with the fix)."""
+    parser = argparse.ArgumentParser(prog="python -m mindspeed_rl.utils.ray_setup")
+    sub = parser.add_subparsers(dest="command", required=True)
+    wait = sub.add_parser("wait-nodes", help="wait until N nodes of the cluster at ADDRESS are alive")
+    wait.add_argument("address")
+    wait.add_argument("nodes", type=int)
+    wait.add_argument("--timeout", type=float, default=3000.0, help="seconds (default 3000)")
+    args = parser.parse_args(argv)
+    try:
+        alive = wait_for_nodes(args.address, args.nodes, args.timeout)
+    except (ConnectionError, TimeoutError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"Ray cluster at {args.address}: {alive} node(s) alive", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

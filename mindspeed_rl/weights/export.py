@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,6 +96,9 @@ class ExportResult:
     pruned_versions: tuple[int, ...]
     write_seconds: float = 0.0
     superseded: bool = False
+    handle: Any = None
+    """A memory snapshot (``weight_transport`` object_store / collective): the
+    ``MemorySnapshot`` the TU announces with it; None for a file snapshot."""
 
 
 @dataclass(slots=True, eq=False)

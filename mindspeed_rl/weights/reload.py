@@ -115,6 +115,18 @@ class ReloadPolicy:
 
         return self._reload(latest, verify, engine_load_fn, leased_load=True)
 
+    def maybe_reload_memory(
+        self,
+        latest: SnapshotInfo | None,
+        read: Callable[[], tuple[Iterable[tuple[str, torch.Tensor]], int]],
+        engine_load_fn: EngineLoadFn,
+    ) -> ReloadResult:
+        """Load a memory snapshot (``weight_transport`` object_store / collective) if newer:
+        ``read()`` fetches and checks its buffers (raising ``SnapshotError`` on a defect) and returns
+        the weights as an iterator (``memory_snapshot.iter_converted``) and their bytes. No lease:
+        the reader's object references keep the buffers alive until the load is done."""
+        return self._reload(latest, lambda _: read(), engine_load_fn, leased_load=True, hold=_no_lease)
+
     def _reload(
         self,
         latest: SnapshotInfo | None,
@@ -122,6 +134,7 @@ class ReloadPolicy:
         load: Callable[[_T], None],
         *,
         leased_load: bool,
+        hold: Callable[[SnapshotInfo], contextlib.AbstractContextManager[object]] = lease,
     ) -> ReloadResult:
         if self._generating:
             raise RuntimeError(
@@ -136,7 +149,7 @@ class ReloadPolicy:
         started = time.perf_counter()
         with contextlib.ExitStack() as held:
             try:
-                held.enter_context(lease(latest))
+                held.enter_context(hold(latest))
                 weights, nbytes = read(latest)
             except (SnapshotError, OSError) as err:
                 logger.error(
@@ -183,3 +196,8 @@ class ReloadPolicy:
                 )
             return manifest, manifest.shards[0]
         return manifest, manifest.shard(self.rank)
+
+
+@contextlib.contextmanager
+def _no_lease(_: SnapshotInfo) -> Iterator[None]:
+    yield

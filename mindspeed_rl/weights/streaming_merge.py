@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,10 +227,34 @@ def run_conversion(
         _run_bounded(list(plan.groups), [g.cost for g in plan.groups], convert, num_threads)
 
 
+def run_groups_bounded(plan: ConversionPlan, work: Callable[[_Group], None], num_threads: int | None) -> None:
+    """``work(group)`` for every group of ``plan`` on up to ``num_threads`` threads, bytes in
+    flight bounded as in `run_conversion`."""
+    _run_bounded(list(plan.groups), [g.cost for g in plan.groups], work, num_threads)
+
+
+def group_keys(group: _Group) -> tuple[tuple[str, str], ...]:
+    """The ``(shard file, tensor name)`` of every training tensor a group converts from: a
+    receiver that gets tensors piecemeal (``collective``) converts a group once all are in."""
+    return tuple((source.shard.file, source.entry.name) for source in group.sources)
+
+
+def convert_group_in_memory(
+    group: _Group,
+    plan: ConversionPlan,
+    tensors: Mapping[tuple[str, str], torch.Tensor],
+    layout: InferenceLayout,
+    sink: Sink,
+) -> None:
+    """`run_conversion`'s work for one group, from tensors already in memory (keyed by
+    ``group_keys``): object_store and collective snapshots, where no file exists."""
+    _convert_group(group, plan, tensors, layout, sink)
+
+
 def _convert_group(
     group: _Group,
     plan: ConversionPlan,
-    jobs: dict[tuple[str, str], ReadJob],
+    jobs: Mapping[tuple[str, str], ReadJob | torch.Tensor],
     layout: InferenceLayout,
     sink: Sink,
 ) -> None:
@@ -239,13 +263,13 @@ def _convert_group(
     }
     for source in group.sources:
         job = jobs[(source.shard.file, source.entry.name)]
-        if not source.unfused:
+        if not source.unfused and isinstance(job, ReadJob):
             output, index = source.targets[0]
             merge = group.merges[output]
             if not merge.single and (view := merged[output][merge.places[index]]).is_contiguous():
                 read_into(job, view)  # its slice of the merged tensor is contiguous: no copy
                 continue
-        tensor = read_tensor(job)
+        tensor = read_tensor(job) if isinstance(job, ReadJob) else job
         piece = Piece(
             name=source.entry.name, tensor=tensor, spec=source.entry.partition, coords=source.shard.coords
         )

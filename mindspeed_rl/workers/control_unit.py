@@ -56,6 +56,8 @@ from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.controller import ControlLoop
 from mindspeed_rl.runtime.faults import FaultKind
+from mindspeed_rl.runtime.group_filter import DynamicSampling, GroupFilter
+from mindspeed_rl.runtime.ingestor import IngestOutcome
 from mindspeed_rl.runtime.records import (
     Assignment,
     CompletedMinibatch,
@@ -64,6 +66,7 @@ from mindspeed_rl.runtime.records import (
     SnapshotInfo,
     StartDecision,
 )
+from mindspeed_rl.runtime.replan import OnlineHook
 from mindspeed_rl.runtime.step_metrics import MetricsCursor, step_metrics
 from mindspeed_rl.workers.gu_messages import (
     GuFaultSettings,
@@ -96,13 +99,28 @@ class ControlUnit:
         config: RuntimeConfig,
         schedule: Sequence[ScheduledMinibatch],
         events_path: str | None = None,
+        *,
+        group_filter: GroupFilter | None = None,
+        steps_total: int | None = None,
+        online: OnlineHook | None = None,
     ) -> None:
-        """``events_path``: the run's ``events.jsonl``, appended to once per trainer step (and at
-        ``close_events``), so the event log never crosses one giant RPC nor grows with the run."""
+        """``online``: online ASP's hook (``runtime.replan.OnlineHook``), fed below.
+        ``events_path``: the run's ``events.jsonl``, appended to once per trainer step (and at
+        ``close_events``), so the event log never crosses one giant RPC nor grows with the run.
+        ``group_filter`` / ``steps_total``: DAPO's dynamic sampling (``runtime.group_filter``)."""
         self._config = config
         self._events = ev.EventLog()
         self._events_file = open(events_path, "a", encoding="utf-8") if events_path else None  # noqa: SIM115
-        self._loop = ControlLoop(config=config, schedule=schedule, events=self._events)
+        self._loop = ControlLoop(
+            config=config,
+            schedule=schedule,
+            events=self._events,
+            sampling=None
+            if group_filter is None or steps_total is None
+            else DynamicSampling(
+                group_filter, steps_total=steps_total, prompts_per_step=config.num_prompts_per_global_batch
+            ),
+        )
         self._outbox: dict[int, list[Assignment]] = {}
         # Per GU: news (anything it may act on) and urgent news (a snapshot, the end, a failure)
         # counters, what its last answer told it, and how many answers it got.
@@ -122,6 +140,7 @@ class ControlUnit:
         self._news_moved = threading.Condition(self._lock)
         self._signals = self._loop.gu_signals()
         self._cpu_at_start = time.process_time()
+        self._online = online
 
     # ---- generation side ---------------------------------------------------------------------
     def register_gu(self, gu_id: int, num_actors: int) -> GuFaultSettings:
@@ -140,6 +159,8 @@ class ControlUnit:
             # The control plane's cost is what it burns while the pipeline runs: construction and
             # the wait for the engines to come up are start-up, like the engines' own start.
             self._cpu_at_start = time.process_time()
+            if self._online is not None:  # the prompts' first possible dispatch
+                self._online.on_start(self._loop.database.schedule_now(), self._loop.clock.now())
             return self._changed()
 
     @_counted
@@ -166,7 +187,7 @@ class ControlUnit:
         g = report.gu_id
         with self._lock:
             for completed in completions:
-                self._loop.on_minibatch_completed(completed)
+                self._ingested(completed, self._loop.on_minibatch_completed(completed))
             for c in report.conversions:
                 self._loop.on_snapshot_converted(g, c.version, c.seconds, at=c.finished_at)
             for r in report.reloads:
@@ -203,6 +224,7 @@ class ControlUnit:
         """One completion on its own (``exchange`` carries them in production)."""
         with self._lock:
             outcome = self._loop.on_minibatch_completed(completed)
+            self._ingested(completed, outcome)
             self._changed()
             self._news_moved.notify_all()  # an actor went idle: news it was not woken for now counts
             self._batch_may_be_ready.notify_all()
@@ -364,6 +386,8 @@ class ControlUnit:
                 if remaining <= 0:
                     return None
                 self._batch_may_be_ready.wait(min(remaining, self._until_stall()))
+            if self._online is not None:
+                self._online.on_consumed(batch, self._loop.clock.now())
             self._changed()
             return batch
 
@@ -375,8 +399,20 @@ class ControlUnit:
             self._loop.on_train_step_done(step)
             self._changed()
             digest = self._digest()
+            if self._online is not None:
+                digest.update(self._online.after_step(step, self._loop.replan_unsent))
             self._stream_events()
             return digest
+
+    @_counted
+    def schedule_now(self) -> tuple[ScheduledMinibatch, ...]:
+        """The schedule as it stands (online ASP re-plans it), for the next checkpoint."""
+        with self._lock:
+            return self._loop.database.schedule_now()
+
+    def _ingested(self, completed: CompletedMinibatch, outcome: IngestOutcome) -> None:
+        if self._online is not None and outcome is IngestOutcome.ACCEPTED:
+            self._online.observe(completed)
 
     def _until_stall(self) -> float:
         """Seconds until the stall deadline (lock held); a little past it, so it has expired."""
@@ -424,6 +460,10 @@ class ControlUnit:
             data = self._loop.summary().to_dict()
             data["snapshots_superseded"] = self.snapshots_superseded
             data["cu_calls"] = dict(sorted(self.calls.items()))
+            if self._online is not None:
+                data.update(self._online.summary())
+            if self._loop.sampling is not None:
+                data.update(self._loop.sampling.summary())
             return data
 
     def cpu_seconds(self) -> float:

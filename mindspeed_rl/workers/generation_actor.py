@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mindspeed_rl.models.rollout.host_weights import HostWeights
 from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.models.rollout.base import Completion
     from mindspeed_rl.weights.reload import ReloadPolicy, ReloadResult
     from mindspeed_rl.weights.slots import EngineSlots
+    from mindspeed_rl.workers.filter_scores import FilterScorer
 
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,11 @@ class GenerationActor:
         self._reload_policy: ReloadPolicy | None = None
         self._policy_path = policy_path
         self._slots: EngineSlots | Literal[False] | None = None
+        self._filter: FilterScorer | None = None
+        if spec.filter_scorer is not None:
+            from mindspeed_rl.workers.filter_scores import FilterScorer
+
+            self._filter = FilterScorer(spec.filter_scorer, policy_path)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -127,6 +133,8 @@ class GenerationActor:
             for pid, completions in zip(minibatch.prompt_ids, outputs)
             for j, completion in enumerate(completions)
         )
+        if self._filter is not None:
+            self._filter.score(samples, self._prompts)
         return CompletedMinibatch(
             minibatch_id=minibatch.minibatch_id,
             attempt=attempt,
@@ -185,17 +193,24 @@ class GenerationActor:
         self.policy_version = version
         return time.perf_counter() - tic
 
-    def reload(self, snapshot_path: str, version: int) -> ReloadResult:
+    def reload(self, snapshot_path: str, version: int, memory: Any = None) -> ReloadResult:
         """Deferred reload (async pipeline): load the snapshot at ``snapshot_path`` if it is newer
         than the weights held. A defective snapshot is logged and never loaded; the actor keeps
-        its weights and reports ``status="rejected"``."""
+        its weights and reports ``status="rejected"``. ``memory``: an in-memory snapshot
+        (weight_transport object_store / collective), loaded through an iterator, no file."""
         from mindspeed_rl.weights.manifest import SnapshotInfo
         from mindspeed_rl.weights.reload import ReloadPolicy
 
         if self._reload_policy is None:
             self._reload_policy = ReloadPolicy(self.policy_version, num_threads=1)
         snapshot = SnapshotInfo(version=version, path=Path(snapshot_path))
-        if getattr(self._engine, "loads_from_path", False):
+        if memory is not None:
+            from mindspeed_rl.weights.endpoints import memory_reader
+
+            result = self._reload_policy.maybe_reload_memory(
+                snapshot, memory_reader(memory), self._load_tensors
+            )
+        elif getattr(self._engine, "loads_from_path", False):
             # TP workers are processes that each read the folder and keep their slice: the policy
             # checks the file streaming (every CRC, nothing kept), then the workers read it.
             result = self._reload_policy.maybe_reload_from_folder(snapshot, self._load_folder)

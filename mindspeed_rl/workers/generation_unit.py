@@ -45,8 +45,6 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +52,6 @@ from mindspeed_rl.runtime.faults import FaultKind
 from mindspeed_rl.runtime.gu_policy import Action, Drop, GuPolicy, Reload, Start
 from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings, RunningMinibatches
 from mindspeed_rl.runtime.records import Assignment, StartDecision
-from mindspeed_rl.workers.fault_plan import FaultPlan
 from mindspeed_rl.workers.gu_messages import (
     ConversionReport,
     GuFaultSettings,
@@ -63,51 +60,12 @@ from mindspeed_rl.workers.gu_messages import (
     ReloadReport,
     StartRequest,
 )
+from mindspeed_rl.workers.gu_spec import ConversionDone, GuSpec
 
 if TYPE_CHECKING:
-    from mindspeed_rl.contracts import RolloutSpec
-    from mindspeed_rl.datasets import PromptRecord
+    pass
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GuSpec:
-    """Everything a GU needs to start its actors."""
-
-    gu_id: int
-    rollout: RolloutSpec
-    """The generation actors' engine and sampling settings (``RunPlan.rollout``)."""
-    policy_path: str
-    prompts: Mapping[str, PromptRecord]
-    num_actors: int
-    actor_options: Mapping[str, Any]
-    actor_num_cpus: float
-    cache_dir: str
-    seed: int
-    poll_wait_seconds: float = 1.0
-    """Longest a long-poll waits without news. Only a safety net: the CU answers as soon as
-    anything this GU acts on changes, so a shorter wait would only add idle round trips."""
-    completion_hold_seconds: float = 0.1
-    """Longest a finished minibatch waits to ride with its actor's next start request while that
-    actor reloads first (30-60 ms in the CPU demo): one CU call instead of two. A slower reload
-    (large models) sends the completion on its own once this has passed."""
-    faults: FaultPlan = field(default_factory=FaultPlan)
-    forced_lengths: Mapping[str, tuple[int, ...]] | None = None
-    """Trace replay only: each prompt's per-sample response lengths (see GenerationActor)."""
-    per_actor_options: tuple[Mapping[str, Any], ...] = ()
-    """Actor ``a``'s options (its placement-group bundle: ``ray_setup.ReservedPlacement``);
-    empty = ``actor_options`` for every actor."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConversionDone:
-    """What ``GenerationUnit.convert_snapshot`` hands back to the control loop."""
-
-    version: int
-    path: str | None
-    """The converted copy; ``None`` if the snapshot was rejected (actors keep their weights)."""
-    seconds: float
 
 
 class GenerationUnit:
@@ -152,7 +110,7 @@ class GenerationUnit:
         """Create the actors, wait until their engines are up, register with the CU."""
         import ray
 
-        from mindspeed_rl.weights.convert import GuConverter
+        from mindspeed_rl.weights.endpoints import GuWeights
         from mindspeed_rl.weights.layout import InferenceLayout
 
         s = self.spec
@@ -161,7 +119,8 @@ class GenerationUnit:
         ray.get([handle.__ray_ready__.remote() for handle in self._handles.values()])
         self._policy = GuPolicy(gu_id=self.gu_id, actor_ids=self._handles)
         # The torch backend's inference layout is one full replica per actor (TP = EP = 1).
-        self._converter = GuConverter(Path(s.cache_dir), InferenceLayout(), num_threads=1)
+        if self._converter is None:
+            self._converter = GuWeights(s.weight_transport, Path(s.cache_dir), InferenceLayout())
         self._faults = ray.get(self._cu.register_gu.remote(self.gu_id, len(self._handles)))
         self._running = RunningMinibatches(self._faults.deadlines)
         return len(self._handles)
@@ -223,7 +182,7 @@ class GenerationUnit:
             if self._ended:
                 break
             if converting is None and (target := self._policy.next_conversion()) is not None:
-                converting = me.convert_snapshot.remote(target.version, target.path)
+                converting = me.convert_snapshot.remote(target.version, target.path, target.handle)
                 self.calls["convert_snapshot"] += 1
                 self._conversion_chosen_at[target.version] = self._answered_at
             self._act()
@@ -264,14 +223,38 @@ class GenerationUnit:
         self._policy.slots.clear()
 
     # ---- weight flow -----------------------------------------------------------------------------
-    def convert_snapshot(self, version: int, path: str) -> ConversionDone:
+    def check_probe(self, probe: Any) -> str:
+        """Start of the run, before any model work: does this node see the TU's snapshot folder?
+        Raises ``SharedPathError`` for shared_fs where it does not; returns this node's name."""
+        import socket
+
+        from mindspeed_rl.weights.transport import check_probe
+
+        # The GU's own path to the snapshot root: its cache folder's parent (``gu_specs``).
+        folder = Path(self.spec.cache_dir).parent
+        seen = check_probe(
+            probe, self.spec.weight_transport, folder=folder, where=f"Generation Unit {self.gu_id}"
+        )
+        return f"{socket.gethostname()} (probe {'seen' if seen else 'not seen'})"
+
+    def open_weight_channel(self, world_size: int) -> Any:
+        """collective: this GU's one process group, opened once at start (``weights.endpoints``)."""
+        from mindspeed_rl.weights.endpoints import GuWeights
+        from mindspeed_rl.weights.layout import InferenceLayout
+
+        if self._converter is None:
+            self._converter = GuWeights(
+                self.spec.weight_transport, Path(self.spec.cache_dir), InferenceLayout()
+            )
+        return self._converter.open_channel(self.gu_id, world_size)
+
+    def convert_snapshot(self, version: int, path: str, handle: Any = None) -> ConversionDone:
         """Convert one published snapshot (called on another thread of this actor by ``run``)."""
         from mindspeed_rl.weights.manifest import SnapshotError
-        from mindspeed_rl.weights.manifest import SnapshotInfo as StoredSnapshot
 
         started, cpu_started = time.perf_counter(), time.thread_time()
         try:
-            result = self._converter.convert(StoredSnapshot(version=version, path=Path(path)))
+            result = self._converter.convert(version, path, handle)
         except SnapshotError as err:  # GuConverter has logged it; actors keep their weights
             logger.error(
                 "GU %d: snapshot v%d rejected (%s); actors keep their weights", self.gu_id, version, err
@@ -280,7 +263,7 @@ class GenerationUnit:
         finally:
             # Only this thread's CPU: the converter's own reader threads (num_threads=1 here) aside.
             self._convert_cpu += time.thread_time() - cpu_started
-        return ConversionDone(version=version, path=str(result.converted.path), seconds=result.total_seconds)
+        return ConversionDone(version=version, path=result.path, seconds=result.seconds)
 
     def _on_converted(self, done: ConversionDone) -> None:
         self._policy.on_converted(done.version, path=done.path)
@@ -320,7 +303,11 @@ class GenerationUnit:
         for action in actions:
             if isinstance(action, Reload):
                 handle = self._handles[action.actor_id]
-                self._pending[handle.reload.remote(action.path, action.version)] = ("reload", action.actor_id)
+                memory = self._converter.reload_handle(action.path)  # None: a folder (shared_fs)
+                self._pending[handle.reload.remote(action.path, action.version, memory)] = (
+                    "reload",
+                    action.actor_id,
+                )
                 self.calls["actor.reload"] += 1
                 # Judged against what was published when its conversion was chosen: a snapshot
                 # published while the previous one converted is picked up by the next reload.

@@ -217,16 +217,24 @@ class GroupedTrainingUnit:
         result: dict[str, float] = self._group.call("train_step", groups)
         return result
 
-    def enable_snapshots(self, root_dir: str, keep_last: int) -> None:
-        self._group.call("enable_snapshots", root_dir, keep_last, run_id=self._run_id)
+    def enable_snapshots(self, root_dir: str, keep_last: int, **transport: Any) -> None:
+        """``transport``: TrainingUnit.enable_snapshots' weight_transport keywords (the shared run
+        id also names the ranks' SnapshotBoard in memory)."""
+        self._group.call("enable_snapshots", root_dir, keep_last, run_id=self._run_id, **transport)
+
+    def write_probe(self, folder: str) -> Any:
+        return self._group.call("write_probe", folder)
+
+    def drop_weight_channel(self, gu_id: int) -> None:
+        self._group.call_all("drop_weight_channel", gu_id)
 
     def export_snapshot(self, version: int, *, notify: Any = None) -> float:
         """Every rank exports its shard; the last to finish publishes and notifies (once). The
         trainer is blocked for the slowest rank's copy."""
         return float(max(self._group.call_all("export_snapshot", version, notify=notify)))
 
-    def finish_snapshots(self) -> dict[str, int]:
-        per_rank: list[dict[str, int]] = self._group.call_all("finish_snapshots")
+    def finish_snapshots(self) -> dict[str, float]:
+        per_rank: list[dict[str, float]] = self._group.call_all("finish_snapshots")
         return {k: sum(r[k] for r in per_rank) for k in per_rank[0]}
 
     def save_hf(self, path: str) -> None:

@@ -169,6 +169,16 @@ class TrainingUnit:
         tic = time.perf_counter()
         scored = self._rewards(samples)
         rewards, per_verifier = scored.rewards, scored.per_verifier
+        lengths = np.array([len(s.response_token_ids) for s in samples], dtype=np.float64)
+        penalty_stats: dict[str, float] = {}
+        overlong = self._spec.reward.overlong
+        if overlong is not None:  # DAPO's soft overlong penalty, on top of the verifiers' sum
+            penalty = overlong(lengths)
+            rewards = rewards + penalty
+            penalty_stats = {
+                "reward/overlong_penalty_mean": float(penalty.mean()),
+                "reward/overlong_fraction": float(np.mean(penalty < 0)),
+            }
         times["time/reward_s"] = time.perf_counter() - tic
         batch = self._batch(samples)
         if self._reference is not None:
@@ -183,8 +193,12 @@ class TrainingUnit:
         times["time/update_s"] = time.perf_counter() - tic
         if "kl_per_token" in kl_stats:
             self._engine.observe_kl(kl_stats.pop("kl_per_token"), len(samples))
-        lengths = np.array([len(s.response_token_ids) for s in samples], dtype=np.float64)
+        n = self._spec.n_samples_per_prompt
+        # Groups whose rewards all agree train on nothing (zero advantages); DAPO filters them.
+        flat = rewards.reshape(-1, n) if len(rewards) % n == 0 else rewards.reshape(1, -1)
         return {
+            **penalty_stats,
+            "reward/groups_without_spread": float(np.sum(flat.max(axis=1) == flat.min(axis=1))),
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
             **{f"reward/{name}": float(values.mean()) for name, values in per_verifier.items()},
@@ -194,7 +208,7 @@ class TrainingUnit:
             "num_samples": float(len(samples)),
             "num_response_tokens": float(lengths.sum()),
             "truncated_fraction": float(np.mean([s.finish_reason == "length" for s in samples])),
-            **{f"actor/{k}": v for k, v in update.items()},
+            **{(k if k.startswith("rollout_corr/") else f"actor/{k}"): v for k, v in update.items()},
             **kl_stats,
             "lr": update["lr"],
             **times,
@@ -277,16 +291,28 @@ class TrainingUnit:
         """Continue from ``save_state``'s folder; the reference model stays the initial policy."""
         self._engine.load_state(path, optimizer=optimizer, rng=rng)
 
-    def enable_snapshots(self, root_dir: str, keep_last: int, *, run_id: str | None = None) -> None:
+    def enable_snapshots(
+        self,
+        root_dir: str,
+        keep_last: int,
+        *,
+        run_id: str | None = None,
+        transport: str = "shared_fs",
+        channels: Sequence[Any] = (),
+        bucket_mb: float = 512.0,
+    ) -> None:
         """``run_id``: the same for every rank of one Training Unit (ranks publish one snapshot
-        together through the staging dir); None = a fresh id (a one-process TU)."""
+        together through the staging dir, or a ``SnapshotBoard`` in memory); None = a fresh id
+        (a one-process TU). ``transport``/``channels``/``bucket_mb``: ``weights.endpoints``."""
         from pathlib import Path
 
-        from mindspeed_rl.weights.export import SnapshotWriter
+        from mindspeed_rl.weights.endpoints import exporter
 
         if self._writer is not None:
             raise ValueError("enable_snapshots was already called; a TU exports to one snapshot root")
-        self._writer = SnapshotWriter(Path(root_dir), keep_last=keep_last, run_id=run_id)
+        self._writer = exporter(
+            transport, Path(root_dir), keep_last, run_id=run_id, channels=channels, bucket_mb=bucket_mb
+        )
 
     def export_snapshot(self, version: int, *, notify: Any = None) -> float:
         """Start exporting the current weights as snapshot ``version``; returns the seconds spent
@@ -306,13 +332,31 @@ class TrainingUnit:
         future.add_done_callback(lambda f: self._on_exported(f, notify))
         return copy_seconds
 
-    def finish_snapshots(self) -> dict[str, int]:
+    def drop_weight_channel(self, gu_id: int) -> None:
+        """collective: GU ``gu_id`` died; no more refreshes are sent to it (others go on)."""
+        if self._writer is not None and hasattr(self._writer, "drop"):
+            self._writer.drop(gu_id)
+
+    def write_probe(self, folder: str) -> Any:
+        """Start of an async run: a probe file in the snapshot folder, which every GU reads back
+        (``weights.transport``: shared_fs needs the folder shared)."""
+        from pathlib import Path
+
+        from mindspeed_rl.weights.transport import write_probe
+
+        return write_probe(Path(folder))
+
+    def finish_snapshots(self) -> dict[str, float]:
         """Wait for pending exports and stop the writer; re-raises a failed export. Returns how
         many queued exports a newer one superseded (at most one export is written at a time)."""
         if self._writer is not None:
             self._writer.close()
         self._raise_export_error()
-        return {"snapshot_exports_superseded": 0 if self._writer is None else self._writer.num_superseded}
+        from mindspeed_rl.weights.endpoints import exporter_stats
+
+        if self._writer is None:
+            return {"snapshot_exports_superseded": 0}
+        return {"snapshot_exports_superseded": self._writer.num_superseded, **exporter_stats(self._writer)}
 
     def _on_exported(self, future: Any, notify: Any) -> None:
         from mindspeed_rl.runtime.records import SnapshotInfo
@@ -325,8 +369,14 @@ class TrainingUnit:
             return
         result: ExportResult = future.result()
         if result.published is not None and notify is not None:
+            from mindspeed_rl.weights.transport import memory_path
+
+            memory = result.handle is not None  # object_store / collective: the record carries the weights
             info = SnapshotInfo(
-                version=result.version, path=str(result.published.path), created_at=time.time()
+                version=result.version,
+                path=memory_path(result.version) if memory else str(result.published.path),
+                created_at=time.time(),
+                handle=result.handle,
             )
             notify.on_snapshot_published.remote(info, result.save_seconds)
 
@@ -360,6 +410,9 @@ class TrainingUnit:
             prompt_ids=[self._prompts[s.prompt_id].token_ids for s in samples],
             response_ids=[s.response_token_ids for s in samples],
             advantages=np.zeros(len(samples), dtype=np.float32),
+            # The behaviour policy and its version, for the off-policy correction and its metrics.
+            rollout_log_probs=[s.rollout_log_probs for s in samples],
+            versions=[np.full(len(s.response_token_ids), s.policy_version) for s in samples],
         )
 
     def _advantages(self, rewards: np.ndarray) -> np.ndarray:

@@ -243,7 +243,7 @@ def test_check_fails_like_the_control_unit_on_equal_queue_levels(capsys: pytest.
 def test_unsupported_keys_are_errors_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
     cases = {
         "rl_config.kl_ctrl_type=adaptive": "rl_config.kl_target and rl_config.kl_horizon",
-        "async_config.weight_transport=object_store": "weight_transport='object_store' is not implemented",
+        "async_config.bucket_mb=0": "async_config.bucket_mb=0.0; use a positive size in MB",
     }
     for override, expected in cases.items():
         name = "grpo_tiny_asp" if "async" in override else "grpo_tiny_cpu"

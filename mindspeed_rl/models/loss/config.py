@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from mindspeed_rl.models.loss.correction_config import RolloutCorrectionConfig
+
 KL_PENALTY_NAMES = ("kl", "abs", "mse", "low_var_kl")
 
 
@@ -38,6 +40,9 @@ class GRPOLossConfig:
     the mini-batch's sequences (every response weighs the same, whatever its length)."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss)."""
+    rollout_correction: RolloutCorrectionConfig | None = None
+    """Off-policy correction (the ``rollout_correction`` section); None: today's PPO ratio against
+    the batch's old log-probs, unchanged (the ``rollout_corr/*`` metrics are still reported)."""
 
     def __post_init__(self) -> None:
         for name, value in (

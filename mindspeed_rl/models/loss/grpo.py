@@ -29,6 +29,9 @@ class GRPOLossTerms:
     kl: torch.Tensor
     entropy: torch.Tensor
     clip_frac: torch.Tensor
+    correction_sums: torch.Tensor | None = None
+    """Detached off-policy statistics (``rollout_correction.Correction.stat_sums``), or None."""
+    correction_max: torch.Tensor | None = None
 
 
 def grpo_loss(
@@ -43,6 +46,8 @@ def grpo_loss(
     ref_log_probs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     kl_coef: float | None = None,
+    pg_weights: torch.Tensor | None = None,
+    pg_keep: torch.Tensor | None = None,
 ) -> GRPOLossTerms:
     """GRPO loss of one micro-batch of shape ``[B, T]``; ``advantages`` is ``[B]`` or ``[B, T]``.
 
@@ -50,7 +55,9 @@ def grpo_loss(
     summing the returned terms over micro-batches yields the mini-batch aggregate;
     ``num_sequences`` is required when ``config.token_level_loss`` is false. ``kl_coef`` is the
     current coefficient of an adaptive controller (default: ``config.init_kl_coef``).
-    ``clip_frac`` is always a token fraction.
+    ``clip_frac`` is always a token fraction. ``pg_weights`` (detached, ``[B, R]``) multiply the
+    per-token policy loss and ``pg_keep`` (bool) drops tokens from it, keeping the normaliser
+    (off-policy correction, :mod:`.rollout_correction`); None leaves the loss as it was.
     """
     if num_tokens <= 0:
         raise ValueError("num_tokens must be > 0: a mini-batch needs at least one response token")
@@ -70,6 +77,10 @@ def grpo_loss(
     per_token_pg, is_clipped = clipped_policy_loss(
         log_probs, old_log_probs, adv, config.clip_low, config.clip_high
     )
+    if pg_weights is not None:
+        per_token_pg = per_token_pg * pg_weights
+    if pg_keep is not None:
+        per_token_pg = torch.where(pg_keep, per_token_pg, torch.zeros_like(per_token_pg))
     pg = agg(per_token_pg)
     clip_frac = aggregate(is_clipped, mask, token_level=True, num_tokens=num_tokens, num_sequences=0).detach()
     loss = pg

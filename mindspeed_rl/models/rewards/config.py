@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mindspeed_rl.models.rewards.overlong import OverlongPenalty
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RewardConfig:
@@ -17,3 +19,5 @@ class RewardConfig:
     """Worker processes scoring responses; 1 scores in the calling process."""
     verifier_timeout: float = 30.0
     """Seconds one response may take to verify; a response that times out scores 0 and is counted."""
+    overlong: OverlongPenalty | None = None
+    """DAPO's soft overlong penalty (``overlong_buffer_enable``), added to the weighted sum."""

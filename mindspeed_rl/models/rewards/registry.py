@@ -22,7 +22,7 @@ from typing import NoReturn, Protocol
 
 import numpy as np
 
-from mindspeed_rl.models.rewards import format_verifiers, math_verifiers, maze
+from mindspeed_rl.models.rewards import dapo_math, format_verifiers, math_verifiers, maze
 from mindspeed_rl.models.rewards.config import RewardConfig
 from mindspeed_rl.models.rewards.pool import PoolScores, VerifierPool
 
@@ -54,6 +54,9 @@ _EAGER: dict[str, _Entry] = {
     "acc_for_ppo": _Entry(
         verifier=math_verifiers.math_17k_acc, bounded=False, warm_up=math_verifiers.warm_up
     ),
+    # DAPO's signed scorer (+1 / -1); string work only, so in-process (dapo_math.py).
+    "acc_for_dapo": _Entry(verifier=dapo_math.acc_for_dapo, bounded=True),
+    "acc_for_dapo_strict_box": _Entry(verifier=dapo_math.acc_for_dapo_strict_box, bounded=True),
     "format": _Entry(verifier=format_verifiers.format_reward, bounded=True),
     "strict_format": _Entry(verifier=format_verifiers.strict_format_reward, bounded=True),
     "maze_integrity": _Entry(verifier=maze.maze_integrity, bounded=True),
@@ -63,17 +66,13 @@ _EAGER: dict[str, _Entry] = {
 # matters to the configs that ask for it.
 _LAZY: dict[str, tuple[str, str, bool]] = {
     "demo": ("mindspeed_rl.datasets.demo_task", "demo_reward", True),
+    "demo_exact": ("mindspeed_rl.models.rewards.demo_exact", "demo_exact", True),
 }
 
 
 # Upstream names whose meaning this framework does not have: an error naming the feature, raised
 # when the run plan is built (check_config), not at the first reward call.
 _REFUSED: dict[str, str] = {
-    "acc_for_dapo": (
-        "is DAPO's reward (+1 / -1 for the normalised answer after the last 'Answer:' near the end of "
-        "the response), which is not implemented yet; for 1 / 0 accuracy on the boxed answer use "
-        "'acc', 'base_acc' or 'math_verify_reward'"
-    ),
     "retool_reward": (
         "scores multi-turn tool rollouts (ReTool), which are not supported: a rollout is one response "
         "per prompt; use a single-turn verifier such as 'acc'"

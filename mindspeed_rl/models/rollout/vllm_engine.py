@@ -212,6 +212,7 @@ def engine_kwargs(opts: VLLMOptions, model_path: str, *, seed: int, on_cpu: bool
         "trust_remote_code": opts.trust_remote_code,
         "logprobs_mode": "processed_logprobs",
         "seed": seed,
+        "use_tqdm_on_load": False,  # one bar per engine start and actor: console noise
     }
     if sharded:
         # Worker processes of this actor, on the devices Ray gave it. Left to choose, vLLM picks

@@ -7,7 +7,7 @@ it into tensors with :func:`pad_batch` only for the micro-batch they are about t
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +27,9 @@ class TrainBatch:
     ``advantages`` holds one scalar per sample (GRPO broadcasts it over the response tokens).
     ``old_log_probs`` / ``ref_log_probs`` hold one value per *response* token, from the
     temperature-scaled distribution, like the rollout engines return them.
+    ``rollout_log_probs`` are the behaviour policy's (the rollout engine's own, kept apart from
+    ``old_log_probs`` for the off-policy correction) and ``versions`` the weights version that
+    produced each response token.
     """
 
     prompt_ids: tuple[np.ndarray, ...]
@@ -34,6 +37,8 @@ class TrainBatch:
     advantages: np.ndarray
     old_log_probs: tuple[np.ndarray, ...] | None = None
     ref_log_probs: tuple[np.ndarray, ...] | None = None
+    rollout_log_probs: tuple[np.ndarray, ...] | None = None
+    versions: tuple[np.ndarray, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -48,7 +53,7 @@ class TrainBatch:
                     f"sample {i} has an empty prompt or response; the engine scores response tokens from the "
                     "position before them, so both need >= 1 token (drop empty responses before training)"
                 )
-        for name in ("old_log_probs", "ref_log_probs"):
+        for name in ("old_log_probs", "ref_log_probs", "rollout_log_probs", "versions"):
             values = getattr(self, name)
             if values is None:
                 continue
@@ -67,6 +72,8 @@ class TrainBatch:
         advantages: FloatSeq,
         old_log_probs: Sequence[FloatSeq] | None = None,
         ref_log_probs: Sequence[FloatSeq] | None = None,
+        rollout_log_probs: Sequence[FloatSeq] | None = None,
+        versions: Sequence[IntSeq] | None = None,
     ) -> TrainBatch:
         def ints(rows: Sequence[IntSeq]) -> tuple[np.ndarray, ...]:
             return tuple(np.asarray(r, dtype=np.int64).reshape(-1) for r in rows)
@@ -80,6 +87,8 @@ class TrainBatch:
             advantages=np.asarray(advantages, dtype=np.float32).reshape(-1),
             old_log_probs=floats(old_log_probs),
             ref_log_probs=floats(ref_log_probs),
+            rollout_log_probs=floats(rollout_log_probs),
+            versions=None if versions is None else ints(versions),
         )
 
     @property
@@ -102,18 +111,14 @@ class TrainBatch:
             advantages=self.advantages[idx],
             old_log_probs=pick(self.old_log_probs),
             ref_log_probs=pick(self.ref_log_probs),
+            rollout_log_probs=pick(self.rollout_log_probs),
+            versions=pick(self.versions),
         )
 
     def with_advantages(self, advantages: FloatSeq) -> TrainBatch:
         """A copy with new advantages (they come after reference log-probs when the KL shapes
         the reward)."""
-        return TrainBatch(
-            prompt_ids=self.prompt_ids,
-            response_ids=self.response_ids,
-            advantages=np.asarray(advantages, dtype=np.float32).reshape(-1),
-            old_log_probs=self.old_log_probs,
-            ref_log_probs=self.ref_log_probs,
-        )
+        return replace(self, advantages=np.asarray(advantages, dtype=np.float32).reshape(-1))
 
     def with_log_probs(
         self, *, old: Sequence[np.ndarray] | None = None, ref: Sequence[np.ndarray] | None = None
@@ -125,12 +130,8 @@ class TrainBatch:
         ) -> tuple[np.ndarray, ...] | None:
             return current if rows is None else tuple(np.asarray(x, dtype=np.float32) for x in rows)
 
-        return TrainBatch(
-            prompt_ids=self.prompt_ids,
-            response_ids=self.response_ids,
-            advantages=self.advantages,
-            old_log_probs=floats(old, self.old_log_probs),
-            ref_log_probs=floats(ref, self.ref_log_probs),
+        return replace(
+            self, old_log_probs=floats(old, self.old_log_probs), ref_log_probs=floats(ref, self.ref_log_probs)
         )
 
 
@@ -151,6 +152,9 @@ class PaddedBatch:
     advantages: torch.Tensor
     old_log_probs: torch.Tensor | None
     ref_log_probs: torch.Tensor | None
+    rollout_log_probs: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
+    """``[B, R]`` int64 weights version of each response token (padding: 0)."""
 
 
 def _pad_rows(rows: Sequence[np.ndarray], width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -187,6 +191,10 @@ def pad_batch(batch: TrainBatch, *, pad_token_id: int, device: torch.device | st
         advantages=torch.from_numpy(batch.advantages).to(device),
         old_log_probs=opt(batch.old_log_probs),
         ref_log_probs=opt(batch.ref_log_probs),
+        rollout_log_probs=opt(batch.rollout_log_probs),
+        versions=None
+        if batch.versions is None
+        else _pad_rows(batch.versions, resp_width, torch.long).to(device),
     )
 
 
@@ -208,6 +216,13 @@ def check_update_batch(batch: TrainBatch, config: TorchEngineConfig) -> int:
         raise ValueError(
             "init_kl_coef > 0 needs ref_log_probs in the batch (ReferenceModel.compute_log_probs); "
             "or set rl_config.init_kl_coef: 0"
+        )
+    if config.loss.rollout_correction is not None and (
+        batch.rollout_log_probs is None or batch.versions is None
+    ):
+        raise ValueError(
+            "rollout_correction needs the behaviour policy's log-probs and versions in the batch "
+            "(TrainBatch.rollout_log_probs and versions, filled from each sample by the Training Unit)"
         )
     return num_steps
 

@@ -177,7 +177,7 @@ class _TorchStep:
 
     def forward_backward(self, loss: MiniBatchLoss) -> dict[str, float]:
         engine, cfg = self._engine, self._engine.config
-        sums = LossSums(engine._device)
+        sums = LossSums(engine._device, loss.stats_size)
         for _, micro in micro_batches(loss.mini, cfg.micro_batch_size):
             padded = pad_batch(micro, pad_token_id=cfg.pad_token_id, device=engine._device)
             logp, entropy = forward_with_entropy(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -129,7 +130,7 @@ def test_the_refused_families_are_all_there() -> None:
     keys = {key for _, key, _ in REFUSED}
     families = {"lora_r", "multi_latent_attention", "q_lora_rank", "rope_scaling_type", "dpo_loss_type",
                 "is_pairwise_dataset", "multi_turn_enable", "tool_config_path", "is_multimodal", "mm_model",
-                "overlong_buffer_enable", "filter_groups_enable", "noop_layers", "num_layer_list", "spec",
+                "noop_layers", "num_layer_list", "spec",
                 "attention_bias", "moe_router_score_function", "critic_resource", "stage"}  # fmt: skip
     assert families <= keys, families - keys
 
@@ -177,17 +178,28 @@ def test_a_critic_config_section_is_refused_as_ppo(tiny: dict[str, Any]) -> None
         load_config({**tiny, "critic_config": {"lr": 1e-6}})
 
 
-def test_dapo_tuning_keys_are_inert_while_their_switches_are_off(tiny: dict[str, Any]) -> None:
+def test_dapo_keys_are_honoured_and_checked(tiny: dict[str, Any]) -> None:
     rl = {
         **tiny["rl_config"],
-        "overlong_buffer": 512,
-        "filter_groups_metric": "acc",
-        "rollout_max_tokens": 4096,
+        "overlong_buffer_enable": True,
+        "overlong_buffer": 32,
+        "rollout_max_tokens": 64,
+        "filter_groups_enable": True,
+        "filter_groups_metric": tiny["rl_config"]["verifier_function"][0],
+        "filter_groups_train_batch_size": tiny["megatron_training"]["global_batch_size"],
+        "filter_groups_max_batches": -1,
     }
     config = load_config({**tiny, "rl_config": rl})
-    inert = {k.key: k.reason for k in config.inert_keys if k.section == "rl_config"}
-    assert "overlong_buffer_enable is refused" in inert["overlong_buffer"]
-    assert "filter_groups_enable is refused" in inert["filter_groups_metric"]
+    assert not [k for k in config.inert_keys if k.key.startswith(("overlong", "filter_groups"))]
+    for bad, phrase in [
+        ({"overlong_buffer": 0}, "rl_config.overlong_buffer"),
+        ({"overlong_buffer": 65}, "must be in 1..rollout_max_tokens (64)"),
+        ({"filter_groups_metric": "format"}, "is not one of verifier_function"),
+        ({"filter_groups_max_batches": 0}, "rl_config.filter_groups_max_batches"),
+        ({"filter_groups_train_batch_size": 1}, "set filter_groups_train_batch_size:"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(phrase)):
+            load_config({**tiny, "rl_config": {**rl, **bad}})
 
 
 def test_typos_still_name_the_nearest_key_in_the_larger_key_set(tiny: dict[str, Any]) -> None:

@@ -19,11 +19,10 @@ GRPO = {
     "grpo_qwen3_8b_A3": "1x16",
     "grpo_qwen25_32b_A3": "2x16",
     "grpo_qwen3_235b_a22b_A3": "16x16",
+    "dapo_qwen3_32b_A3": "1x16",  # DAPO: acc_for_dapo, overlong penalty, dynamic sampling
 }
 # recipe -> phrases every one of which its error names.
 REFUSED = {
-    "dapo_qwen3_32b_A3": ["DAPO's overlong-response penalty is not implemented yet",
-                          "DAPO's dynamic sampling (filter_groups) is not implemented yet"],
     "dapo_qwen25_7b_A2_multi_turn": ["rl_config.multi_turn_enable: multi-turn tool rollouts are not supported",
                                      "rl_config.tool_config_path: multi-turn"],
     "grpo_lora_qwen25_32b_A2": ["megatron_training.lora_r: LoRA is not supported",
@@ -58,7 +57,9 @@ def test_upstream_grpo_recipes_pass_and_fit_their_cluster(
 ) -> None:
     code, out, err = _check(capsys, name)
     assert code == 0, err
-    assert json.loads(out)["megatron_training"]["stage"] == "ray_grpo"
+    assert json.loads(out)["megatron_training"]["stage"] == name.split("_")[0].replace(
+        "grpo", "ray_grpo"
+    ).replace("dapo", "ray_dapo")
     code, out, err = _check(capsys, name, "--cluster", GRPO[name])
     assert code == 0, err
     placement = json.loads(out)
@@ -100,7 +101,6 @@ def test_unsupported_families_exit_2_naming_the_feature(
         ("actor_config.num_layer_list='24,23'", "actor_config.num_layer_list: uneven pipeline stages"),
         ("model.qwen3_235b_a22b.attention_bias=true", "attention_bias: true (bias on the Q/K/V and output"),
         ("model.qwen3_235b_a22b.moe_router_score_function=sigmoid", "DeepSeek-style MoE routing"),
-        ("rl_config.verifier_function=[acc_for_dapo]", "'acc_for_dapo' is DAPO's reward"),
         ("rl_config.verifier_function=[retool_reward]", "multi-turn tool rollouts (ReTool)"),
     ],
 )
@@ -111,23 +111,15 @@ def test_architecture_and_reward_refusals_on_the_moe_recipe(
     assert code == 2 and phrase in err, err
 
 
-def test_the_dapo_recipe_is_grpo_once_its_unimplemented_parts_are_off(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    off = ["rl_config.overlong_buffer_enable=false", "rl_config.filter_groups_enable=false"]
-    code, _, err = _check(capsys, "dapo_qwen3_32b_A3", *off)
-    assert code == 2 and "'acc_for_dapo' is DAPO's reward" in err  # named by the plan, before any reward call
-    code, out, err = _check(
-        capsys, "dapo_qwen3_32b_A3", *off, "rl_config.verifier_function=[acc]", "--cluster", "1x16"
-    )
-    assert code == 0, err
-    assert json.loads(out)["devices_used"] == 16
+def test_the_dapo_recipe_checks_its_filter_metric(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _check(capsys, "dapo_qwen3_32b_A3", "rl_config.filter_groups_metric=format")
+    assert code == 2 and "rl_config.filter_groups_metric" in err, err
 
 
 def test_upstream_reward_names_resolve_to_upstreams_meaning(capsys: pytest.CaptureFixture[str]) -> None:
     # Upstream's PPO accuracy is its math_17k_acc check (last boxed answer, 1 / 0).
     assert get_verifier("acc_for_ppo") is get_verifier("math_17k_acc")
-    for name in ("base_acc", "math_17k_acc", "math_verify_reward", "acc_for_ppo"):
+    for name in ("base_acc", "math_17k_acc", "math_verify_reward", "acc_for_ppo", "acc_for_dapo"):
         code, _, err = _check(capsys, "grpo_qwen3_8b_A3", f"rl_config.verifier_function=[{name}]")
         assert code == 0, (name, err)
     code, _, err = _check(capsys, "grpo_qwen3_8b_A3", "rl_config.verifier_function=[acc_for_dap]")

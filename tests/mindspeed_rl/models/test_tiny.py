@@ -16,6 +16,7 @@ from mindspeed_rl.models.tiny import (
     TINY_QWEN3_TIED_ARCH,
     TINY_QWEN25_ARCH,
     TINY_TEST_ARCH,
+    UNK_TOKEN_ID,
     build_char_tokenizer,
     config_from_arch,
     create_tiny_model,
@@ -33,7 +34,7 @@ def test_tokenizer_round_trips_printable_ascii_exactly() -> None:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert len(ids) == len(text)
         assert tok.decode(ids) == text
-    assert len(tok) == 101 < 128
+    assert len(tok) == 102 < 128
 
 
 def test_special_tokens_are_single_ids() -> None:
@@ -43,9 +44,13 @@ def test_special_tokens_are_single_ids() -> None:
     assert (tok.pad_token_id, tok.eos_token_id) == (0, 1)
 
 
-def test_unknown_character_is_an_error_not_a_silent_token() -> None:
-    with pytest.raises(Exception, match="UNK"):
-        build_char_tokenizer()("é")
+def test_any_text_encodes_unknown_characters_become_one_unk_id() -> None:
+    tok = build_char_tokenizer()
+    ids = tok("x\u2264\u00e9 \\frac{1}{2}", add_special_tokens=False)["input_ids"]
+    assert ids[1:3] == [UNK_TOKEN_ID, UNK_TOKEN_ID] and tok.unk_token_id == UNK_TOKEN_ID
+    assert tok.decode(ids) == "x<unk><unk> \\frac{1}{2}"
+    # The unknown token comes after the characters: every id a model built before it knew is unchanged.
+    assert tok.convert_tokens_to_ids(["<pad>", "<|endoftext|>", "\n", "a", "~"]) == [0, 1, 4, 71, 100]
 
 
 def test_arch_keys_map_to_qwen3_config() -> None:

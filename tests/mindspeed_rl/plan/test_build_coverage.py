@@ -15,7 +15,7 @@ from mindspeed_rl.config_cls.fields import opt
 from mindspeed_rl.plan.build import build_run_plan
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
-SHIPPED = sorted(p.stem for p in CONFIGS.glob("grpo_*.yaml"))
+SHIPPED = sorted(p.stem for p in [*CONFIGS.glob("grpo_*.yaml"), *CONFIGS.glob("dapo_*.yaml")])
 # "++" adds or overrides: most of these keys are absent from the shipped YAML.
 VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (

@@ -29,6 +29,7 @@ from mindspeed_rl.runtime import (
     SnapshotInfo,
     StartDecision,
 )
+from mindspeed_rl.runtime.group_filter import DynamicSampling, GroupFilter
 from mindspeed_rl.runtime.gu_policy import GuPolicy, Reload, Start, StartGate, Wait
 
 
@@ -57,6 +58,11 @@ class Setup:
     seed: int = 0
     trim_history: bool = False
     """Trim the loop's arrival and lag records after every step, as the Ray Control Unit does."""
+    steps_total: int | None = None
+    """Dynamic sampling: the trainer pops this many steps (and the loop filters groups)."""
+    uniform_prompts: frozenset[str] = frozenset()
+    """Dynamic sampling: prompts whose samples all get the same filter score (dropped)."""
+    max_batches: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,20 @@ class FakePipeline:
     def __init__(self, config: RuntimeConfig, schedule: list[ScheduledMinibatch], setup: Setup) -> None:
         self.config, self.setup = config, setup
         self.clock = FakeClock()
-        self.loop = ControlLoop(config=config, schedule=schedule, clock=self.clock)
+        P = config.num_prompts_per_global_batch
+        sampling = (
+            None
+            if setup.steps_total is None
+            else DynamicSampling(
+                GroupFilter(
+                    generation_batch_prompts=P,
+                    max_prompts_per_step=None if setup.max_batches is None else setup.max_batches * P,
+                ),
+                steps_total=setup.steps_total,
+                prompts_per_step=P,
+            )
+        )
+        self.loop = ControlLoop(config=config, schedule=schedule, clock=self.clock, sampling=sampling)
         self.rng = random.Random(setup.seed)
         self.gus = {
             g: GuPolicy(gu_id=g, actor_ids=range(setup.actors_per_gu))
@@ -128,7 +147,7 @@ class FakePipeline:
         self.obs.outcomes.append((completed.minibatch_id, outcome))
         if outcome is IngestOutcome.ACCEPTED:
             self._running_samples.pop(completed.minibatch_id)
-            self._depth += len(completed.samples)
+            self._depth += sum(1 for s in completed.samples if s.prompt_id not in self.setup.uniform_prompts)
             self.obs.max_depth = max(self.obs.max_depth, self._depth)
             if self._depth > self.config.queue_max_samples and self._depth > self._bound:
                 self.obs.depth_violations.append((self.clock.now(), self._depth, self._bound))
@@ -256,12 +275,18 @@ class FakePipeline:
             started_at=now,
             finished_at=done,
         )
+        if self.setup.steps_total is not None:
+            for sample in completed.samples:
+                uniform = sample.prompt_id in self.setup.uniform_prompts
+                sample.filter_score = 1.0 if uniform else float(sample.sample_index % 2)
         self._push(done, "gen_done", _GenDone(key=key, completed=completed, zombie=False))
 
     def _feed_trainer(self) -> bool:
         if self.trainer_busy:
             return False
         step = len(self.obs.batches)
+        if self.setup.steps_total is not None and step >= self.setup.steps_total:
+            return False
         batch = self.loop.pop_global_batch(step)
         if batch is None:
             return False

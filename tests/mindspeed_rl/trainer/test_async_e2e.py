@@ -22,6 +22,12 @@ from mindspeed_rl.utils.metrics import read_metrics
 from mindspeed_rl.utils.run_summary import REQUIRED_KEYS
 
 ROOT = Path(__file__).resolve().parents[3]
+# The shipped demo (builtin:demo_short, 200-step warm-up, 40 iterations) measured +0.22, +0.22, +0.22
+# (reward, first 5 -> last 5) and +0.25, +0.26, +0.18 (held-out accuracy, first -> last evaluation)
+# on a shared 2-core host. The reward bound is issue #23's target; the previous demo settings
+# (builtin:demo, 400-step warm-up) measured +0.04 and a 100-step warm-up +0.09, and both fail it.
+DEMO_REWARD_RISE = 0.15
+DEMO_EVAL_RISE = 0.10
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # 4 iterations x 4 prompts; minibatches of 2 prompts (8 of them), batch groups of 2.
@@ -219,7 +225,11 @@ def test_a_minibatch_failing_every_attempt_stops_the_run_naming_it(tmp_path: Pat
 
 @pytest.mark.vllm
 def test_async_demo_reward_rises(tmp_path: Path) -> None:
-    """``make demo`` as shipped (2 GUs x 2 vLLM actors, 30 iterations): GRPO must learn."""
+    """``make demo`` as shipped (2 GUs x 2 vLLM actors): GRPO must learn, visibly, and the run
+    must end by saying so (the end-of-run block) with its plots written."""
+    from mindspeed_rl.config_cls import load_config_from_files
+
+    iters = load_config_from_files(ROOT / "configs", "grpo_tiny_asp").megatron_training.training.train_iters
     runs = tmp_path / "runs"
     cmd = [
         sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_asp",
@@ -229,10 +239,24 @@ def test_async_demo_reward_rises(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     (run_dir,) = list(runs.iterdir())
-    rewards = [r["reward_mean"] for r in read_metrics(run_dir / "metrics.jsonl")]
-    assert len(rewards) == 30
-    first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
-    assert last > first + 0.03, f"reward did not rise: first 8 iterations {first:.3f}, last 8 {last:.3f}"
+    records = read_metrics(run_dir / "metrics.jsonl")
+    rewards = [r["reward_mean"] for r in records]
+    assert len(rewards) == iters
+    # Per-iteration rewards swing by +-0.1 with the batch's length mix; the means of 5 do not.
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + DEMO_REWARD_RISE, f"reward did not rise: first 5 {first:.3f}, last 5 {last:.3f}"
+    evals = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
+    assert len(evals) >= 2 and evals[-1] > evals[0] + DEMO_EVAL_RISE, (
+        f"held-out accuracy did not rise: {evals}"
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     check_exactly_once_counts = summary["prompts_scheduled"] == summary["prompts_consumed"]
     assert check_exactly_once_counts and summary["duplicate_minibatches_dropped"] == 0
+    assert f"== run finished: {run_dir}" in proc.stdout and "eval accuracy" in proc.stdout
+    assert {p.name for p in (run_dir / "plots").glob("*.png")} >= {
+        "reward.png",
+        "eval_accuracy.png",
+        "lag.png",
+    }
+    # Quiet by default: none of the per-reload engine lines reach the console.
+    assert "Failed to load weights" not in proc.stderr and "reset prefix cache" not in proc.stderr

@@ -241,7 +241,7 @@ class _MegatronStep:
         outputs = run_micros(engine.model, micros, partial(self._micro_loss, loss), forward_only=False)
         with patches.cpu_runtime_mode():
             finalize_model_grads([engine.model])
-        sums = LossSums(engine.device)
+        sums = LossSums(engine.device, loss.stats_size)
         if reports_stats():
             for out in outputs:
                 sums.add(out)
@@ -268,7 +268,8 @@ class _MegatronStep:
         if not loss.entropy_grad:
             entropy = entropy.detach()
         terms = loss(padded, logp, entropy)
-        stats = {name: value.reshape(1) for name, value in loss_term_values(terms).items()}
+        # Scalars as one-element tensors; the correction statistics are vectors already.
+        stats = {name: value.reshape(-1) for name, value in loss_term_values(terms).items()}
         return terms.loss, padded.response_mask.sum().to(torch.int64), stats
 
     def apply_gradients(self, *, lr: float, max_norm: float) -> float:

