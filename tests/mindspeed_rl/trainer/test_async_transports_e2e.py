@@ -27,7 +27,9 @@ def snapshot_files(run_dir: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
-@pytest.mark.parametrize("kind", sorted(FAULTS))
+# The three faults; "raise" is caught by the actor before any weight moves, the same code
+# for every transport (covered under shared_fs in test_async_e2e.py), so it is left out here.
+@pytest.mark.parametrize("kind", ["actor", "gu", "hang"])
 def test_faults_under_memory_transports(tmp_path: Path, kind: str, transport: str) -> None:
     fault: dict[str, Any] = FAULTS[kind]
     gus, actors = fault["layout"]
