@@ -101,6 +101,8 @@ def config_overrides(args: argparse.Namespace, workload: Workload, run_dir: Path
         "rl_config.init_kl_coef=0.0",  # no reference model: the step is simulated anyway
         "rl_config.use_tensorboard=false",
         "warmup_config.enabled=false",  # lengths are forced; the policy's skill is irrelevant
+        "megatron_training.eval_interval=null",  # the trace's prompts have no held-out part
+        "generate_config.sampling_config.max_tokens=160",  # the config's own cap, as measured
         f"asp_config.b={args.b}",
         f"asp_config.kappa={args.kappa}",
         f"asp_config.k={args.k}",
