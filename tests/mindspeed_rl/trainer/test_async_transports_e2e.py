@@ -27,9 +27,11 @@ def snapshot_files(run_dir: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
-# The three faults; "raise" is caught by the actor before any weight moves, the same code
-# for every transport (covered under shared_fs in test_async_e2e.py), so it is left out here.
-@pytest.mark.parametrize("kind", ["actor", "gu", "hang"])
+# A killed actor and a killed GU (whose channel / objects the others must survive). A hang and a
+# raise are detected by the GU's deadline and the actor before any weight moves, the same code for
+# every transport: they run under shared_fs in test_async_e2e.py (all four faults passed under
+# both memory transports when this was written; kept out of CI for the suite's time budget).
+@pytest.mark.parametrize("kind", ["actor", "gu"])
 def test_faults_under_memory_transports(tmp_path: Path, kind: str, transport: str) -> None:
     fault: dict[str, Any] = FAULTS[kind]
     gus, actors = fault["layout"]
