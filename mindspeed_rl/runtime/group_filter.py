@@ -62,7 +62,6 @@ class GroupFilter:
     """``filter_groups_max_batches`` x generation batch; None = no limit."""
     kept_total: int = 0
     filtered_total: int = 0
-    released_prompts_total: int = 0
     _filtered_since_pop: list[str] = field(default_factory=list)
 
     def split(self, groups: Sequence[PromptGroup]) -> tuple[list[PromptGroup], list[PromptGroup]]:
@@ -149,7 +148,6 @@ class DynamicSampling:
             count = sum(mb.num_prompts for mb in released)
             short -= count
             self.prompts_oversampled += count
-            self.filter.released_prompts_total += count
 
     def on_dropped(self, num_filtered: int, *, kept_queued: int) -> None:
         """``num_filtered`` groups of a completion were dropped (already consumed by the caller)."""
