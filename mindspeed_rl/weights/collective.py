@@ -35,25 +35,23 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from mindspeed_rl.weights.export import ExportResult
+from mindspeed_rl.weights.export import ExportResult, export_result
+from mindspeed_rl.weights.export_queue import ExportQueue, Pending
 from mindspeed_rl.weights.layout import TrainingLayout
-from mindspeed_rl.weights.manifest import ShardEntry, SnapshotInfo, TensorEntry
+from mindspeed_rl.weights.manifest import ShardEntry, TensorEntry
 from mindspeed_rl.weights.memory_snapshot import MemoryShard, MemorySnapshot, entry_for, host_array, shard_key
-from mindspeed_rl.weights.object_store import select_tensors
+from mindspeed_rl.weights.object_store import memory_result
 from mindspeed_rl.weights.store import check_run_id
-from mindspeed_rl.weights.transport import memory_path
 
 logger = logging.getLogger(__name__)
 Backend = Literal["gloo", "nccl", "hccl"]
@@ -259,21 +257,11 @@ def recv_bucket(group: Any, src: int, nbytes: int, device: str = "cpu") -> np.nd
 
 
 # ---- the TU side ------------------------------------------------------------------------------------
-@dataclass(slots=True, eq=False)
-class _Queued:
-    version: int
-    rank: int
-    layout: TrainingLayout
-    packed: Packed | None
-    skipped: int
-    prepare_seconds: float
-    started: float
-    future: Future[ExportResult]
-
-
-class CollectiveSender:
+class CollectiveSender(ExportQueue[Packed]):
     """``SnapshotWriter``'s interface over one group per GU; ``channels`` are the GUs' addresses,
     joined at this rank's first export (the GUs wait for it since their start)."""
+
+    _closed_hint = "create a new sender"
 
     def __init__(
         self,
@@ -289,68 +277,17 @@ class CollectiveSender:
         self.bucket_bytes = max(1, int(bucket_mb * 1e6))
         self.run_id = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex[:16]
         self.board = board
-        self.num_superseded = 0
         self.bytes_sent = 0
         self.send_seconds = 0.0
         self.dead: dict[int, str] = {}
         self._groups: dict[int, Any] = {}
-        self._cond = threading.Condition()
-        self._queue: list[_Queued] = []
-        self._submitted: list[Future[ExportResult]] = []
-        self._last_version: dict[int, int] = {}
-        self._closed = False
-        self._export_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=len(self.channels), thread_name_prefix="weights-send")
-        self._thread = threading.Thread(target=self._run, name="collective-sender", daemon=True)
-        self._thread.start()
-
-    def export(
-        self,
-        version: int,
-        named_tensors: Iterable[tuple[str, torch.Tensor]],
-        layout: TrainingLayout,
-        rank: int = 0,
-    ) -> Future[ExportResult]:
-        if version < 0:
-            raise ValueError(f"snapshot version {version} is negative; use the trainer step (>= 0)")
-        with self._export_lock:
-            last = self._last_version.get(rank)
-            if last is not None and version <= last:
-                raise ValueError(
-                    f"snapshot v{version} of rank {rank} after v{last}: policy versions must increase, "
-                    f"export version {last + 1} or later"
-                )
-            started = time.perf_counter()
-            chosen, skipped = select_tensors(version, named_tensors, layout, rank)
-            self._supersede_queued(rank)
-            packed = pack(version, self.run_id, rank, chosen, layout, self.bucket_bytes)
-            del chosen
-            queued = _Queued(
-                version=version, rank=rank, layout=layout, packed=packed, skipped=skipped,
-                prepare_seconds=time.perf_counter() - started, started=started, future=Future(),
-            )  # fmt: skip
-            with self._cond:
-                if self._closed:
-                    raise RuntimeError("CollectiveSender.export after close(); create a new sender")
-                self._last_version[rank] = version
-                self._queue.append(queued)
-                self._submitted = [f for f in self._submitted if not f.done()] + [queued.future]
-                self._cond.notify_all()
-        return queued.future
-
-    def wait(self, timeout: float | None = None) -> list[ExportResult]:
-        with self._cond:
-            pending, self._submitted = self._submitted, []
-        return [f.result(timeout=timeout) for f in pending]
+        super().__init__(thread_name="collective-sender")
 
     def close(self) -> None:
         try:
-            self.wait()
+            super().close()
         finally:
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-            self._thread.join()
             self._pool.shutdown(wait=False)
 
     def drop(self, gu_id: int, why: str = "declared failed by the driver") -> None:
@@ -369,48 +306,29 @@ class CollectiveSender:
             "collective_groups_created": float(len(self._groups) + len(self.dead)),
         }
 
-    def _supersede_queued(self, rank: int) -> None:
-        with self._cond:
-            older = [q for q in self._queue if q.rank == rank]
-            self._queue = [q for q in self._queue if q not in older]
-            self.num_superseded += len(older)
-        for q in older:
-            q.packed = None
-            logger.info("snapshot v%d of rank %d superseded by a newer export while queued", q.version, rank)
-            q.future.set_result(self._result(q, None, superseded=True))
+    def _payload(
+        self, version: int, chosen: list[tuple[str, torch.Tensor]], layout: TrainingLayout, rank: int
+    ) -> Packed:
+        return pack(version, self.run_id, rank, chosen, layout, self.bucket_bytes)
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                q = self._queue.pop(0)
-            try:
-                result = self._send(q)
-            except Exception as err:
-                q.future.set_exception(err)
-            else:
-                q.future.set_result(result)
-            finally:
-                q.packed = None
+    def _superseded(self, pending: Pending[Packed]) -> ExportResult:
+        return export_result(pending, bytes_written=0, save_seconds=0.0, published=None, superseded=True)
 
     def _group(self, address: ChannelAddress, rank: int) -> Any:
         if address.gu_id not in self._groups:  # once per GU: every later refresh reuses it
             self._groups[address.gu_id] = join_group(address, rank)
         return self._groups[address.gu_id]
 
-    def _send_one(self, address: ChannelAddress, q: _Queued) -> None:
-        assert q.packed is not None
-        group = self._group(address, q.rank)
-        send_packed(group, q.packed, address.receiver_rank, bucket_device(address.backend))
+    def _send_one(self, address: ChannelAddress, rank: int, packed: Packed) -> None:
+        group = self._group(address, rank)
+        send_packed(group, packed, address.receiver_rank, bucket_device(address.backend))
 
-    def _send(self, q: _Queued) -> ExportResult:
-        assert q.packed is not None
+    def _publish(self, pending: Pending[Packed]) -> ExportResult:
+        packed = pending.payload
+        assert packed is not None
         started = time.perf_counter()
         live = [c for c in self.channels if c.gu_id not in self.dead]
-        futures = {c.gu_id: self._pool.submit(self._send_one, c, q) for c in live}
+        futures = {c.gu_id: self._pool.submit(self._send_one, c, pending.rank, packed) for c in live}
         for gu_id, future in futures.items():
             # A GU the driver declared failed (``drop``) is not waited for: its send may block
             # until SENDER_TIMEOUT_S, and the live GUs' refresh must not wait that long.
@@ -423,43 +341,26 @@ class CollectiveSender:
                 except Exception as err:  # that GU died or hung past the group's timeout: go on without it
                     self.drop(gu_id, f"{type(err).__name__}: {err}")
         self.send_seconds += time.perf_counter() - started
-        self.bytes_sent += q.packed.header.shard.nbytes * (
-            len(futures) - sum(g in self.dead for g in futures)
-        )
-        shard = MemoryShard(
-            shard=q.packed.header.shard, entries=q.packed.header.entries, parts=(), part_sizes=()
-        )
+        self.bytes_sent += packed.header.shard.nbytes * (len(futures) - sum(g in self.dead for g in futures))
+        header = packed.header
+        shard = MemoryShard(shard=header.shard, entries=header.entries, parts=(), part_sizes=())
         snapshot: MemorySnapshot | None
-        if q.layout.world_size == 1:
-            snapshot = announcement(q.version, self.run_id, q.packed.header.layout, (shard,))
+        if pending.layout.world_size == 1:
+            snapshot = announcement(pending.version, self.run_id, header.layout, (shard,))
         else:
             import ray
 
             if self.board is None:  # every rank of one TU shares the run id: they find one board
                 from mindspeed_rl.weights.endpoints import board_for
 
-                self.board = board_for(self.run_id, q.layout.world_size, 2)
+                self.board = board_for(self.run_id, pending.layout.world_size, 2)
             board_snapshot = ray.get(
-                self.board.add.remote(q.version, self.run_id, q.packed.header.layout, shard)
+                self.board.add.remote(pending.version, self.run_id, header.layout, shard)
             )
             snapshot = None if board_snapshot is None else announcement(
-                q.version, self.run_id, q.packed.header.layout, board_snapshot.shards
+                pending.version, self.run_id, header.layout, board_snapshot.shards
             )  # fmt: skip
-        return self._result(q, snapshot, superseded=False)
-
-    def _result(self, q: _Queued, snapshot: MemorySnapshot | None, *, superseded: bool) -> ExportResult:
-        info = (
-            None if snapshot is None else SnapshotInfo(version=q.version, path=Path(memory_path(q.version)))
-        )
-        nbytes = 0 if q.packed is None else q.packed.header.shard.nbytes
-        return ExportResult(
-            version=q.version, rank=q.rank,
-            num_tensors=0 if q.packed is None else len(q.packed.header.entries),
-            num_replicas_skipped=q.skipped, bytes_written=0 if superseded else nbytes,
-            prepare_seconds=q.prepare_seconds,
-            save_seconds=0.0 if superseded else time.perf_counter() - q.started,
-            published=info, pruned_versions=(), superseded=superseded, handle=snapshot,
-        )  # fmt: skip
+        return memory_result(pending, snapshot, header.shard.nbytes)
 
 
 def announcement(

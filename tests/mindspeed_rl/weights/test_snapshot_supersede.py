@@ -41,14 +41,14 @@ class CloneTracker:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.refs: dict[int, list[weakref.ref[torch.Tensor]]] = {}
-        real = export_module._prepare
+        real = SnapshotWriter._payload
 
-        def tracked(version, named, layout, rank, **kwargs):
-            prepared = real(version, named, layout, rank, **kwargs)
+        def tracked(writer, version, chosen, layout, rank):
+            prepared = real(writer, version, chosen, layout, rank)
             self.refs[version] = [weakref.ref(t) for t in prepared.tensors.values()]
             return prepared
 
-        monkeypatch.setattr(export_module, "_prepare", tracked)
+        monkeypatch.setattr(SnapshotWriter, "_payload", tracked)
 
     def alive(self) -> list[int]:
         gc.collect()
