@@ -8,6 +8,7 @@ dataclasses. Torch-free.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -76,6 +77,29 @@ class DynamicSampling:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PartialRollout:
+    """``rl_config.partial_rollout_max_split`` and the round length a generation actor decodes in
+    (``workers.partial_rollout``)."""
+
+    max_split: int
+    chunk_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.max_split < 2:
+            raise ValueError(
+                f"partial rollouts with max_split={self.max_split}: use 2 or more (1 = no partial rollouts, "
+                "then no PartialRollout is built)"
+            )
+        if self.chunk_tokens < 1:
+            raise ValueError(f"rl_config.partial_rollout_chunk_tokens={self.chunk_tokens}; use 1 or more")
+
+    @staticmethod
+    def auto_chunk(max_tokens: int) -> int:
+        """A quarter of the response cap: a refresh waits at most a quarter of the longest answer."""
+        return max(1, math.ceil(max_tokens / 4))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RolloutSpec:
     """What a generation actor needs."""
 
@@ -88,6 +112,8 @@ class RolloutSpec:
     seed: int
     filter_scorer: RewardConfig | None = None
     """Dynamic sampling: the filter metric each sample is scored with (``DynamicSampling.scorer``)."""
+    partial: PartialRollout | None = None
+    """Partial rollouts (async only); None: every response finishes on its starting weights."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -129,14 +129,24 @@ class RLConfig:
     max_packing_token_size: int | None = opt(None, "Token budget for use_dynamic_bsz.", inert=_PERF_ONLY)
     partial_rollout_max_split: int = opt(
         1,
-        "Resume unfinished responses in later iterations.",
+        "Async pipeline: a response may continue across at most N-1 weight refreshes (N segments); "
+        "1 = every response finishes on the weights it started with.",
         refused=(
-            "partial rollouts are not implemented: every response finishes in its iteration "
-            "(rl_config.pipeline: async overlaps generation with training instead)"
+            "partial rollouts are not supported in the hybrid loop (an iteration generates under the "
+            "exact weights it trains, so no refresh reaches a generation); they need rl_config.pipeline: async"
         ),
+        accepts=lambda value, rl: rl.pipeline == "async",
+    )
+    partial_rollout_chunk_tokens: int | None = opt(
+        None,
+        "Partial rollouts (not an upstream key): new tokens per response between two checks for a "
+        "newer snapshot; null = a quarter of sampling_config.max_tokens.",
     )
     require_max_age_all_finished: bool = opt(
-        True, "Partial rollouts: finish responses at their maximum age.", inert="partial rollouts are refused"
+        True,
+        "Upstream partial rollouts: finish responses at their maximum age.",
+        inert="a partial response here always finishes in the minibatch it started in; "
+        "partial_rollout_max_split bounds its segments",
     )
     async_engine: bool = opt(False, "Streaming per-request generation.", inert=_NOT_IMPLEMENTED)
     data_strategy: str | None = opt(None, "Upstream data-transfer strategy.", inert=_NOT_IMPLEMENTED)

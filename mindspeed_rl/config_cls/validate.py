@@ -210,6 +210,17 @@ def _async(config: GRPOConfig, p: Problems) -> None:
             p.add(f"async_config.{key}", f"must be >= 1, got {getattr(a, key)}")
     if a.snapshot_keep < 2:
         p.add("async_config.snapshot_keep", "must be >= 2 so a snapshot being loaded is never deleted")
+    rl = config.rl_config
+    if rl.partial_rollout_max_split < 1:
+        p.add(
+            "rl_config.partial_rollout_max_split",
+            f"must be >= 1 (1 = no partial rollouts), got {rl.partial_rollout_max_split}",
+        )
+    if rl.partial_rollout_chunk_tokens is not None and rl.partial_rollout_chunk_tokens < 1:
+        p.add(
+            "rl_config.partial_rollout_chunk_tokens",
+            f"must be >= 1 or null, got {rl.partial_rollout_chunk_tokens}",
+        )
     if config.num_prompts_per_global_batch < 1 or config.rl_config.n_samples_per_prompt < 1:
         return  # _batch_units names the key; the queue rules below count in those units
     # Queue, backpressure and lag rules live in ONE place, the Control Unit's RuntimeConfig: build

@@ -34,6 +34,7 @@ from mindspeed_rl.contracts import (
     EvalConfig,
     OffloadSpec,
     OldLogProbs,
+    PartialRollout,
     RolloutSpec,
     TrainerSpec,
 )
@@ -262,15 +263,25 @@ def rollout_spec(config: GRPOConfig) -> RolloutSpec:
     rl = config.rl_config
     resources = config.async_config.actor_resources if rl.pipeline == "async" else rl.actor_resource
     sampling = dapo.dynamic_sampling(config)
+    decode = parts.sampling(config)
     return RolloutSpec(
         backend=rl.rollout_backend,
         engine_keys=parts.engine_keys(config),
-        sampling=parts.sampling(config),
+        sampling=decode,
         n_samples_per_prompt=rl.n_samples_per_prompt,
         num_cpus=resources.num_cpus,
         seed=config.megatron_training.training.seed,
         filter_scorer=None if sampling is None else sampling.scorer,
+        partial=partial_rollout(config, decode.max_tokens),
     )
+
+
+def partial_rollout(config: GRPOConfig, max_tokens: int) -> PartialRollout | None:
+    rl = config.rl_config
+    chunk = rl.partial_rollout_chunk_tokens or PartialRollout.auto_chunk(max_tokens)
+    if rl.pipeline != "async" or rl.partial_rollout_max_split <= 1:
+        return None
+    return PartialRollout(max_split=rl.partial_rollout_max_split, chunk_tokens=chunk)
 
 
 def trainer_resources(config: GRPOConfig) -> ActorResources:

@@ -273,7 +273,7 @@ class ControlLoop:
             self.activity.on_generated(
                 completed.gu_id,
                 completed.actor_id,
-                started_at=completed.started_at,
+                started_at=completed.started_at + completed.reload_seconds,  # reloads count as loading
                 finished_at=completed.finished_at,
             )
             self.faults.forget(completed.minibatch_id)

@@ -263,14 +263,31 @@ class GuPolicy:
             return _WAIT_FOR_REFUSAL[decision.refusal]
         return WaitReason.EMPTY_QUEUE
 
-    def on_generation_done(self, actor_id: int) -> Assignment:
+    def on_generation_done(self, actor_id: int, *, held_version: int | None = None) -> Assignment:
+        """``held_version``: the weights the actor holds now, newer than before when a partial
+        rollout reloaded mid-minibatch (it may reload again before its next start)."""
         slot = self._slot(actor_id)
         if slot.running is None:
             raise ValueError(
                 f"GU {self.gu_id} actor {actor_id} finished a minibatch it was never started on."
             )
+        if held_version is not None and held_version < slot.version:
+            raise ValueError(
+                f"GU {self.gu_id} actor {actor_id} reports v{held_version} after holding v{slot.version}; "
+                "an actor only moves to newer weights"
+            )
         finished, slot.running = slot.running, None
+        if held_version is not None:
+            slot.version = held_version
         return finished
+
+    def decoding_behind(self, version: int) -> list[int]:
+        """Actors decoding a minibatch on weights older than ``version`` that never refused it."""
+        return [
+            a
+            for a, s in self.slots.items()
+            if s.running is not None and s.version < version and s.rejected_version != version
+        ]
 
     def on_reloaded(self, actor_id: int, version: int, *, ok: bool) -> None:
         """A reload ended: ``ok`` if the actor now holds ``version``, else it refused that snapshot."""

@@ -23,6 +23,14 @@ class StepLag:
     d_off_min: int
     d_off_estimate_mean: float | None
     """Mean Eq. 4 estimate over the step's prompts; ``None`` if none had timings yet."""
+    oldest_token_max: int = 0
+    """Max over samples of ``step`` minus the version of the sample's OLDEST token (partial
+    rollouts: a response crosses refreshes; this is the lag the bound holds)."""
+    split_samples: int = 0
+    """Samples whose tokens come from more than one version (partial rollouts)."""
+    split_segments: int = 0
+    """Segments of those samples, summed."""
+    max_segments: int = 1
 
 
 class LagTracker:
@@ -36,6 +44,10 @@ class LagTracker:
         self._max_d_off: int | None = None
         self._sum_estimates = 0.0
         self._num_estimates = 0
+        self.partial_samples_total = 0
+        self.partial_segments_total = 0
+        """Segments of the consumed samples that crossed a refresh, summed (0 without partial rollouts)."""
+        self.max_segments_per_sample = 1
 
     def record_arrival(self, minibatch_id: int, estimate: float | None) -> None:
         self._estimates[minibatch_id] = estimate
@@ -45,6 +57,10 @@ class LagTracker:
         assert d_offs, "a consumed global batch has samples"
         assert min(d_offs) >= 0, f"step {batch.step} consumed samples from a future policy version"
         estimates = [e for p in batch.prompts if (e := self._estimates.get(p.minibatch_id)) is not None]
+        segments = [s.num_segments for s in batch.samples if s.segments]
+        oldest = [
+            batch.step - (s.segments[0].version if s.segments else s.policy_version) for s in batch.samples
+        ]
         lag = StepLag(
             step=batch.step,
             num_samples=len(d_offs),
@@ -52,8 +68,15 @@ class LagTracker:
             d_off_max=max(d_offs),
             d_off_min=min(d_offs),
             d_off_estimate_mean=sum(estimates) / len(estimates) if estimates else None,
+            oldest_token_max=max(oldest),
+            split_samples=len(segments),
+            split_segments=sum(segments),
+            max_segments=max(segments, default=1),
         )
         self.steps.append(lag)
+        self.partial_samples_total += lag.split_samples
+        self.partial_segments_total += lag.split_segments
+        self.max_segments_per_sample = max(self.max_segments_per_sample, lag.max_segments)
         self._sum_d_off += sum(d_offs)
         self._num_samples += len(d_offs)
         self._max_d_off = lag.d_off_max if self._max_d_off is None else max(self._max_d_off, lag.d_off_max)

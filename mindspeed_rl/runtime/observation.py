@@ -76,6 +76,9 @@ class LoopObservation:
     # ---- weight flow and actors
     latest_version: int
     reloads_not_newest: int
+    partial_samples_total: int
+    partial_segments_total: int
+    max_segments_per_sample: int
     timings: WeightFlowTimings | None
     """Mean durations of Eq. 4's terms; ``None`` until a generation and a train step are measured."""
     mean_train_seconds: float | None

@@ -49,6 +49,9 @@ def observe(loop: ControlLoop, *, arrivals_since: int, lag_steps_since: int) -> 
         seconds_paused=loop.backpressure.seconds_paused,
         latest_version=loop.latest_version,
         reloads_not_newest=loop.weights.reloads_not_newest,
+        partial_samples_total=loop.lag.partial_samples_total,
+        partial_segments_total=loop.lag.partial_segments_total,
+        max_segments_per_sample=loop.lag.max_segments_per_sample,
         timings=loop.timings.current(),
         mean_train_seconds=loop.timings.train.mean,
         actors=tuple(

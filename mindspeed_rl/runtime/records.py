@@ -16,6 +16,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mindspeed_rl.runtime.segments import TokenSegment, check_aligned, token_versions
+
 if TYPE_CHECKING:
     from mindspeed_rl.runtime.group_filter import StepFilterStats
 
@@ -76,6 +78,10 @@ class Sample:
     filter_score: float | None = None
     """Dynamic sampling (DAPO): the filter metric's score, set by the generation actor; a group
     whose scores are all equal is dropped before the Training Queue (``runtime.group_filter``)."""
+    segments: tuple[TokenSegment, ...] = ()
+    """Partial rollouts: the versions that produced the response, oldest first, when it crossed
+    a weight refresh; empty when every token is ``policy_version``'s. ``policy_version`` is the
+    oldest token's version, so the lag bound and ``d_off`` count from it."""
 
     def __post_init__(self) -> None:
         if len(self.rollout_log_probs) != len(self.response_token_ids):
@@ -83,6 +89,23 @@ class Sample:
                 f"sample {self.prompt_id}#{self.sample_index}: {len(self.rollout_log_probs)} log-probs for "
                 f"{len(self.response_token_ids)} tokens; the engine must return one log-prob per token."
             )
+        if self.segments:
+            check_aligned(self.segments, len(self.response_token_ids))
+            if self.segments[0].version != self.policy_version:
+                raise ValueError(
+                    f"sample {self.prompt_id}#{self.sample_index}: policy_version {self.policy_version} but its "
+                    f"oldest token is from version {self.segments[0].version}; they must be the same"
+                )
+
+    @property
+    def num_segments(self) -> int:
+        return max(1, len(self.segments))
+
+    def token_versions(self) -> tuple[int, ...]:
+        """One version per response token."""
+        if not self.segments:
+            return (self.policy_version,) * len(self.response_token_ids)
+        return token_versions(self.segments)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,12 +119,15 @@ class CompletedMinibatch:
     gu_id: int
     actor_id: int
     policy_version: int
+    """The version the start was granted for: every sample's oldest token is from it."""
     started_at: float
     finished_at: float
+    reload_seconds: float = 0.0
+    """Partial rollouts: time spent reloading weights inside the minibatch (not generation)."""
 
     @property
     def generation_seconds(self) -> float:
-        return self.finished_at - self.started_at
+        return self.finished_at - self.started_at - self.reload_seconds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,19 +1,14 @@
-"""Per-token policy versions of a partially rolled-out response (issue #20 item 4, pure logic).
+"""Per-token policy versions of a response generated across weight refreshes (partial rollouts).
 
-NOT WIRED IN YET: nothing in the pipeline builds segments; ``rl_config.partial_rollout_max_split``
-is still refused. This module is the accounting the partial-rollout path is meant to use.
-
-A response generated across weight refreshes is a run-length list of ``TokenSegment``s, oldest
-first: segment ``i`` holds ``num_tokens`` consecutive response tokens produced by policy
-``version``. Run-length (not one version per token) because a segment is hundreds of tokens and
-``Sample`` crosses Ray once per sample. Rules it enforces:
+A response is a run-length list of ``TokenSegment``s, oldest first: segment ``i`` holds
+``num_tokens`` consecutive response tokens produced by policy ``version``. Run-length, not one
+version per token, because a segment is many tokens and a ``Sample`` crosses Ray once. Rules:
 
 * versions strictly increase from one segment to the next (a segment starts after a reload to a
-  *newer* snapshot; a continuation on the same version extends the last segment instead);
+  *newer* snapshot; more tokens on the same version extend the last segment);
 * at most ``max_split`` segments (upstream's ``partial_rollout_max_split``);
-* the lag of a sample counts from its OLDEST token, i.e. the first segment's version, which is
-  also the version the Control Unit granted the start for, so the lag budget's deadline
-  (``LagBudget.deadline(start version)``) needs no change.
+* a sample's lag counts from its OLDEST token, the first segment's version, which is also the
+  version its start was granted for: the lag budget's deadline needs no change.
 """
 
 from __future__ import annotations
@@ -58,38 +53,12 @@ def extend(
     return (*segments, TokenSegment(version=version, num_tokens=num_tokens))
 
 
-def may_split(segments: Sequence[TokenSegment], *, max_split: int) -> bool:
-    """Whether this unfinished response may continue on newer weights (one more segment)."""
-    return len(segments) < max_split
-
-
-def oldest_version(segments: Sequence[TokenSegment], default: int) -> int:
-    """The version of the oldest token; ``default`` (the start version) for an empty response."""
-    return segments[0].version if segments else default
-
-
 def token_versions(segments: Sequence[TokenSegment]) -> tuple[int, ...]:
     """One version per response token, aligned with ``response_token_ids``."""
     return tuple(s.version for s in segments for _ in range(s.num_tokens))
-
-
-def oldest_token_lag(step: int, segments: Sequence[TokenSegment], default: int) -> int:
-    """``d_off`` of a sample consumed at trainer ``step``, counted from its oldest token."""
-    return step - oldest_version(segments, default)
 
 
 def check_aligned(segments: Sequence[TokenSegment], num_tokens: int) -> None:
     total = sum(s.num_tokens for s in segments)
     if segments and total != num_tokens:
         raise ValueError(f"segments cover {total} tokens but the response has {num_tokens}")
-
-
-def token_lags(
-    trainer_version: int, segments: Sequence[TokenSegment], *, start_version: int, num_tokens: int
-) -> tuple[int, ...]:
-    """Per-token lag ``v_prox - v_b`` (clamped at 0) for the loss's ``[B, R]`` lag input: what
-    the log-linear proximal policy (``rollout_correction.loglinear_alpha``) needs per token.
-    Without segments (N = 1) every token has the sample's start version, as today."""
-    check_aligned(segments, num_tokens)
-    versions = token_versions(segments) if segments else (start_version,) * num_tokens
-    return tuple(max(0, trainer_version - v) for v in versions)

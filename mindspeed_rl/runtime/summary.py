@@ -36,6 +36,11 @@ class RuntimeSummary:
     """Reloads that did not pick the newest snapshot published when they were chosen (should
     stay 0 on a real GU; the simulator does not report the choice time and counts every reload
     overtaken by a newer snapshot)."""
+    partial_samples_total: int
+    """Consumed samples whose response crossed a weight refresh (partial rollouts)."""
+    partial_segments_total: int
+    """Their segments (one per version that produced tokens), summed."""
+    max_segments_per_sample: int
     minibatches_per_gu: dict[int, int]
     queue_bound_samples: int
     """``Q_max`` + GUs x actors x largest minibatch x n: ``max_queue_depth_samples`` never exceeds it."""
@@ -79,6 +84,9 @@ def build_summary(seen: LoopObservation) -> RuntimeSummary:
         starts_refused=dict(seen.starts_refused),
         trainer_lag_holds=seen.trainer_lag_holds,
         reloads_not_newest=seen.reloads_not_newest,
+        partial_samples_total=seen.partial_samples_total,
+        partial_segments_total=seen.partial_segments_total,
+        max_segments_per_sample=seen.max_segments_per_sample,
         minibatches_per_gu=dict(seen.minibatches_per_gu),
         queue_bound_samples=seen.queue_bound_samples,
         minibatches_timed_out=seen.minibatches_timed_out,

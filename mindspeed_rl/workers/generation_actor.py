@@ -12,6 +12,11 @@ reload is a separate call, not folded into ``generate_minibatch``, because the C
 for one policy version; a reload that is rejected midway would otherwise generate under a
 version the grant did not name.
 
+Partial rollouts (``RolloutSpec.partial``): the GU also announces each newly converted snapshot
+to a busy actor (``notify_snapshot``, in its own concurrency group so it runs while the minibatch
+decodes); between decoding rounds the actor reloads to it and the unfinished responses continue on
+the new weights (``workers.partial_rollout``). The receipt then names the version it holds.
+
 Every update's shapes are checked against the model folder the engine started from before the
 engine is touched (``weights.slots``): a weight that does not fit is a ``WeightShapeError``
 naming the tensor, both shapes and the config keys behind them, not an engine-internal size
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mindspeed_rl.models.rollout.host_weights import HostWeights
 from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
+from mindspeed_rl.workers.gu_messages import GenerationReceipt
 from mindspeed_rl.workers.training_unit import torch_threads_for
 
 if TYPE_CHECKING:
@@ -38,7 +44,8 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.contracts import RolloutSpec
     from mindspeed_rl.datasets import PromptRecord
-    from mindspeed_rl.models.rollout.base import Completion
+    from mindspeed_rl.models.rollout.base import Completion, SamplingConfig
+    from mindspeed_rl.runtime.segments import TokenSegment
     from mindspeed_rl.weights.reload import ReloadPolicy, ReloadResult
     from mindspeed_rl.weights.slots import EngineSlots
     from mindspeed_rl.workers.filter_scores import FilterScorer
@@ -83,6 +90,13 @@ class GenerationActor:
         self._reload_policy: ReloadPolicy | None = None
         self._policy_path = policy_path
         self._slots: EngineSlots | Literal[False] | None = None
+        self._partial = spec.partial
+        # Newest snapshot the GU announced mid-minibatch: (path, version, memory handle). Written
+        # by notify_snapshot on the "notify" concurrency group's thread, read between rounds.
+        self._announced: tuple[str, int, Any] | None = None
+        self._announce_lock = threading.Lock()
+        self._rejected_versions: set[int] = set()
+        self._mid_reloads: list[tuple[int, float]] = []
         self._filter: FilterScorer | None = None
         if spec.filter_scorer is not None:
             from mindspeed_rl.workers.filter_scores import FilterScorer
@@ -113,9 +127,15 @@ class GenerationActor:
         if fault is not None:
             _inject(fault, self.gu_id, self.actor_id, minibatch.minibatch_id)
         token_ids = [self._prompts[pid].token_ids for pid in minibatch.prompt_ids]
-        policy = self._reload_policy
-        with policy.generating() if policy is not None else contextlib.nullcontext():
-            outputs = self._generate(minibatch.prompt_ids, token_ids)
+        start_version = self.policy_version
+        self._mid_reloads = []
+        outputs: list[list[tuple[Completion, tuple[TokenSegment, ...]]]]
+        if self._partial is None:
+            with self._generating():
+                plain = self._generate(minibatch.prompt_ids, token_ids)
+            outputs = [[(c, ()) for c in per_prompt] for per_prompt in plain]
+        else:
+            outputs = self._generate_partial(minibatch.prompt_ids, token_ids)
         samples = tuple(
             Sample(
                 prompt_id=pid,
@@ -124,14 +144,15 @@ class GenerationActor:
                 response_token_ids=completion.token_ids,
                 rollout_log_probs=completion.log_probs,
                 reward=None,
-                policy_version=self.policy_version,
+                policy_version=start_version,  # the oldest token's: the lag bound counts from it
                 gu_id=self.gu_id,
                 actor_id=self.actor_id,
                 sent_at=sent_at,
                 finish_reason=completion.finish_reason,
+                segments=segments,
             )
             for pid, completions in zip(minibatch.prompt_ids, outputs)
-            for j, completion in enumerate(completions)
+            for j, (completion, segments) in enumerate(completions)
         )
         if self._filter is not None:
             self._filter.score(samples, self._prompts)
@@ -141,9 +162,10 @@ class GenerationActor:
             samples=samples,
             gu_id=self.gu_id,
             actor_id=self.actor_id,
-            policy_version=self.policy_version,
+            policy_version=start_version,
             started_at=started,
             finished_at=time.time(),
+            reload_seconds=sum(seconds for _, seconds in self._mid_reloads),
         )
 
     def generate_with_receipt(
@@ -153,13 +175,91 @@ class GenerationActor:
         attempt: int = 0,
         sent_at: float = 0.0,
         fault: str | None = None,
-    ) -> tuple[int, CompletedMinibatch]:
+    ) -> tuple[GenerationReceipt, CompletedMinibatch]:
         """``generate_minibatch`` for a caller that forwards the samples unopened: call it with
-        ``.options(num_returns=2)``. The first object (the minibatch id) is the receipt the Generation
+        ``.options(num_returns=2)``. The first object (a small receipt) is what the Generation
         Unit reads, which raises if this actor died; the samples' ObjectRef goes on to the Control
         Unit, so they are deserialized once, there, instead of in the GU and again in the CU."""
         completed = self.generate_minibatch(minibatch, attempt=attempt, sent_at=sent_at, fault=fault)
-        return completed.minibatch_id, completed
+        receipt = GenerationReceipt(
+            minibatch_id=completed.minibatch_id,
+            held_version=self.policy_version,
+            reloads=tuple(self._mid_reloads),
+        )
+        return receipt, completed
+
+    def notify_snapshot(self, snapshot_path: str, version: int, memory: Any = None) -> None:
+        """A newer converted snapshot exists (partial rollouts; the GU calls this on the "notify"
+        concurrency group while a minibatch decodes). Only recorded: the decoding thread reloads
+        to it at its next round boundary. An older announcement never replaces a newer one."""
+        with self._announce_lock:
+            if self._announced is None or version > self._announced[1]:
+                self._announced = (snapshot_path, version, memory)
+
+    def _generating(self) -> contextlib.AbstractContextManager[None]:
+        policy = self._reload_policy
+        return policy.generating() if policy is not None else contextlib.nullcontext()
+
+    def _generate_partial(
+        self, prompt_ids: Sequence[str], token_ids: list[tuple[int, ...]]
+    ) -> list[list[tuple[Completion, tuple[TokenSegment, ...]]]]:
+        from mindspeed_rl.workers.partial_rollout import generate_in_segments
+
+        assert self._partial is not None
+
+        def generate(
+            prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int, caps: Sequence[int]
+        ) -> list[list[Completion]]:
+            with self._generating():
+                return self._engine.generate(prompts, sampling, n=n, max_tokens_per_prompt=caps)
+
+        if self._forced is None:
+            prompts, limits, n = token_ids, [self._sampling.max_tokens] * len(token_ids), self._n
+        else:  # one request per sample, each with its own forced length
+            prompts = [ids for ids in token_ids for _ in range(self._n)]
+            limits, n = self._forced_limits(prompt_ids), 1
+        out, _ = generate_in_segments(
+            generate,
+            prompts,
+            limits,
+            n=n,
+            sampling=self._sampling,
+            config=self._partial,
+            version=self.policy_version,
+            refresh=self._refresh_between_rounds,
+        )
+        flat = [
+            (c.completion, c.segments if len(c.segments) > 1 else ())
+            for per_prompt in out
+            for c in per_prompt
+        ]
+        return [flat[i * self._n : (i + 1) * self._n] for i in range(len(prompt_ids))]
+
+    def _refresh_between_rounds(self) -> int | None:
+        """Reload to the announced snapshot if it is newer than the weights held; the version now
+        held, or None if nothing changed (none announced, already held, or refused)."""
+        with self._announce_lock:
+            announced, self._announced = self._announced, None
+        if announced is None:
+            return None
+        path, version, memory = announced
+        if version <= self.policy_version or version in self._rejected_versions:
+            return None
+        result = self.reload(path, version, memory)
+        if result.status == "loaded":
+            self._mid_reloads.append((result.version, result.load_seconds))
+            return result.version
+        if result.status == "rejected":
+            self._rejected_versions.add(version)
+            logger.error(
+                "actor %d/%d kept v%d: snapshot v%d rejected mid-minibatch (%s)",
+                self.gu_id,
+                self.actor_id,
+                self.policy_version,
+                version,
+                result.reason,
+            )
+        return None
 
     def _generate(
         self, prompt_ids: Sequence[str], token_ids: list[tuple[int, ...]]
@@ -168,13 +268,17 @@ class GenerationActor:
             return self._engine.generate(token_ids, self._sampling, n=self._n)
         # The engine forces one length per request, so each sample is its own request (n=1); with a
         # seed, request i * n + j draws the same seed as sample j of prompt i would with n samples.
+        flat = [ids for ids in token_ids for _ in range(self._n)]
+        limits = self._forced_limits(prompt_ids)
+        out = self._engine.generate(flat, self._sampling, n=1, max_tokens_per_prompt=limits)
+        return [[c[0] for c in out[i * self._n : (i + 1) * self._n]] for i in range(len(prompt_ids))]
+
+    def _forced_limits(self, prompt_ids: Sequence[str]) -> list[int]:
+        assert self._forced is not None
         missing = [pid for pid in prompt_ids if pid not in self._forced]
         if missing:
             raise ValueError(f"no forced lengths for prompts {missing[:3]}; add them to the replay trace")
-        flat = [ids for ids in token_ids for _ in range(self._n)]
-        limits = [length for pid in prompt_ids for length in self._forced[pid]]
-        out = self._engine.generate(flat, self._sampling, n=1, max_tokens_per_prompt=limits)
-        return [[c[0] for c in out[i * self._n : (i + 1) * self._n]] for i in range(len(prompt_ids))]
+        return [length for pid in prompt_ids for length in self._forced[pid]]
 
     def load_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int

@@ -134,18 +134,21 @@ class GenerationUnit:
         options = s.per_actor_options[a] if s.per_actor_options else s.actor_options
         # A replacement gets its own seed, so a sampling-dependent failure is not replayed exactly.
         seed = s.seed + 1000 * self.gu_id + a + 100_000 * self._restarts[a]
-        return (
-            ray.remote(GenerationActor)
-            .options(**options, max_restarts=0)
-            .remote(
-                s.rollout,
-                s.policy_path,
-                s.prompts,
-                gu_id=self.gu_id,
-                actor_id=a,
-                seed=seed,
-                forced_lengths=s.forced_lengths,
-            )
+        # Partial rollouts: notify_snapshot must run while generate_minibatch decodes, so it gets
+        # its own concurrency group (one thread); everything else stays serialized as before.
+        remote = (
+            ray.remote(concurrency_groups={"notify": 1})(GenerationActor)  # type: ignore[call-overload]
+            if s.rollout.partial is not None
+            else ray.remote(GenerationActor)
+        )
+        return remote.options(**options, max_restarts=0).remote(
+            s.rollout,
+            s.policy_path,
+            s.prompts,
+            gu_id=self.gu_id,
+            actor_id=a,
+            seed=seed,
+            forced_lengths=s.forced_lengths,
         )
 
     def stop(self) -> None:
@@ -271,6 +274,18 @@ class GenerationUnit:
             self._conversions.append(
                 ConversionReport(version=done.version, seconds=done.seconds, finished_at=time.time())
             )
+            if self.spec.rollout.partial is not None:
+                self._announce(done.version, done.path)
+
+    def _announce(self, version: int, path: str) -> None:
+        """Partial rollouts: tell every actor decoding on older weights that ``version`` exists;
+        it reloads between two rounds. Fire and forget: a dead actor shows in its receipt."""
+        memory = self._converter.reload_handle(path)
+        for actor_id in self._policy.decoding_behind(version):
+            self._handles[actor_id].notify_snapshot.options(concurrency_group="notify").remote(
+                path, version, memory
+            )
+            self.calls["actor.notify_snapshot"] += 1
 
     def _apply(self, poll: GuPoll) -> bool:
         """Take in one CU answer; returns whether it brought something an idle actor may act on."""
@@ -402,7 +417,16 @@ class GenerationUnit:
             return
         if run is not None:
             self._running.succeeded(run, time.monotonic())
-        self._policy.on_generation_done(actor_id)
+        self._policy.on_generation_done(actor_id, held_version=result.held_version)
+        for version, seconds in result.reloads:  # partial rollouts: reloads inside the minibatch
+            self._reloads.append(
+                ReloadReport(
+                    actor_id=actor_id,
+                    version=version,
+                    seconds=seconds,
+                    chosen_at=self._conversion_chosen_at.get(version, time.time()),
+                )
+            )
         self._completions.append((actor_id, samples))
         if self._held_since is None:
             self._held_since = time.monotonic()

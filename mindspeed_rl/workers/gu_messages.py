@@ -63,6 +63,18 @@ class ReloadReport:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationReceipt:
+    """What a generation actor tells its GU beside the samples (which go on unopened to the CU)."""
+
+    minibatch_id: int
+    held_version: int
+    """The weights the actor holds after the minibatch: newer than its start version when a
+    partial rollout reloaded mid-minibatch."""
+    reloads: tuple[tuple[int, float], ...] = ()
+    """(version, seconds) of each reload inside the minibatch (partial rollouts), oldest first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConversionReport:
     """A finished snapshot conversion (``ControlLoop.on_snapshot_converted``)."""
 

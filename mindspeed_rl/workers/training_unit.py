@@ -410,9 +410,10 @@ class TrainingUnit:
             prompt_ids=[self._prompts[s.prompt_id].token_ids for s in samples],
             response_ids=[s.response_token_ids for s in samples],
             advantages=np.zeros(len(samples), dtype=np.float32),
-            # The behaviour policy and its version, for the off-policy correction and its metrics.
+            # The behaviour policy and its version per token (a partial rollout's tokens come from
+            # several versions), for the off-policy correction and its metrics.
             rollout_log_probs=[s.rollout_log_probs for s in samples],
-            versions=[np.full(len(s.response_token_ids), s.policy_version) for s in samples],
+            versions=[_token_versions(s) for s in samples],
         )
 
     def _advantages(self, rewards: np.ndarray) -> np.ndarray:
@@ -453,3 +454,9 @@ def _ordered_samples(groups: Sequence[PromptGroup], n: int) -> list[Sample]:
 
 def describe(stats: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items())
+
+
+def _token_versions(sample: Sample) -> np.ndarray:
+    if not sample.segments:
+        return np.full(len(sample.response_token_ids), sample.policy_version)
+    return np.repeat([seg.version for seg in sample.segments], [seg.num_tokens for seg in sample.segments])

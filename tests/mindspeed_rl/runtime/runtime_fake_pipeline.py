@@ -11,6 +11,7 @@ in the tests do not just read back the runtime's state.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from mindspeed_rl.runtime import (
 )
 from mindspeed_rl.runtime.group_filter import DynamicSampling, GroupFilter
 from mindspeed_rl.runtime.gu_policy import GuPolicy, Reload, Start, StartGate, Wait
+from mindspeed_rl.runtime.segments import TokenSegment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +65,9 @@ class Setup:
     uniform_prompts: frozenset[str] = frozenset()
     """Dynamic sampling: prompts whose samples all get the same filter score (dropped)."""
     max_batches: int | None = None
+    partial_max_split: int = 1
+    """Partial rollouts: a snapshot converted while an actor decodes is loaded mid-minibatch (up
+    to N - 1 times); the reply's samples then carry one segment per version."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,9 @@ class FakePipeline:
         self._heap: list[tuple[float, int, str, object]] = []
         self._seq = 0
         self._running_samples: dict[int, int] = {}  # our view: minibatch id -> samples it will add
+        self._mid_loads: dict[
+            tuple[int, int], list[int]
+        ] = {}  # partial rollouts: versions loaded mid-minibatch
         self._depth = 0
         self._paused = False
         self._bound = config.queue_max_samples
@@ -142,7 +150,13 @@ class FakePipeline:
         assert isinstance(payload, _GenDone)
         completed = payload.completed
         if not payload.zombie:
-            self.gus[payload.key[0]].on_generation_done(payload.key[1])
+            mids = self._mid_loads.pop(payload.key, [])
+            completed = _with_segments(completed, mids)
+            self.gus[payload.key[0]].on_generation_done(
+                payload.key[1], held_version=mids[-1] if mids else None
+            )
+            for version in mids:
+                self.loop.on_weights_loaded(*payload.key, version, self.setup.load_seconds)
         outcome = self.loop.on_minibatch_completed(completed)
         self.obs.outcomes.append((completed.minibatch_id, outcome))
         if outcome is IngestOutcome.ACCEPTED:
@@ -177,6 +191,11 @@ class FakePipeline:
         if gu_id in self.gus:
             self.gus[gu_id].on_converted(version, path=f"/gu{gu_id}/{version}")
             self.loop.on_snapshot_converted(gu_id, version, self.setup.convert_seconds)
+            if self.setup.partial_max_split > 1:
+                for a in self.gus[gu_id].decoding_behind(version):
+                    mids = self._mid_loads.setdefault((gu_id, a), [])
+                    if len(mids) < self.setup.partial_max_split - 1 and (not mids or mids[-1] < version):
+                        mids.append(version)
             self._start_conversion(gu_id)
 
     def _on_load_done(self, payload: object) -> None:
@@ -193,8 +212,9 @@ class FakePipeline:
         if gu is None:  # already failed (it lost its last actor)
             return
         keys = [(fault.gu_id, a) for a in gu.slots if fault.actor_id in (None, a)]
-        for _, a in keys:
-            gu.on_actor_died(a)
+        for key in keys:
+            gu.on_actor_died(key[1])
+            self._mid_loads.pop(key, None)  # a killed partial minibatch is re-issued whole
         self._zombify(keys, fault.late_delay)
         if fault.actor_id is None:
             del self.gus[fault.gu_id]
@@ -305,3 +325,18 @@ class FakePipeline:
         if self._depth <= self.config.queue_max_samples:
             # Beyond Q_max only minibatches already running can still add samples.
             self._bound = self._depth + sum(self._running_samples.values())
+
+
+def _with_segments(completed: CompletedMinibatch, mids: list[int]) -> CompletedMinibatch:
+    """The reply of a minibatch that loaded ``mids`` mid-way: each sample's first token on the
+    start version, the next ones on each loaded version in turn (the last one gets the rest)."""
+    if not mids:
+        return completed
+    samples = []
+    for sample in completed.samples:
+        n = len(sample.response_token_ids)
+        versions = [sample.policy_version, *mids][:n]
+        counts = [1] * (len(versions) - 1) + [n - len(versions) + 1]
+        segments = tuple(TokenSegment(version=v, num_tokens=c) for v, c in zip(versions, counts))
+        samples.append(dataclasses.replace(sample, segments=segments if len(segments) > 1 else ()))
+    return dataclasses.replace(completed, samples=tuple(samples))
