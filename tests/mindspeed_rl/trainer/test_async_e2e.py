@@ -123,10 +123,24 @@ def check_reload_discipline(events: list[dict[str, Any]]) -> int:
 
 @pytest.mark.vllm
 def test_async_run_with_vllm_meets_the_pipeline_invariants(tmp_path: Path) -> None:
-    # 2 GUs x 1 actor: every vLLM engine start costs seconds on a shared 2-core host.
-    run_dir = run_cli(tmp_path, "async_config.num_generation_units=2", "async_config.actors_per_unit=1")
+    # 2 GUs x 1 actor: every vLLM engine start costs seconds on a shared 2-core host. Partial
+    # rollouts on (N = 3, rounds of 3 tokens): the invariants must hold with them as without.
+    run_dir = run_cli(
+        tmp_path,
+        "async_config.num_generation_units=2",
+        "async_config.actors_per_unit=1",
+        "rl_config.partial_rollout_max_split=3",
+        "rl_config.partial_rollout_chunk_tokens=3",
+    )
     summary, records, events = load_run(run_dir)
     check_exactly_once(summary)
+    assert summary["prompts_consumed_unique_total"] == summary["prompts_consumed_total"] == 16
+    # Some responses crossed a refresh (each split sample has 2 or 3 segments); lag from the oldest token.
+    assert summary["partial_samples_total"] > 0
+    assert 2 * summary["partial_samples_total"] <= summary["partial_segments_total"]
+    assert summary["partial_segments_total"] <= 3 * summary["partial_samples_total"]
+    assert 2 <= summary["max_segments_per_sample"] <= 3
+    assert all(r["lag/oldest_token_max"] <= summary["max_policy_lag_limit"] for r in records)
     assert summary["minibatches_reissued"] == 0 and summary["reloads_not_newest"] == 0
     # The control plane's CPU is accounted (it competes with the engines on small hosts).
     assert summary["cu_cpu_seconds"] > 0 and summary["gu_control_cpu_seconds"] > 0
