@@ -84,7 +84,13 @@ def main() -> None:
     medians = {
         str(split): {
             key: statistics.median(r[key] for r in runs if r["max_split"] == split and r[key] is not None)
-            for key in ("tokens_per_s", "pipeline_seconds", "reward_last5", "eval_last", "partial_samples_total")
+            for key in (
+                "tokens_per_s",
+                "pipeline_seconds",
+                "reward_last5",
+                "eval_last",
+                "partial_samples_total",
+            )
         }
         for split in args.splits
     }
