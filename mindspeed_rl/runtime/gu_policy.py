@@ -281,14 +281,6 @@ class GuPolicy:
             slot.version = held_version
         return finished
 
-    def decoding_behind(self, version: int) -> list[int]:
-        """Actors decoding a minibatch on weights older than ``version`` that never refused it."""
-        return [
-            a
-            for a, s in self.slots.items()
-            if s.running is not None and s.version < version and s.rejected_version != version
-        ]
-
     def on_reloaded(self, actor_id: int, version: int, *, ok: bool) -> None:
         """A reload ended: ``ok`` if the actor now holds ``version``, else it refused that snapshot."""
         slot = self._slot(actor_id)

