@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mindspeed_rl.config_cls import load_config_from_files
+from mindspeed_rl.contracts import RolloutSpec
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.plan.build import RunPlan, build_run_plan
 
@@ -23,6 +24,25 @@ SMALL_ASYNC = (
 
 def small_async_plan(*overrides: str) -> RunPlan:
     return build_run_plan(load_config_from_files(CONFIGS, "grpo_tiny_asp", (*SMALL_ASYNC, *overrides)))
+
+
+def hf_rollout_spec(model: Path, *overrides: str, n: int = 2) -> RolloutSpec:
+    """A generation actor's spec on the HF engine for ``model``, ``n`` samples per prompt, batch
+    sizes that hold them; ``overrides`` come last."""
+    config = load_config_from_files(
+        CONFIGS,
+        "grpo_tiny_asp",
+        (
+            f"megatron_training.tokenizer_name_or_path={model}",
+            "rl_config.rollout_backend=hf",
+            f"rl_config.n_samples_per_prompt={n}",
+            "actor_config.micro_batch_size=16",
+            "rl_config.actor_forward_micro_batch_size=32",
+            "rl_config.ref_forward_micro_batch_size=32",
+            *overrides,
+        ),
+    )
+    return build_run_plan(config).rollout
 
 
 def prompt_records(n: int) -> list[PromptRecord]:

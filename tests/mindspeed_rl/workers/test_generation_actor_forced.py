@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
-from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.runtime.records import ScheduledMinibatch
 from mindspeed_rl.workers.generation_actor import GenerationActor
+from tests.support.plans import hf_rollout_spec
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 PROMPTS = {
     "p0": PromptRecord(prompt_id="p0", text="a", token_ids=(5, 6, 7), label=""),
     "p1": PromptRecord(prompt_id="p1", text="b", token_ids=(8, 9), label=""),
@@ -25,20 +23,9 @@ PROMPTS = {
 def make_actor(tmp_path: Path, forced: Mapping[str, tuple[int, ...]]) -> GenerationActor:
     torch.set_num_threads(1)
     model = create_tiny_model(tmp_path / "model", TINY_TEST_ARCH, seed=0)
-    config = load_config_from_files(
-        CONFIGS,
-        "grpo_tiny_asp",
-        (
-            f"megatron_training.tokenizer_name_or_path={model}",
-            "rl_config.rollout_backend=hf",
-            "rl_config.n_samples_per_prompt=3",
-            "actor_config.micro_batch_size=16",
-            "rl_config.actor_forward_micro_batch_size=32",
-            "rl_config.ref_forward_micro_batch_size=32",
-            "generate_config.sampling_config.max_tokens=4",  # forced lengths override the cap
-        ),
-    )
-    return GenerationActor(build_run_plan(config).rollout, str(model), PROMPTS, forced_lengths=forced)
+    # Forced lengths override the cap.
+    spec = hf_rollout_spec(model, "generate_config.sampling_config.max_tokens=4", n=3)
+    return GenerationActor(spec, str(model), PROMPTS, forced_lengths=forced)
 
 
 def test_every_sample_gets_its_forced_length(tmp_path: Path) -> None:

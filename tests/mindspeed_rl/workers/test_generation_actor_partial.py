@@ -12,15 +12,14 @@ import torch
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
-from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.runtime.records import ScheduledMinibatch
 from mindspeed_rl.runtime.segments import TokenSegment
 from mindspeed_rl.weights.convert import GuConverter
 from mindspeed_rl.weights.export import SnapshotWriter
 from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
 from mindspeed_rl.workers.generation_actor import GenerationActor
+from tests.support.plans import CONFIGS, hf_rollout_spec
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 MB = ScheduledMinibatch(
     minibatch_id=3, prompt_ids=("p0",), batch_group_id=0, predicted_load=6.0, order_index=0
 )
@@ -42,24 +41,11 @@ class Source:
 def _actor(tmp_path: Path, *overrides: str, source: Source | None = None) -> GenerationActor:
     torch.set_num_threads(1)
     model = create_tiny_model(tmp_path / "model", TINY_TEST_ARCH, seed=0)
-    config = load_config_from_files(
-        CONFIGS,
-        "grpo_tiny_asp",
-        (
-            f"megatron_training.tokenizer_name_or_path={model}",
-            "rl_config.rollout_backend=hf",
-            "rl_config.n_samples_per_prompt=2",
-            "actor_config.micro_batch_size=16",
-            "rl_config.actor_forward_micro_batch_size=32",
-            "rl_config.ref_forward_micro_batch_size=32",
-            "generate_config.sampling_config.max_tokens=8",
-            *overrides,
-        ),
-    )
+    spec = hf_rollout_spec(model, "generate_config.sampling_config.max_tokens=8", *overrides)
     prompt = PromptRecord(prompt_id="p0", text="cp:ab=", token_ids=(5, 6, 7), label="ab")
     # Forced lengths (EOS ignored): the responses are long enough to cross a round boundary.
     return GenerationActor(
-        build_run_plan(config).rollout,
+        spec,
         str(model),
         {"p0": prompt},
         forced_lengths={"p0": (7, 5)},

@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
-from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.runtime.records import ScheduledMinibatch
 from mindspeed_rl.weights.convert import GuConverter
 from mindspeed_rl.weights.export import SnapshotWriter
@@ -27,8 +25,8 @@ from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout
 from mindspeed_rl.weights.manifest import MANIFEST_NAME
 from mindspeed_rl.weights.slots import WeightShapeError
 from mindspeed_rl.workers.generation_actor import GenerationActor
+from tests.support.plans import hf_rollout_spec
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 _FRESH = itertools.count(1)
 
 
@@ -36,21 +34,9 @@ _FRESH = itertools.count(1)
 def actor(tmp_path_factory: pytest.TempPathFactory) -> GenerationActor:
     torch.set_num_threads(1)
     model = create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TINY_TEST_ARCH, seed=0)
-    config = load_config_from_files(
-        CONFIGS,
-        "grpo_tiny_asp",
-        (
-            f"megatron_training.tokenizer_name_or_path={model}",
-            "rl_config.rollout_backend=hf",
-            "rl_config.n_samples_per_prompt=2",
-            "actor_config.micro_batch_size=16",
-            "rl_config.actor_forward_micro_batch_size=32",
-            "rl_config.ref_forward_micro_batch_size=32",
-            "generate_config.sampling_config.max_tokens=4",
-        ),
-    )
+    spec = hf_rollout_spec(model, "generate_config.sampling_config.max_tokens=4")
     prompt = PromptRecord(prompt_id="p0", text="cp:ab=", token_ids=(5, 6, 7), label="ab")
-    return GenerationActor(build_run_plan(config).rollout, str(model), {"p0": prompt}, gu_id=0, actor_id=1)
+    return GenerationActor(spec, str(model), {"p0": prompt}, gu_id=0, actor_id=1)
 
 
 def _weights(actor: GenerationActor) -> dict[str, torch.Tensor]:
