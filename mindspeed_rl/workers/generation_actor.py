@@ -246,8 +246,8 @@ class GenerationActor:
         return [flat[i * self._n : (i + 1) * self._n] for i in range(len(prompt_ids))]
 
     def _refresh_between_rounds(self) -> int | None:
-        """Reload to the GU's newest converted snapshot if it is newer than the weights held; the version now
-        held, or None if nothing changed (none newer, or refused)."""
+        """Reload to the GU's newest converted snapshot if it is newer than the weights held; the
+        version now held, or None if nothing changed (none newer, or refused)."""
         announced = self._ask_for_newer()
         if announced is None:
             return None
