@@ -269,6 +269,8 @@ join = (
 )
 bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
 bare["HOME"] = sys.argv[2]  # another user: no token file
+# Ray retries a refused connection for ~20 s by default; 3 tries keep the refusal, in ~3 s.
+bare["RAY_NUM_REDIS_GET_RETRIES"] = "3"
 wrong = {**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}
 results = {}
 for name, env, code in (("no_token", bare, join), ("wrong_token", wrong, connect), ("cluster_token", None, connect)):
