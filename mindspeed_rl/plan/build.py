@@ -278,6 +278,7 @@ def rollout_spec(config: GRPOConfig) -> RolloutSpec:
 
 def partial_rollout(config: GRPOConfig, max_tokens: int) -> PartialRollout | None:
     rl = config.rl_config
+    # Read whatever the pipeline: the plan is the one reader of every key (test_build_coverage).
     chunk = rl.partial_rollout_chunk_tokens or PartialRollout.auto_chunk(max_tokens)
     if rl.pipeline != "async" or rl.partial_rollout_max_split <= 1:
         return None

@@ -1,7 +1,7 @@
 """Measured off-policy distance, with the Eq. 4 estimate recorded alongside.
 
-Every sample carries the policy version that generated it, so ``d_off = step - version`` is
-measured exactly at consumption. For comparison, each arriving minibatch gets the paper's
+Every sample carries the policy version that generated it (with partial rollouts, that of its
+oldest token), so ``d_off = step - version`` is measured exactly at consumption. For comparison, each arriving minibatch gets the paper's
 estimate from the queue depth it found and the mean timings measured so far; a step's estimate
 is the mean over the prompts it consumes.
 """
@@ -23,9 +23,6 @@ class StepLag:
     d_off_min: int
     d_off_estimate_mean: float | None
     """Mean Eq. 4 estimate over the step's prompts; ``None`` if none had timings yet."""
-    oldest_token_max: int = 0
-    """Max over samples of ``step`` minus the version of the sample's OLDEST token (partial
-    rollouts: a response crosses refreshes; this is the lag the bound holds)."""
     split_samples: int = 0
     """Samples whose tokens come from more than one version (partial rollouts)."""
     split_segments: int = 0
@@ -58,9 +55,6 @@ class LagTracker:
         assert min(d_offs) >= 0, f"step {batch.step} consumed samples from a future policy version"
         estimates = [e for p in batch.prompts if (e := self._estimates.get(p.minibatch_id)) is not None]
         segments = [s.num_segments for s in batch.samples if s.segments]
-        oldest = [
-            batch.step - (s.segments[0].version if s.segments else s.policy_version) for s in batch.samples
-        ]
         lag = StepLag(
             step=batch.step,
             num_samples=len(d_offs),
@@ -68,7 +62,6 @@ class LagTracker:
             d_off_max=max(d_offs),
             d_off_min=min(d_offs),
             d_off_estimate_mean=sum(estimates) / len(estimates) if estimates else None,
-            oldest_token_max=max(oldest),
             split_samples=len(segments),
             split_segments=sum(segments),
             max_segments=max(segments, default=1),

@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.runtime.segments import TokenSegment, check_aligned, token_versions
+from mindspeed_rl.runtime.segments import TokenSegment, check_aligned
 
 if TYPE_CHECKING:
     from mindspeed_rl.runtime.group_filter import StepFilterStats
@@ -100,12 +100,6 @@ class Sample:
     @property
     def num_segments(self) -> int:
         return max(1, len(self.segments))
-
-    def token_versions(self) -> tuple[int, ...]:
-        """One version per response token."""
-        if not self.segments:
-            return (self.policy_version,) * len(self.response_token_ids)
-        return token_versions(self.segments)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -60,7 +60,8 @@ def step_metrics(seen: LoopObservation, events: ev.EventLog, cursor: MetricsCurs
         "backpressure/paused": float(seen.paused),
         "lag/d_off_mean": _mean([s.d_off_mean for s in lags]),
         "lag/d_off_max": max((float(s.d_off_max) for s in lags), default=None),
-        "lag/oldest_token_max": max((float(s.oldest_token_max) for s in lags), default=None),
+        # A sample's policy_version IS its oldest token's (Sample checks it against its segments).
+        "lag/oldest_token_max": max((float(s.d_off_max) for s in lags), default=None),
         "rollout/partial_samples": float(sum(s.split_samples for s in lags)) if lags else None,
         "rollout/max_segments": max((float(s.max_segments) for s in lags), default=None),
         "lag/d_off_eq4": _mean([s.d_off_estimate_mean for s in lags if s.d_off_estimate_mean is not None]),

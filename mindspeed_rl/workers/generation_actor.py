@@ -228,7 +228,7 @@ class GenerationActor:
         else:  # one request per sample, each with its own forced length
             prompts = [ids for ids in token_ids for _ in range(self._n)]
             limits, n = self._forced_limits(prompt_ids), 1
-        out, _ = generate_in_segments(
+        out = generate_in_segments(
             generate,
             prompts,
             limits,

@@ -63,9 +63,9 @@ def generate_in_segments(
     config: PartialRollout,
     version: int,
     refresh: RefreshFn,
-) -> tuple[list[list[SegmentedCompletion]], int]:
+) -> list[list[SegmentedCompletion]]:
     """Decode ``n`` responses per prompt (``limits``: max_tokens per prompt), refreshing weights
-    between rounds; returns ``[prompt][sample]`` completions and the number of refreshes."""
+    between rounds; returns ``[prompt][sample]`` completions."""
     if len(limits) != len(prompts):
         raise ValueError(f"{len(limits)} limits for {len(prompts)} prompts; pass one per prompt")
     opened = [_Open(prompt=tuple(p), limit=int(lim)) for p, lim in zip(prompts, limits) for _ in range(n)]
@@ -104,17 +104,16 @@ def generate_in_segments(
                     f"refresh reported version {new_version} after {version}; it must only load newer snapshots"
                 )
             version, splits = new_version, splits + 1
-    grouped = [
+    return [
         [
             SegmentedCompletion(
-                completion=Completion(tuple(o.tokens), tuple(o.log_probs), o.finish or "length"),
+                completion=Completion(tuple(o.tokens), tuple(o.log_probs), o.finish or "length"),  # all set
                 segments=o.segments,
             )
             for o in opened[i * n : (i + 1) * n]
         ]
         for i in range(len(prompts))
     ]
-    return grouped, splits
 
 
 def _take(o: _Open, completion: Completion, cap: int, *, version: int, max_split: int, final: bool) -> None:

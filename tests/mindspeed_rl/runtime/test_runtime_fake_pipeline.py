@@ -120,7 +120,6 @@ def test_partial_rollouts_keep_every_invariant_and_count_from_the_oldest_token(s
     assert lag.partial_samples_total == len(split)
     assert lag.partial_segments_total == sum(s.num_segments for s in split)
     assert lag.max_segments_per_sample == max(s.num_segments for s in split)
-    assert max(step.oldest_token_max for step in lag.steps) == pipe.loop.summary().max_policy_lag_measured
 
 
 def test_slow_trainer_triggers_backpressure_and_hysteresis() -> None:

@@ -47,7 +47,7 @@ def run(
     limit: int = 100,
     n: int = 1,
     min_tokens: int = 0,
-) -> tuple[list[list[tuple[tuple[int, ...], tuple[TokenSegment, ...], str]]], int, list[int]]:
+) -> tuple[list[list[tuple[tuple[int, ...], tuple[TokenSegment, ...], str]]], list[int]]:
     """``refresh_after``: round number -> version the refresh loads then."""
     asked: list[int] = []
 
@@ -59,7 +59,7 @@ def run(
         return new
 
     prompts = [(t, 1, 2) for t in targets]
-    out, splits = generate_in_segments(
+    out = generate_in_segments(
         engine.generate,
         prompts,
         [limit] * len(prompts),
@@ -76,13 +76,12 @@ def run(
     for per_prompt in out:
         for c in per_prompt:  # every token's log-prob is its version's
             assert c.completion.log_probs == tuple(-v - 0.5 for v in c.completion.token_ids)
-    return flat, splits, asked
+    return flat, asked
 
 
 def test_without_refresh_rounds_change_nothing() -> None:
     engine = FakeEngine(prompt_len=3)
-    out, splits, asked = run(engine, [3, 10], max_split=3, chunk=4, refresh_after={})
-    assert splits == 0
+    out, asked = run(engine, [3, 10], max_split=3, chunk=4, refresh_after={})
     assert out == [
         [((0,) * 3, (TokenSegment(version=0, num_tokens=3),), "stop")],
         [((0,) * 10, (TokenSegment(version=0, num_tokens=10),), "stop")],
@@ -94,8 +93,7 @@ def test_without_refresh_rounds_change_nothing() -> None:
 
 def test_a_refresh_continues_unfinished_responses_on_new_weights() -> None:
     engine = FakeEngine(prompt_len=3)
-    out, splits, _ = run(engine, [3, 10], max_split=3, chunk=4, refresh_after={1: 5})
-    assert splits == 1
+    out, _ = run(engine, [3, 10], max_split=3, chunk=4, refresh_after={1: 5})
     short, long = out[0][0], out[1][0]
     assert short == ((0,) * 3, (TokenSegment(version=0, num_tokens=3),), "stop")  # done before the refresh
     assert long[0] == (0,) * 4 + (5,) * 6
@@ -104,8 +102,7 @@ def test_a_refresh_continues_unfinished_responses_on_new_weights() -> None:
 
 def test_max_split_bounds_refreshes_then_decodes_to_the_end() -> None:
     engine = FakeEngine(prompt_len=3)
-    out, splits, asked = run(engine, [20], max_split=2, chunk=4, refresh_after={1: 1, 2: 2})
-    assert splits == 1
+    out, asked = run(engine, [20], max_split=2, chunk=4, refresh_after={1: 1, 2: 2})
     tokens, segments, finish = out[0][0]
     assert tokens == (0,) * 4 + (1,) * 16 and finish == "stop"
     assert segments == (TokenSegment(version=0, num_tokens=4), TokenSegment(version=1, num_tokens=16))
@@ -115,7 +112,7 @@ def test_max_split_bounds_refreshes_then_decodes_to_the_end() -> None:
 
 def test_n_samples_min_tokens_and_the_length_cap() -> None:
     engine = FakeEngine(prompt_len=3)
-    out, _, _ = run(engine, [50], max_split=4, chunk=4, refresh_after={}, limit=10, n=2, min_tokens=6)
+    out, _ = run(engine, [50], max_split=4, chunk=4, refresh_after={}, limit=10, n=2, min_tokens=6)
     assert len(out[0]) == 2
     assert all(len(t) == 10 and f == "length" for t, _, f in out[0])
     assert engine.calls[0][0] == 2  # the first round keeps n samples per prompt
