@@ -98,11 +98,8 @@ class ASPConfig:
     recency_window: int = opt(256, "online: latest (prediction, length) pairs each refit fits (>= 8).")
     window: int | None = opt(
         None,
-        "Streaming: schedule only the next W global batches from a lazy prompt source (null: the "
-        "whole run's prompts up front).",
-        refused="streaming prompts through a bounded schedule window (asp_config.window) is not "
-        "implemented yet; leave window null (the whole run is scheduled up front)",
-        accepts=(None,),
+        "Streaming (async pipeline): schedule only the next W global batches, drawing prompts from "
+        "the source as the window drains (null: the whole run's prompts scheduled up front).",
     )
 
     def schedule_params(self) -> ScheduleParams:

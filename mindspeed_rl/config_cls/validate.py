@@ -200,6 +200,23 @@ def _asp(config: GRPOConfig, p: Problems) -> None:
         p.add("asp_config.predictor.target_tau", f"must be in (0, 1], got {pred.target_tau}")
 
 
+def _window(config: GRPOConfig, p: Problems) -> None:
+    asp, rl = config.asp_config, config.rl_config
+    w = asp.window
+    if w is None:
+        return
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        p.add("asp_config.window", f"must be a number of global batches >= 1, or null; got {w!r}")
+    if rl.pipeline != "async":
+        p.add("asp_config.window", "streams the async pipeline's ASP schedule; set rl_config.pipeline: async "
+              "or window: null (the hybrid loop draws its batches itself)")  # fmt: skip
+    if rl.filter_groups_enable:
+        p.add("asp_config.window", "dynamic sampling's over-sampling reserve is drawn and scheduled up "
+              "front; set window: null or rl_config.filter_groups_enable: false")  # fmt: skip
+    if asp.schedule_path:
+        p.add("asp_config.window", "schedule_path is a precomputed whole-run schedule; unset one of the two")
+
+
 def _async(config: GRPOConfig, p: Problems) -> None:
     if config.rl_config.pipeline != "async":
         return
@@ -268,6 +285,7 @@ RULES: tuple[Callable[[GRPOConfig, Problems], None], ...] = (
     _generation,
     _model_build,
     _asp,
+    _window,
     _async,
     _resources,
     _warmup,

@@ -93,8 +93,10 @@ class ControlLoop:
         clock: Clock | None = None,
         events: ev.EventLog | None = None,
         sampling: DynamicSampling | None = None,
+        schedule_open: bool = False,
     ) -> None:
-        """``sampling``: DAPO's dynamic sampling (``runtime/group_filter.py``), None when off."""
+        """``sampling``: DAPO's dynamic sampling (``runtime/group_filter.py``), None when off;
+        ``schedule_open``: more chunks come through ``extend_schedule`` (``asp_config.window``)."""
         self.config = config
         self.sampling = sampling
         self.clock: Clock = clock or WallClock()
@@ -146,6 +148,7 @@ class ControlLoop:
         """GU -> the reason its latest start was refused, while it has not started since."""
         self._actors_registered: dict[int, int] = {}
         self._step_in_progress: tuple[int, float] | None = None  # (step, popped at)
+        self.schedule_open = schedule_open
         self._lock = threading.RLock()
 
     # ---- generation side ---------------------------------------------------------------------
@@ -203,7 +206,7 @@ class ControlLoop:
         return GuSignals(
             latest_version=self.latest_version,
             paused=self.backpressure.paused,
-            finished=self.prompts_consumed == self.database.num_prompts,
+            finished=not self.schedule_open and self.prompts_consumed == self.database.num_prompts,
             train_steps=self.budget.next_step,
         )
 
@@ -388,10 +391,11 @@ class ControlLoop:
             )
         candidates = self.queue.candidates(self.config.num_prompts_per_global_batch)
         full = len(candidates) == self.config.num_prompts_per_global_batch
-        if not full and self.sampling is not None and self.database.all_completed():
+        drained = self.database.all_completed() and not self.schedule_open
+        if not full and self.sampling is not None and drained:
             self.sampling.on_exhausted(step, len(candidates))  # whole batches only
             return None
-        if not candidates or not (full or self.database.all_completed()):
+        if not candidates or not (full or drained):
             return None
         deadlines = [c.deadline for c in candidates]
         if not self.budget.can_consume(deadlines):
@@ -436,13 +440,22 @@ class ControlLoop:
 
     # ---- state -------------------------------------------------------------------------------
     def _update_backpressure(self) -> None:
-        flipped = self.backpressure.update(self.queue.depth_samples)
-        if flipped is not None:
+        depth = self.queue.depth_samples
+        if (flipped := self.backpressure.update(depth)) is not None:
             self.events.append(
-                ev.BackpressureChanged(
-                    time=self.clock.now(), paused=flipped, depth_samples=self.queue.depth_samples
-                )
+                ev.BackpressureChanged(time=self.clock.now(), paused=flipped, depth_samples=depth)
             )
+
+    @_serialized
+    def extend_schedule(self, more: Sequence[ScheduledMinibatch], *, close: bool) -> None:
+        """A streaming window's next chunk (``close``: the last), after the whole schedule; then
+        ``dispatch()``."""
+        if not self.schedule_open:
+            raise ProtocolError("extend_schedule: this schedule is closed (no asp_config.window)")
+        self.config.check_minibatch_fits(max((mb.num_prompts for mb in more), default=0))
+        self.database.extend(more)
+        self.schedule_open = not close
+        self.last_progress = self.clock.now()
 
     @_serialized
     def replan_unsent(self, planner: replan.TailPlanner) -> replan.ReplanOutcome:
@@ -453,7 +466,8 @@ class ControlLoop:
     def is_finished(self) -> bool:
         """Every scheduled prompt has been consumed (trained on, or dropped by dynamic sampling);
         an over-sampling reserve still held is not needed."""
-        return self.prompts_consumed == self.database.num_prompts - self.database.num_held_prompts
+        expected = self.database.num_prompts - self.database.num_held_prompts
+        return not self.schedule_open and self.prompts_consumed == expected
 
     @_serialized
     def summary(self) -> RuntimeSummary:
@@ -469,32 +483,17 @@ class ControlLoop:
 
     @_serialized
     def trim_history(self, *, arrivals: int, lag_steps: int) -> None:
-        """Forget the arrival and lag records before these positions (a reader's cursor): a
-        long run's memory then holds one step of them. The simulator never trims."""
+        """Forget the arrival and lag records before a reader's cursor (the simulator never trims)."""
         self.queue.arrivals.trim(arrivals)
         self.lag.steps.trim(lag_steps)
 
     @property
     def queue_bound_samples(self) -> int:
-        """``Q_max`` + what the in-flight cap can still add once paused: every registered actor
-        may land one minibatch it started before the pause (the largest the schedule has)."""
+        """``Q_max`` + one minibatch (the schedule's largest) per registered actor started before a pause."""
         in_flight = sum(self._actors_registered.values()) * self.database.max_minibatch_prompts
         return self.config.queue_max_samples + in_flight * self.config.num_samples_per_prompt
 
     @_serialized
     def check_invariants(self) -> None:
         """Cross-check the parts' bookkeeping (tests and debug runs)."""
-        self.database.check_invariants()
-        running = {i for i, rec in self.database.in_flight_items() if rec.actor_id is not None}
-        assert running == set(self.recovery.running_on.values()), (
-            "running minibatches disagree with actor map"
-        )
-        queued_prompts = self.queue.depth_prompts
-        completed_prompts = sum(
-            self.database.minibatch(i).num_prompts
-            for i in self.database.minibatch_ids()
-            if self.database.state(i) is MinibatchState.COMPLETED
-        )
-        assert completed_prompts == queued_prompts + self.prompts_consumed, (
-            "prompts lost between ingest and trainer"
-        )
+        readout.check_invariants(self)

@@ -256,6 +256,31 @@ class Database:
             self._pending.append(mb.minibatch_id)
         return len(ordered_new)
 
+    def extend(self, more: Sequence[ScheduledMinibatch]) -> int:
+        """Append ``more`` after the whole schedule (a streaming window's next chunk).
+
+        The new minibatches are sent after everything already scheduled; their prompts, ids,
+        groups and order indices must all be new, so exactly-once and the ordering invariants of
+        ``__init__`` hold over the grown schedule. Returns how many were added."""
+        if any(mb.reserve for mb in more):
+            raise ValueError("an appended chunk cannot hold over-sampling reserve minibatches")
+        known = sorted(self._minibatches.values(), key=lambda mb: mb.order_index)
+        last = max((mb.order_index for mb in known), default=-1)
+        groups = {mb.batch_group_id for mb in known}
+        early = [mb.minibatch_id for mb in more if mb.order_index <= last or mb.batch_group_id in groups]
+        if early:
+            raise ValueError(
+                f"appended minibatches {early[:3]} reuse a batch group of the schedule or are ordered "
+                f"before its last position {last}; number a new chunk after the whole schedule."
+            )
+        ordered = sorted(more, key=lambda mb: mb.order_index)
+        _validate_schedule(known + ordered)  # ids and prompts unique over the grown schedule
+        for mb in ordered:
+            self._minibatches[mb.minibatch_id] = mb
+            self._state[mb.minibatch_id] = MinibatchState.PENDING
+            self._pending.append(mb.minibatch_id)
+        return len(ordered)
+
     # ---- invariants ----------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Every minibatch is in exactly one state and in exactly the matching structure."""

@@ -100,3 +100,18 @@ def stall_view(loop: ControlLoop, now: float) -> StallView:
         last_refusal=dict(loop.last_refusal),
         now=now,
     )
+
+
+def check_invariants(loop: ControlLoop) -> None:
+    """Cross-check the loop's parts (tests and debug runs): states against structures, the
+    running minibatches against the actor map, and no prompt lost between ingest and trainer."""
+    db = loop.database
+    db.check_invariants()
+    running = {i for i, rec in db.in_flight_items() if rec.actor_id is not None}
+    assert running == set(loop.recovery.running_on.values()), "running minibatches disagree with actor map"
+    completed_prompts = sum(
+        db.minibatch(i).num_prompts for i in db.minibatch_ids() if db.state(i) is MinibatchState.COMPLETED
+    )
+    assert completed_prompts == loop.queue.depth_prompts + loop.prompts_consumed, (
+        "prompts lost between ingest and trainer"
+    )

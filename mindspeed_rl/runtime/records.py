@@ -143,6 +143,8 @@ class GlobalBatch:
     """Dynamic sampling: prompts dropped (no spread) since the previous step; consumed, not trained."""
     gen_batches: int = 1
     """Dynamic sampling: generation batches this step's kept + filtered prompts make."""
+    records: tuple[Any, ...] = ()
+    """A streaming schedule: the trained prompts' records (as ``Assignment.records``)."""
 
     @property
     def num_prompts(self) -> int:
@@ -159,6 +161,7 @@ class GlobalBatch:
             prompts=self.prompts,
             filtered_prompt_ids=stats.filtered_prompt_ids,
             gen_batches=stats.gen_batches,
+            records=self.records,
         )
 
     def filter_metrics(self) -> dict[str, float]:
@@ -202,6 +205,10 @@ class Assignment:
     attempt: int
     """0 for the first issue, incremented at every re-issue after a failure."""
     issued_at: float
+    records: tuple[Any, ...] = ()
+    """A streaming schedule (``asp_config.window``): the minibatch's prompt records
+    (``datasets.PromptRecord``), since no actor holds a table of prompts drawn after it started;
+    empty: the actor's table has them."""
 
 
 class StartRefusal(enum.Enum):

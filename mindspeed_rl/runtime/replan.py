@@ -41,7 +41,8 @@ class TailPlanner(Protocol):
 class OnlineHook(Protocol):
     """What the Control Unit calls for online ASP (built by the trainer, handed to the CU)."""
 
-    def on_start(self, schedule: Sequence[ScheduledMinibatch], now: float) -> None: ...
+    def on_scheduled(self, schedule: Sequence[ScheduledMinibatch], now: float) -> None:
+        """``schedule`` became dispatchable: the whole schedule at start, or a streaming chunk."""
 
     def observe(self, completed: CompletedMinibatch) -> None:
         """An accepted minibatch: its samples' true lengths."""

@@ -10,6 +10,7 @@
     (watcher thread)         ─► a GU's run() ended ─► CU.on_gu_failed at once, even mid-step
     train(batch)             ─► TU.train_step
     export_snapshot(v)       ─► TU copies the weights; its writer thread publishes to the CU
+    extend_schedule(chunk)   ─► CU: a streaming run's next prompts and their schedule
     step_done(step)          ─► CU: lag accounting, per-step pipeline digest
     close(run_dir)           ─► stop GUs, summary.json + events.jsonl + final_model, kill actors
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.plan.build import RunPlan
     from mindspeed_rl.runtime.records import GlobalBatch, ScheduledMinibatch
     from mindspeed_rl.trainer.async_inputs import PipelineInputs
+    from mindspeed_rl.trainer.prompt_window import WindowChunk
     from mindspeed_rl.trainer.startup import RunStart
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
     from mindspeed_rl.workers.fault_plan import FaultPlan
@@ -81,18 +83,22 @@ class AsyncCluster:
         prompts = ray.put({r.prompt_id: r for r in inputs.prompts})
         control = ray_actor_options(a.control_resources)
         sampling = plan.dynamic_sampling
+        streaming = inputs.window is not None  # the schedule then arrives chunk by chunk
         cu: Any = (
             ray.remote(ControlUnit)
             .options(**control, max_concurrency=32)
             .remote(
                 plan.runtime,
-                inputs.schedule,
+                () if streaming else inputs.schedule,
                 str(run_dir / "events.jsonl"),
                 group_filter=None if sampling is None else oversampling.group_filter(sampling),
                 steps_total=plan.data.train_iters - (run.resumed.iteration if run.resumed else 0),
                 online=online_hook(plan.asp, inputs.schedule, run_dir),
+                streaming=streaming,
             )
         )
+        if inputs.window is not None:
+            ray.get(cu.extend_schedule.remote(inputs.schedule, inputs.prompts, inputs.window.closed))
         tu = remote_training_unit(
             plan.trainer,
             run.policy_path,
@@ -161,8 +167,14 @@ class AsyncCluster:
     def train(self, batch: GlobalBatch) -> dict[str, float]:
         import ray
 
-        stats: dict[str, float] = ray.get(self.tu.train_step.remote(batch.prompts))
+        stats: dict[str, float] = ray.get(self.tu.train_step.remote(batch.prompts, batch.records))
         return stats
+
+    def extend_schedule(self, chunk: WindowChunk) -> None:
+        """A streaming run's next chunk of prompts and their schedule, to the CU."""
+        import ray
+
+        ray.get(self.cu.extend_schedule.remote(chunk.minibatches, chunk.records, chunk.last))
 
     def export_snapshot(self, version: int) -> float:
         """Start exporting the weights as ``version``; returns the seconds the trainer was blocked."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.plan.build import DataSpec
     from mindspeed_rl.runtime.records import ScheduledMinibatch
+    from mindspeed_rl.trainer.prompt_window import PromptWindow
     from mindspeed_rl.trainer.startup import RunStart
 
 
@@ -45,6 +46,12 @@ class PipelineInputs:
     """Trace replay: the trainer step is a fixed sleep of this many seconds."""
     held_out: tuple[PromptRecord, ...] = ()
     """The split's validation prompts, for periodic evaluation (never trained on)."""
+    stream: Iterable[PromptRecord] | None = None
+    """``asp_config.window``: every prompt of the run in draw order, read only as the window
+    needs (``trainer/prompt_window.py``); ``prompts`` and ``schedule`` are then built from it."""
+    window: PromptWindow | None = None
+    """Set by ``run_inputs`` for a streaming run: the rest of ``stream``; ``prompts`` and
+    ``schedule`` then hold the first window (a resumed run: the checkpoint's remaining schedule)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +84,8 @@ def run_inputs(run: RunStart, given: PipelineInputs | None) -> PipelineInputs:
     across the consumed/unconsumed line if anything in the predictor changed."""
     if given is None:
         given = _from_split(run, build=run.resumed is None)
+    if given.stream is not None:
+        return _windowed(run, given, given.stream)
     if run.resumed is None:
         return given
     known = {r.prompt_id for r in given.prompts}
@@ -98,6 +107,9 @@ def _from_split(run: RunStart, *, build: bool) -> PipelineInputs:
         raise ValueError("the run was started without loading its prompts; pass its PipelineInputs")
     data, sampling = run.plan.data, run.plan.dynamic_sampling
     records = tuple(run_prompts(oversampling.drawn_data(data, sampling), run.splits.train))
+    if run.plan.asp is not None and run.plan.asp.window is not None:
+        # The split is loaded whole (its records are small); the schedule streams through the window.
+        return PipelineInputs(prompts=(), schedule=(), held_out=run.splits.valid, stream=records)
     # Dynamic sampling draws further: the base is what a run without it trains on, the rest is
     # the held over-sampling reserve (trainer/oversampling.py).
     num_base = data.train_iters * data.num_prompts_per_global_batch
@@ -108,3 +120,52 @@ def _from_split(run: RunStart, *, build: bool) -> PipelineInputs:
         schedule = build_schedule(run.plan.asp, data, records[:num_base], run.run_dir)
         schedule += oversampling.reserve_schedule(run.plan.asp, data, records[num_base:], after=schedule)
     return PipelineInputs(prompts=records, schedule=schedule, held_out=run.splits.valid)
+
+
+def _windowed(run: RunStart, given: PipelineInputs, stream: Iterable[PromptRecord]) -> PipelineInputs:
+    """A streaming run's first window (fresh) or its checkpoint's remaining schedule (resumed, the
+    source moved past what the lineage drew); the actors' and trainer's tables hold only these."""
+    from mindspeed_rl.trainer.prompt_window import skip_drawn
+
+    if run.resumed is None:
+        window = _window(run, stream, drawn_batches=0)
+        first = window.top_up(0)
+        assert first is not None, "an empty window draws its first chunk"
+        return dataclasses.replace(given, prompts=first.records, schedule=first.minibatches, window=window)
+    per_batch = run.plan.data.num_prompts_per_global_batch
+    drawn = [p for mb in run.resumed.schedule for p in mb.prompt_ids]
+    if len(drawn) % per_batch:
+        raise ValueError(
+            f"checkpoint {run.resumed.folder} scheduled {len(drawn)} prompts, not whole global batches of "
+            f"{per_batch}: it was not written by a streaming run with this global_batch_size"
+        )
+    records, rest = skip_drawn(stream, drawn)
+    window = _window(run, rest, drawn_batches=len(drawn) // per_batch)
+    window.continue_after(run.resumed.schedule)
+    remaining = run.resumed.remaining_schedule
+    kept = tuple(records[p] for mb in remaining for p in mb.prompt_ids)
+    return dataclasses.replace(given, prompts=kept, schedule=remaining, window=window)
+
+
+def _window(run: RunStart, source: Iterable[PromptRecord], *, drawn_batches: int) -> PromptWindow:
+    from mindspeed_rl.datasets.asp_schedule import build_run_schedule
+    from mindspeed_rl.trainer.prompt_window import PromptWindow
+    from mindspeed_rl.trainer.run_schedule import true_lengths
+
+    asp, data = run.plan.asp, run.plan.data
+    if asp is None or asp.window is None:
+        raise ValueError("a prompt stream needs asp_config.window (and rl_config.pipeline: async)")
+    oracle = asp.predictor.type == "oracle_noisy" and not asp.predictor.path
+
+    def schedule_chunk(chunk: Sequence[PromptRecord]) -> tuple[ScheduledMinibatch, ...]:
+        exact = true_lengths(data, chunk) if oracle else None
+        return build_run_schedule(asp, chunk, true_lengths=exact).minibatches
+
+    return PromptWindow(
+        source,
+        window=asp.window,
+        prompts_per_batch=data.num_prompts_per_global_batch,
+        total_batches=data.train_iters,
+        schedule_chunk=schedule_chunk,
+        drawn_batches=drawn_batches,
+    )

@@ -51,8 +51,11 @@ def train(
     lineage, plan = saver.lineage, run.plan
     cluster = AsyncCluster.start(run, inputs, hooks.faults)
     saver.restore(cluster.tu, run.resumed)
+    carry = plan.asp is not None and (plan.asp.online or inputs.window is not None)
     with IterationReport(run_dir, plan, inputs.held_out, CONSOLE_KEYS) as report:
         for step in range(lineage.start_iteration, plan.data.train_iters):
+            if inputs.window is not None and (chunk := inputs.window.top_up(step)) is not None:
+                cluster.extend_schedule(chunk)  # streaming: the window drained past half
             # The CU and the snapshot versions count this run's steps (v0 = the weights it started from).
             local = step - lineage.start_iteration
             start = time.perf_counter()
@@ -67,8 +70,8 @@ def train(
             if plan.dynamic_sampling is not None:
                 record.update(batch.filter_metrics())
             report.write(step, record, cluster.tu)
-            if plan.asp is not None and plan.asp.online and saver.spec.is_save_iteration(step):
-                # Online ASP: the checkpoint carries the schedule as re-planned.
+            if carry and saver.spec.is_save_iteration(step):
+                # Online ASP / a window: the checkpoint carries the schedule as re-planned / drawn.
                 lineage.schedule = online_asp.carry_schedule(lineage.schedule, cluster.current_schedule())
             if saver.maybe_save(step, cluster.tu) is not None:
                 run_end.plots_at_checkpoint(run_dir)

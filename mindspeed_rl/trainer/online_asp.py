@@ -50,7 +50,11 @@ class OnlineAsp:
         self.replan_walls: list[float] = []
         self.num_refits = 0
 
-    def on_start(self, schedule: Sequence[ScheduledMinibatch], now: float) -> None:
+    def on_scheduled(self, schedule: Sequence[ScheduledMinibatch], now: float) -> None:
+        for mb in schedule:  # a streaming chunk's prompts: their offline prediction is the prior
+            for p in mb.prompt_ids:
+                if not self.predictor.knows(p):
+                    self.predictor.add_prior(p, max(mb.predicted_load / mb.num_prompts, 1.0))
         self.starvation.on_available([p for mb in schedule for p in mb.prompt_ids], now)
 
     def observe(self, completed: CompletedMinibatch) -> None:

@@ -73,6 +73,7 @@ from mindspeed_rl.workers.gu_messages import (
     GuPoll,
     GuReport,
 )
+from mindspeed_rl.workers.prompt_book import PromptBook
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -103,8 +104,11 @@ class ControlUnit:
         group_filter: GroupFilter | None = None,
         steps_total: int | None = None,
         online: OnlineHook | None = None,
+        streaming: bool = False,
     ) -> None:
         """``online``: online ASP's hook (``runtime.replan.OnlineHook``), fed below.
+        ``streaming``: the schedule grows through ``extend_schedule`` (``asp_config.window``); the
+        CU then carries the prompts' records to the actors and the trainer (``PromptBook``).
         ``events_path``: the run's ``events.jsonl``, appended to once per trainer step (and at
         ``close_events``), so the event log never crosses one giant RPC nor grows with the run.
         ``group_filter`` / ``steps_total``: DAPO's dynamic sampling (``runtime.group_filter``)."""
@@ -120,7 +124,9 @@ class ControlUnit:
             else DynamicSampling(
                 group_filter, steps_total=steps_total, prompts_per_step=config.num_prompts_per_global_batch
             ),
+            schedule_open=streaming,
         )
+        self._book = PromptBook() if streaming else None
         self._outbox: dict[int, list[Assignment]] = {}
         # Per GU: news (anything it may act on) and urgent news (a snapshot, the end, a failure)
         # counters, what its last answer told it, and how many answers it got.
@@ -141,6 +147,7 @@ class ControlUnit:
         self._signals = self._loop.gu_signals()
         self._cpu_at_start = time.process_time()
         self._online = online
+        self._started = False
 
     # ---- generation side ---------------------------------------------------------------------
     def register_gu(self, gu_id: int, num_actors: int) -> GuFaultSettings:
@@ -159,9 +166,25 @@ class ControlUnit:
             # The control plane's cost is what it burns while the pipeline runs: construction and
             # the wait for the engines to come up are start-up, like the engines' own start.
             self._cpu_at_start = time.process_time()
+            self._started = True
             if self._online is not None:  # the prompts' first possible dispatch
-                self._online.on_start(self._loop.database.schedule_now(), self._loop.clock.now())
+                self._online.on_scheduled(self._loop.database.schedule_now(), self._loop.clock.now())
             return self._changed()
+
+    @_counted
+    def extend_schedule(self, more: Sequence[ScheduledMinibatch], records: Sequence[Any], close: bool) -> int:
+        """A streaming window's next chunk and its prompts' records (``close``: the last chunk);
+        returns the number of new assignments."""
+        if self._book is None:
+            raise ValueError("extend_schedule needs a ControlUnit started with streaming=True")
+        with self._lock:
+            self._book.add(records, more)
+            self._loop.extend_schedule(more, close=close)
+            if self._online is not None and self._started:  # else start() tells it
+                self._online.on_scheduled(more, self._loop.clock.now())
+            dispatched = self._changed(everyone=True)
+            self._batch_may_be_ready.notify_all()  # closing may complete a short last batch
+            return dispatched
 
     @_counted
     def poll(self, gu_id: int, wait_s: float = 0.0) -> GuPoll:
@@ -313,7 +336,7 @@ class ControlUnit:
         moved = {a.gu_id for a in assignments}
         for a in assignments:
             assert a.gu_id in self._outbox, f"dispatched to unknown GU {a.gu_id}"
-            self._outbox[a.gu_id].append(a)
+            self._outbox[a.gu_id].append(a if self._book is None else self._book.attach(a))
         signals, before = self._loop.gu_signals(), self._signals
         if everyone or signals != before:
             self._signals = signals
@@ -365,7 +388,7 @@ class ControlUnit:
             batch = self._loop.pop_global_batch(step)
             if batch is not None:
                 self._changed()
-            return batch
+            return self._with_records(batch)
 
     @_counted
     def wait_global_batch(self, step: int, timeout_s: float) -> GlobalBatch | None:
@@ -389,7 +412,10 @@ class ControlUnit:
             if self._online is not None:
                 self._online.on_consumed(batch, self._loop.clock.now())
             self._changed()
-            return batch
+            return self._with_records(batch)
+
+    def _with_records(self, batch: GlobalBatch | None) -> GlobalBatch | None:
+        return batch if batch is None or self._book is None else self._book.take(batch)
 
     @_counted
     def on_train_step_done(self, step: int) -> dict[str, float]:

@@ -122,13 +122,17 @@ class GenerationActor:
         attempt: int = 0,
         sent_at: float = 0.0,
         fault: str | None = None,
+        records: Sequence[PromptRecord] = (),
     ) -> CompletedMinibatch:
         """``fault`` (integration tests only, chosen by the GU's ``FaultPlan``): ``"exit"`` the
-        process, ``"hang"`` forever, or ``"raise"``, as a crashed, hung or failing engine would."""
+        process, ``"hang"`` forever, or ``"raise"``, as a crashed, hung or failing engine would.
+        ``records``: a streaming schedule's records of the minibatch's prompts (the table given at
+        start holds only the first window's)."""
         started = time.time()
         if fault is not None:
             _inject(fault, self.gu_id, self.actor_id, minibatch.minibatch_id)
-        token_ids = [self._prompts[pid].token_ids for pid in minibatch.prompt_ids]
+        table = {r.prompt_id: r for r in records} if records else self._prompts
+        token_ids = [table[pid].token_ids for pid in minibatch.prompt_ids]
         start_version = self.policy_version
         self._mid_reloads = []
         outputs: list[list[tuple[Completion, tuple[TokenSegment, ...]]]]
@@ -157,7 +161,7 @@ class GenerationActor:
             for j, (completion, segments) in enumerate(completions)
         )
         if self._filter is not None:
-            self._filter.score(samples, self._prompts)
+            self._filter.score(samples, table)
         return CompletedMinibatch(
             minibatch_id=minibatch.minibatch_id,
             attempt=attempt,
@@ -177,12 +181,15 @@ class GenerationActor:
         attempt: int = 0,
         sent_at: float = 0.0,
         fault: str | None = None,
+        records: Sequence[PromptRecord] = (),
     ) -> tuple[GenerationReceipt, CompletedMinibatch]:
         """``generate_minibatch`` for a caller that forwards the samples unopened: call it with
         ``.options(num_returns=2)``. The first object (a small receipt) is what the Generation
         Unit reads, which raises if this actor died; the samples' ObjectRef goes on to the Control
         Unit, so they are deserialized once, there, instead of in the GU and again in the CU."""
-        completed = self.generate_minibatch(minibatch, attempt=attempt, sent_at=sent_at, fault=fault)
+        completed = self.generate_minibatch(
+            minibatch, attempt=attempt, sent_at=sent_at, fault=fault, records=records
+        )
         receipt = GenerationReceipt(
             minibatch_id=completed.minibatch_id,
             held_version=self.policy_version,

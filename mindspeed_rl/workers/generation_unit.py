@@ -332,7 +332,9 @@ class GenerationUnit:
                 receipt, samples = (
                     self._handles[action.actor_id]
                     .generate_with_receipt.options(num_returns=2)
-                    .remote(a.minibatch, attempt=a.attempt, sent_at=a.issued_at, fault=fault)
+                    .remote(
+                        a.minibatch, attempt=a.attempt, sent_at=a.issued_at, fault=fault, records=a.records
+                    )
                 )
                 self._pending[receipt] = ("generate", action.actor_id)
                 self._running.start(receipt, action.actor_id, a.minibatch.predicted_load, time.monotonic())

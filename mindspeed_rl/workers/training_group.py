@@ -213,8 +213,8 @@ class GroupedTrainingUnit:
         # One run id for every rank's SnapshotWriter: they publish each snapshot together.
         self._run_id = uuid.uuid4().hex[:16]
 
-    def train_step(self, groups: Sequence[Any]) -> dict[str, float]:
-        result: dict[str, float] = self._group.call("train_step", groups)
+    def train_step(self, groups: Sequence[Any], records: Sequence[Any] = ()) -> dict[str, float]:
+        result: dict[str, float] = self._group.call("train_step", groups, records)
         return result
 
     def enable_snapshots(self, root_dir: str, keep_last: int, **transport: Any) -> None:

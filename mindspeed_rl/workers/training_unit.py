@@ -130,6 +130,7 @@ class TrainingUnit:
         torch.set_num_threads(torch_threads_for(spec.num_cpus))
         self._spec = spec
         self._prompts = dict(prompts)
+        self._step_records: dict[str, PromptRecord] = {}
         self._tokenizer = load_tokenizer(policy_path)
         self._reward_fn = build_reward_fn(spec.reward)
         built = (engines or default_engines)(spec, policy_path)
@@ -155,14 +156,18 @@ class TrainingUnit:
         self._export_errors: list[BaseException] = []
         self._errors_lock = threading.Lock()
 
-    def train_step(self, groups: Sequence[PromptGroup]) -> dict[str, float]:
-        """One GRPO iteration on whole prompt groups; returns metrics and stage times.
+    def train_step(
+        self, groups: Sequence[PromptGroup], records: Sequence[PromptRecord] = ()
+    ) -> dict[str, float]:
+        """One GRPO iteration on whole prompt groups; returns metrics and stage times. ``records``:
+        a streaming schedule's records of these prompts (not in the table given at start).
 
         Order: reward -> reference log-probs -> (KL-shaped reward) -> advantages -> old log-probs
         -> update. The reference pass comes before advantages because ``use_kl_in_reward``
         subtracts the KL from the reward the advantages are computed from.
         """
         samples = _ordered_samples(groups, self._spec.n_samples_per_prompt)
+        self._step_records = {r.prompt_id: r for r in records}
         if self._simulated_step_seconds is not None:
             return _simulated_step(samples, self._simulated_step_seconds)
         times: dict[str, float] = {}
@@ -385,11 +390,15 @@ class TrainingUnit:
             if self._export_errors:
                 raise RuntimeError("a snapshot export failed") from self._export_errors[0]
 
+    def _record(self, prompt_id: str) -> PromptRecord:
+        found = self._step_records.get(prompt_id)
+        return found if found is not None else self._prompts[prompt_id]
+
     def _rewards(self, samples: Sequence[Sample]) -> RewardResult:
         responses = [
             self._tokenizer.decode(list(s.response_token_ids), skip_special_tokens=True) for s in samples
         ]
-        labels = [self._prompts[s.prompt_id].label for s in samples]
+        labels = [self._record(s.prompt_id).label for s in samples]
         return self._reward_fn(responses, labels)
 
     def evaluate(self, prompts: Sequence[PromptRecord], settings: EvalSettings) -> dict[str, float]:
@@ -407,7 +416,7 @@ class TrainingUnit:
         from mindspeed_rl.models.training.batch import TrainBatch
 
         return TrainBatch.from_lists(
-            prompt_ids=[self._prompts[s.prompt_id].token_ids for s in samples],
+            prompt_ids=[self._record(s.prompt_id).token_ids for s in samples],
             response_ids=[s.response_token_ids for s in samples],
             advantages=np.zeros(len(samples), dtype=np.float32),
             # The behaviour policy and its version per token (a partial rollout's tokens come from

@@ -33,6 +33,7 @@ from mindspeed_rl.runtime import (
 from mindspeed_rl.runtime.group_filter import DynamicSampling, GroupFilter
 from mindspeed_rl.runtime.gu_policy import GuPolicy, Reload, Start, StartGate, Wait
 from mindspeed_rl.runtime.segments import TokenSegment
+from mindspeed_rl.trainer.prompt_window import PromptWindow
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,8 +92,18 @@ class Observed:
 
 
 class FakePipeline:
-    def __init__(self, config: RuntimeConfig, schedule: list[ScheduledMinibatch], setup: Setup) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        schedule: list[ScheduledMinibatch],
+        setup: Setup,
+        *,
+        window: PromptWindow | None = None,
+    ) -> None:
+        """``window``: a streaming schedule (``schedule`` must then be empty); each trainer step
+        tops it up as ``grpo_trainer_async`` does."""
         self.config, self.setup = config, setup
+        self.window = window
         self.clock = FakeClock()
         P = config.num_prompts_per_global_batch
         sampling = (
@@ -107,7 +118,15 @@ class FakePipeline:
                 prompts_per_step=P,
             )
         )
-        self.loop = ControlLoop(config=config, schedule=schedule, clock=self.clock, sampling=sampling)
+        self.loop = ControlLoop(
+            config=config,
+            schedule=schedule,
+            clock=self.clock,
+            sampling=sampling,
+            schedule_open=window is not None,
+        )
+        if window is not None:
+            self._top_up(0)
         self.rng = random.Random(setup.seed)
         self.gus = {
             g: GuPolicy(gu_id=g, actor_ids=range(setup.actors_per_gu))
@@ -171,12 +190,20 @@ class FakePipeline:
         assert isinstance(step, int)
         snapshot = SnapshotInfo(version=step + 1, path=f"/snap/{step + 1}", created_at=self.clock.now())
         self.loop.on_train_step_done(step, snapshot, save_seconds=0.05)
+        if self.window is not None:
+            self._top_up(step + 1)
         if self.setup.trim_history:
             self.loop.trim_history(arrivals=len(self.loop.queue.arrivals), lag_steps=len(self.loop.lag.steps))
         self.trainer_busy = False
         for g, gu in self.gus.items():
             gu.on_snapshot_published(snapshot)
             self._start_conversion(g)
+
+    def _top_up(self, consumed: int) -> None:
+        assert self.window is not None
+        chunk = self.window.top_up(consumed)
+        if chunk is not None:
+            self.loop.extend_schedule(chunk.minibatches, close=chunk.last)
 
     def _start_conversion(self, gu_id: int) -> None:
         snapshot = self.gus[gu_id].next_conversion()

@@ -77,7 +77,7 @@ def _run(
         max_policy_lag=None,  # this fake actor never reloads
     )
     loop = ControlLoop(config=config, schedule=schedule, clock=clock)
-    hook.on_start(schedule, clock.now())
+    hook.on_scheduled(schedule, clock.now())
     loop.register_gu(0, num_actors=1)
     queue, step, metrics, consumed = list(loop.dispatch()), 0, [], []
     while not loop.is_finished() and step != max_steps:

@@ -434,3 +434,57 @@ def test_a_paused_gu_is_woken_by_the_resume_not_by_trainer_steps_before_it() -> 
     assert cu.pop_global_batch(1) is not None  # drained: resumed
     waiter.join(timeout=10.0)
     assert not waiter.is_alive() and isinstance(got[0], GuPoll) and not got[0].paused
+
+
+def test_a_streaming_cu_carries_each_prompts_record_until_it_is_consumed() -> None:
+    """asp_config.window: the CU holds the records of the window's prompts, attaches them to every
+    assignment (a re-issue too) and to the trainer's batch, then forgets them; the GUs are not
+    told to finish while the schedule is open, though everything scheduled so far was consumed."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Rec:
+        prompt_id: str
+        token_ids: tuple[int, ...] = (1,)
+
+    config = RuntimeConfig(num_prompts_per_global_batch=4, num_samples_per_prompt=N, queue_max_samples=16,
+                           queue_resume_samples=8, gu_queue_low=1, gu_queue_high=2, max_policy_lag=2)  # fmt: skip
+    cu = ControlUnit(config, (), streaming=True)
+    chunk = schedule(2)
+    with pytest.raises(ValueError, match="without their records"):
+        cu.extend_schedule(chunk, [Rec("p0_0")], False)
+    cu.extend_schedule(chunk, [Rec(p) for mb in chunk for p in mb.prompt_ids], False)
+    cu.register_gu(0, 1)
+    cu.register_gu(1, 1)
+    cu.start()
+    first = [a for g in (0, 1) for a in cu.poll(g).assignments]
+    assert first and all([r.prompt_id for r in a.records] == list(a.minibatch.prompt_ids) for a in first)
+    cu.on_gu_failed(0)  # its minibatches are re-issued to GU 1, records attached again
+    for a in first:
+        if a.gu_id == 1:
+            cu.request_start(
+                a.minibatch.minibatch_id, attempt=a.attempt, gu_id=1, actor_id=0, policy_version=0
+            )
+            cu.on_minibatch_completed(completed(a.minibatch, gu=1, actor=0, attempt=a.attempt))
+    reissued = list(cu.poll(1).assignments)
+    assert reissued and all(a.records and a.attempt == 1 for a in reissued)
+    for a in reissued:
+        cu.request_start(a.minibatch.minibatch_id, attempt=a.attempt, gu_id=1, actor_id=0, policy_version=0)
+        cu.on_minibatch_completed(completed(a.minibatch, gu=1, actor=0, attempt=a.attempt))
+    batch = cu.pop_global_batch(0)
+    assert batch is not None and [r.prompt_id for r in batch.records] == list(batch.prompt_ids)
+    assert len(cu._book) == 0  # type: ignore[arg-type]  # consumed: forgotten
+    cu.on_train_step_done(0)
+    assert not cu.poll(1).finished and not cu.is_finished()  # open: more chunks come
+    more = ScheduledMinibatch(minibatch_id=10, prompt_ids=("x0", "x1", "x2", "x3"), batch_group_id=10,
+                              predicted_load=1.0, order_index=10)  # fmt: skip
+    cu.extend_schedule([more], [Rec(p) for p in more.prompt_ids], True)
+    with pytest.raises(ValueError, match="already drawn into the window"):
+        cu.extend_schedule([], [Rec("x0")], True)
+    (a,) = cu.poll(1).assignments
+    assert [r.prompt_id for r in a.records] == ["x0", "x1", "x2", "x3"]
+    cu.request_start(10, attempt=0, gu_id=1, actor_id=0, policy_version=0)
+    cu.on_minibatch_completed(completed(more, gu=1, actor=0))
+    assert cu.pop_global_batch(1) is not None
+    cu.on_train_step_done(1)
+    assert cu.is_finished() and cu.poll(1).finished  # closed and drained
