@@ -447,15 +447,16 @@ class ControlLoop:
             )
 
     @_serialized
-    def extend_schedule(self, more: Sequence[ScheduledMinibatch], *, close: bool) -> None:
-        """A streaming window's next chunk (``close``: the last), after the whole schedule; then
-        ``dispatch()``."""
+    def extend_schedule(
+        self, more: Sequence[ScheduledMinibatch], *, close: bool
+    ) -> tuple[ScheduledMinibatch, ...]:
+        """A streaming window's chunk (``close``: the last), renumbered after the whole schedule."""
         if not self.schedule_open:
             raise ProtocolError("extend_schedule: this schedule is closed (no asp_config.window)")
         self.config.check_minibatch_fits(max((mb.num_prompts for mb in more), default=0))
-        self.database.extend(more)
-        self.schedule_open = not close
-        self.last_progress = self.clock.now()
+        added = self.database.extend(more)
+        self.schedule_open, self.last_progress = not close, self.clock.now()
+        return added
 
     @_serialized
     def replan_unsent(self, planner: replan.TailPlanner) -> replan.ReplanOutcome:

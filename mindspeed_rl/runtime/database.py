@@ -13,6 +13,7 @@ online re-plan (``runtime/replan.py``) may swap the unsent tail for another orde
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 from collections import deque
@@ -256,30 +257,29 @@ class Database:
             self._pending.append(mb.minibatch_id)
         return len(ordered_new)
 
-    def extend(self, more: Sequence[ScheduledMinibatch]) -> int:
-        """Append ``more`` after the whole schedule (a streaming window's next chunk).
+    def extend(self, more: Sequence[ScheduledMinibatch]) -> tuple[ScheduledMinibatch, ...]:
+        """Append ``more`` after the whole schedule (a streaming window's next chunk); returns it
+        as appended.
 
-        The new minibatches are sent after everything already scheduled; their prompts, ids,
-        groups and order indices must all be new, so exactly-once and the ordering invariants of
-        ``__init__`` hold over the grown schedule. Returns how many were added."""
+        The chunk keeps its own order and grouping but is renumbered (ids, batch groups, order
+        indices) after the schedule as it stands: only the database knows that numbering, since
+        an online re-plan renumbers the unsent tail after everything it has seen. Its prompts must
+        be new, so exactly-once holds over the grown schedule."""
         if any(mb.reserve for mb in more):
             raise ValueError("an appended chunk cannot hold over-sampling reserve minibatches")
         known = sorted(self._minibatches.values(), key=lambda mb: mb.order_index)
-        last = max((mb.order_index for mb in known), default=-1)
-        groups = {mb.batch_group_id for mb in known}
-        early = [mb.minibatch_id for mb in more if mb.order_index <= last or mb.batch_group_id in groups]
-        if early:
-            raise ValueError(
-                f"appended minibatches {early[:3]} reuse a batch group of the schedule or are ordered "
-                f"before its last position {last}; number a new chunk after the whole schedule."
-            )
-        ordered = sorted(more, key=lambda mb: mb.order_index)
-        _validate_schedule(known + ordered)  # ids and prompts unique over the grown schedule
+        ordered = renumbered(
+            more,
+            first_id=max((mb.minibatch_id for mb in known), default=-1) + 1,
+            first_group=max((mb.batch_group_id for mb in known), default=-1) + 1,
+            first_order=max((mb.order_index for mb in known), default=-1) + 1,
+        )
+        _validate_schedule(known + list(ordered))  # prompts unique over the grown schedule
         for mb in ordered:
             self._minibatches[mb.minibatch_id] = mb
             self._state[mb.minibatch_id] = MinibatchState.PENDING
             self._pending.append(mb.minibatch_id)
-        return len(ordered)
+        return ordered
 
     # ---- invariants ----------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -329,3 +329,20 @@ def _validate_schedule(ordered: list[ScheduledMinibatch]) -> None:
                     f"batch group {mb.batch_group_id} is not contiguous in the dispatch order; "
                     "shuffle whole groups only, never split one."
                 )
+
+
+def renumbered(
+    chunk: Sequence[ScheduledMinibatch], *, first_id: int, first_group: int, first_order: int
+) -> tuple[ScheduledMinibatch, ...]:
+    """``chunk`` in its own order, numbered consecutively from the given id, group and position
+    (its batch groups stay apart from each other and from everything numbered before)."""
+    groups: dict[int, int] = {}
+    out = []
+    for i, mb in enumerate(sorted(chunk, key=lambda m: m.order_index)):
+        group = groups.setdefault(mb.batch_group_id, first_group + len(groups))
+        out.append(
+            dataclasses.replace(
+                mb, minibatch_id=first_id + i, batch_group_id=group, order_index=first_order + i
+            )
+        )
+    return tuple(out)

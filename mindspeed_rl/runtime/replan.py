@@ -53,6 +53,10 @@ class OnlineHook(Protocol):
         """After trainer step ``step``: refit / re-plan as due; returns metrics for the step."""
         ...
 
+    def replan_now(self, replan: Callable[[TailPlanner], ReplanOutcome]) -> ReplanOutcome:
+        """Re-plan the unsent tail at once (a streaming chunk just arrived)."""
+        ...
+
     def summary(self) -> dict[str, Any]: ...
 
 

@@ -128,7 +128,7 @@ def _windowed(run: RunStart, given: PipelineInputs, stream: Iterable[PromptRecor
     from mindspeed_rl.trainer.prompt_window import skip_drawn
 
     if run.resumed is None:
-        window = _window(run, stream, drawn_batches=0)
+        window = _window(run, stream, drawn_batches=0, stream=stream)
         first = window.top_up(0)
         assert first is not None, "an empty window draws its first chunk"
         return dataclasses.replace(given, prompts=first.records, schedule=first.minibatches, window=window)
@@ -140,32 +140,28 @@ def _windowed(run: RunStart, given: PipelineInputs, stream: Iterable[PromptRecor
             f"{per_batch}: it was not written by a streaming run with this global_batch_size"
         )
     records, rest = skip_drawn(stream, drawn)
-    window = _window(run, rest, drawn_batches=len(drawn) // per_batch)
+    window = _window(run, rest, drawn_batches=len(drawn) // per_batch, stream=stream)
     window.continue_after(run.resumed.schedule)
     remaining = run.resumed.remaining_schedule
     kept = tuple(records[p] for mb in remaining for p in mb.prompt_ids)
     return dataclasses.replace(given, prompts=kept, schedule=remaining, window=window)
 
 
-def _window(run: RunStart, source: Iterable[PromptRecord], *, drawn_batches: int) -> PromptWindow:
-    from mindspeed_rl.datasets.asp_schedule import build_run_schedule
+def _window(
+    run: RunStart, source: Iterable[PromptRecord], *, drawn_batches: int, stream: Iterable[PromptRecord]
+) -> PromptWindow:
     from mindspeed_rl.trainer.prompt_window import PromptWindow
-    from mindspeed_rl.trainer.run_schedule import true_lengths
+    from mindspeed_rl.trainer.run_schedule import chunk_scheduler
 
     asp, data = run.plan.asp, run.plan.data
     if asp is None or asp.window is None:
         raise ValueError("a prompt stream needs asp_config.window (and rl_config.pipeline: async)")
-    oracle = asp.predictor.type == "oracle_noisy" and not asp.predictor.path
-
-    def schedule_chunk(chunk: Sequence[PromptRecord]) -> tuple[ScheduledMinibatch, ...]:
-        exact = true_lengths(data, chunk) if oracle else None
-        return build_run_schedule(asp, chunk, true_lengths=exact).minibatches
-
+    known = stream if isinstance(stream, Sequence) else None  # the split: known up front
     return PromptWindow(
         source,
         window=asp.window,
         prompts_per_batch=data.num_prompts_per_global_batch,
         total_batches=data.train_iters,
-        schedule_chunk=schedule_chunk,
+        schedule_chunk=chunk_scheduler(asp, data, known),
         drawn_batches=drawn_batches,
     )

@@ -75,6 +75,8 @@ def train(
                 lineage.schedule = online_asp.carry_schedule(lineage.schedule, cluster.current_schedule())
             if saver.maybe_save(step, cluster.tu) is not None:
                 run_end.plots_at_checkpoint(run_dir)
+    if carry:  # the summary counts the schedule as re-planned / drawn, not the one the run began with
+        lineage.schedule = online_asp.carry_schedule(lineage.schedule, cluster.current_schedule())
     cluster.close(run_dir)
     startup.finish(run_dir, lineage)
 

@@ -83,12 +83,20 @@ class OnlineAsp:
                 if report.kendall_tau is not None:
                     metrics[f"{key}_kendall_tau"] = report.kendall_tau
         if done % self.replan_interval == 0:
-            outcome = replan(self._plan)
+            outcome = self.replan_now(replan)
             if outcome.num_prompts:
-                self.replan_walls.append(outcome.wall_seconds)
                 metrics["asp/replan_wall_s"] = outcome.wall_seconds
                 metrics["asp/replan_prompts"] = float(outcome.num_prompts)
         return metrics
+
+    def replan_now(self, replan: Callable[[TailPlanner], ReplanOutcome]) -> ReplanOutcome:
+        """Re-plan the unsent tail from today's estimates. Also called as a streaming window's
+        chunk arrives: the GUs take a small window's work at once, so waiting for the next
+        ``after_step`` would leave the chunk in the order the offline predictor gave it."""
+        outcome = replan(self._plan)
+        if outcome.num_prompts:
+            self.replan_walls.append(outcome.wall_seconds)
+        return outcome
 
     def summary(self) -> dict[str, Any]:
         walls = self.replan_walls

@@ -20,7 +20,6 @@ checkpoint's schedule.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -112,18 +111,15 @@ class PromptWindow:
         return tuple(drawn)
 
     def _numbered(self, chunk: Sequence[ScheduledMinibatch]) -> tuple[ScheduledMinibatch, ...]:
+        # Distinct from every earlier chunk, so a lineage's drawn schedule never repeats an id;
+        # the Control Unit renumbers again after its own (re-planned) schedule.
+        from mindspeed_rl.runtime.database import renumbered
+
         first_id, first_group, first_order = self._next
-        groups: dict[int, int] = {}
-        out = []
-        for i, mb in enumerate(sorted(chunk, key=lambda m: m.order_index)):
-            group = groups.setdefault(mb.batch_group_id, first_group + len(groups))
-            out.append(
-                dataclasses.replace(
-                    mb, minibatch_id=first_id + i, batch_group_id=group, order_index=first_order + i
-                )
-            )
-        self._next = (first_id + len(out), first_group + len(groups), first_order + len(out))
-        return tuple(out)
+        out = renumbered(chunk, first_id=first_id, first_group=first_group, first_order=first_order)
+        num_groups = len({mb.batch_group_id for mb in out})
+        self._next = (first_id + len(out), first_group + num_groups, first_order + len(out))
+        return out
 
 
 def skip_drawn(

@@ -179,9 +179,10 @@ class ControlUnit:
             raise ValueError("extend_schedule needs a ControlUnit started with streaming=True")
         with self._lock:
             self._book.add(records, more)
-            self._loop.extend_schedule(more, close=close)
+            added = self._loop.extend_schedule(more, close=close)
             if self._online is not None and self._started:  # else start() tells it
-                self._online.on_scheduled(more, self._loop.clock.now())
+                self._online.on_scheduled(added, self._loop.clock.now())
+                self._online.replan_now(self._loop.replan_unsent)  # before any GU can take it
             dispatched = self._changed(everyone=True)
             self._batch_may_be_ready.notify_all()  # closing may complete a short last batch
             return dispatched

@@ -111,3 +111,31 @@ def test_an_open_schedule_is_not_finished_and_a_closed_one_refuses_more() -> Non
     again = dataclasses.replace(mb, minibatch_id=1, batch_group_id=1, order_index=1)
     with pytest.raises(ValueError, match="more than one minibatch"):
         ControlLoop(config=config, schedule=[mb], schedule_open=True).extend_schedule([again], close=False)
+
+
+def test_a_chunk_numbered_by_the_window_appends_after_an_online_replan() -> None:
+    """An online re-plan renumbers the unsent tail after everything the database saw; the window
+    numbers its next chunk after its own last one, which the tail now uses. The database renumbers
+    the chunk after the schedule as it stands (the tiny CLI run with window=2 + online died here)."""
+    from mindspeed_rl.runtime.replan import TailPlan
+
+    config = make_config(num_prompts_per_global_batch=2, num_samples_per_prompt=1)
+    first = [ScheduledMinibatch(minibatch_id=i, prompt_ids=(f"a{i}",), batch_group_id=i, predicted_load=1.0,
+                                order_index=i) for i in range(2)]  # fmt: skip
+    loop = ControlLoop(config=config, schedule=first, schedule_open=True)
+
+    def planner(prompts: tuple[str, ...]) -> TailPlan:
+        n = len(prompts)
+        return TailPlan(minibatches=tuple((i,) for i in range(n)), batch_groups=(0,) * n, loads=(1.0,) * n)
+
+    assert loop.replan_unsent(planner).num_prompts == 2
+    assert {mb.minibatch_id for mb in loop.database.schedule_now()} == {2, 3}
+    chunk = [dataclasses.replace(mb, minibatch_id=2 + i, prompt_ids=(f"b{i}",), batch_group_id=2, order_index=2 + i)
+             for i, mb in enumerate(first)]  # fmt: skip
+    added = loop.extend_schedule(chunk, close=True)
+    assert [mb.prompt_ids for mb in added] == [("b0",), ("b1",)]
+    assert [mb.minibatch_id for mb in added] == [4, 5] and len({mb.batch_group_id for mb in added}) == 1
+    now = loop.database.schedule_now()
+    assert len({mb.batch_group_id for mb in now}) == 2 and [mb.order_index for mb in now] == sorted(
+        mb.order_index for mb in now
+    )

@@ -87,3 +87,31 @@ def test_given_inputs_replace_the_split(tmp_path: Path) -> None:
     given = async_inputs.PipelineInputs(prompts=tuple(_records(2)), schedule=(_mb("p0"),))
     run = _run(_plan(), tmp_path, [])
     assert async_inputs.run_inputs(run, given) is given
+
+
+def test_a_window_of_one_batch_schedules_with_the_oracle_calibrated_once(tmp_path: Path) -> None:
+    """The noisy oracle cannot hit its tau on a chunk of 4 prompts; the window calibrates its noise
+    once over the split and every chunk schedules (the tiny CLI run with window=2 died here)."""
+    plan = _plan("megatron_training.train_iters=6", "++asp_config.window=1", "asp_config.b=2",
+                 "asp_config.kappa=0", "asp_config.k=2", "asp_config.sa_iterations=100")  # fmt: skip
+    assert (
+        plan.asp is not None and plan.asp.predictor.type == "oracle_noisy" and plan.asp.predictor.calibrate_nu
+    )
+    built = async_inputs.run_inputs(_run(plan, tmp_path, _records(24)), None)
+    assert built.window is not None
+    drawn = [p for mb in built.schedule for p in mb.prompt_ids]
+    for step in range(6):
+        if (chunk := built.window.top_up(step)) is not None:
+            assert sorted(p for mb in chunk.minibatches for p in mb.prompt_ids) == sorted(
+                r.prompt_id for r in chunk.records
+            )
+            drawn += [p for mb in chunk.minibatches for p in mb.prompt_ids]
+    assert sorted(drawn) == sorted(f"p{i}" for i in range(24)) and built.window.closed
+
+
+def test_a_lazy_stream_too_short_to_calibrate_the_oracle_names_the_fix(tmp_path: Path) -> None:
+    plan = _plan("megatron_training.train_iters=6", "++asp_config.window=1", "asp_config.b=2",
+                 "asp_config.kappa=0", "asp_config.k=2", "asp_config.sa_iterations=100")  # fmt: skip
+    given = async_inputs.PipelineInputs(prompts=(), schedule=(), stream=iter(_records(24)))
+    with pytest.raises(ValueError, match="calibrate_nu=false"):
+        async_inputs.run_inputs(_run(plan, tmp_path, []), given)

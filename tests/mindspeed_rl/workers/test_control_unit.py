@@ -483,8 +483,53 @@ def test_a_streaming_cu_carries_each_prompts_record_until_it_is_consumed() -> No
         cu.extend_schedule([], [Rec("x0")], True)
     (a,) = cu.poll(1).assignments
     assert [r.prompt_id for r in a.records] == ["x0", "x1", "x2", "x3"]
-    cu.request_start(10, attempt=0, gu_id=1, actor_id=0, policy_version=0)
-    cu.on_minibatch_completed(completed(more, gu=1, actor=0))
+    assert a.minibatch.minibatch_id == len(chunk)  # renumbered after the schedule, not its own 10
+    cu.request_start(a.minibatch.minibatch_id, attempt=0, gu_id=1, actor_id=0, policy_version=0)
+    cu.on_minibatch_completed(completed(a.minibatch, gu=1, actor=0))
     assert cu.pop_global_batch(1) is not None
     cu.on_train_step_done(1)
     assert cu.is_finished() and cu.poll(1).finished  # closed and drained
+
+
+def test_an_online_streaming_cu_replans_each_chunk_before_a_gu_can_take_it() -> None:
+    """asp_config.window with online: a chunk arriving after start is re-planned from the online
+    estimates at once (the GUs would take a small window's work before the next after_step), and
+    every one of its prompts is still dispatched exactly once."""
+    from dataclasses import dataclass
+
+    from asp_scheduler.params import ScheduleParams
+    from mindspeed_rl.trainer.online_asp import OnlineAsp
+
+    @dataclass(frozen=True)
+    class Rec:
+        prompt_id: str
+        token_ids: tuple[int, ...] = (1,)
+
+    config = RuntimeConfig(num_prompts_per_global_batch=4, num_samples_per_prompt=N, queue_max_samples=64,
+                           queue_resume_samples=32, gu_queue_low=1, gu_queue_high=2, max_policy_lag=4)  # fmt: skip
+    first = schedule(2)
+    prior = {p: 10.0 for mb in first for p in mb.prompt_ids}
+    hook = OnlineAsp(prior, ScheduleParams(b=2, kappa=0, k=2, sa_iterations=200), recency_window=16)
+    cu = ControlUnit(config, (), online=hook, streaming=True)
+    cu.extend_schedule(first, [Rec(p) for mb in first for p in mb.prompt_ids], False)
+    cu.register_gu(0, 1)
+    cu.start()
+    assert hook.summary()["schedule_replans"] == 0  # the first chunk keeps its offline plan
+    chunk = [ScheduledMinibatch(minibatch_id=10 + i, prompt_ids=(f"x{2 * i}", f"x{2 * i + 1}"), batch_group_id=10,
+                                predicted_load=float(10 + 100 * i), order_index=10 + i) for i in range(2)]  # fmt: skip
+    cu.extend_schedule(chunk, [Rec(p) for mb in chunk for p in mb.prompt_ids], True)
+    assert hook.summary()["schedule_replans"] == 1
+    sent: list[str] = []
+    for _ in range(8):
+        for a in cu.poll(0).assignments:
+            sent.extend(a.minibatch.prompt_ids)
+            assert [r.prompt_id for r in a.records] == list(a.minibatch.prompt_ids)
+            cu.request_start(
+                a.minibatch.minibatch_id, attempt=a.attempt, gu_id=0, actor_id=0, policy_version=0
+            )
+            cu.on_minibatch_completed(completed(a.minibatch, gu=0, actor=0, attempt=a.attempt))
+    chunk_prompts = {p for mb in chunk for p in mb.prompt_ids}
+    assert sorted(sent) == sorted({p for mb in first for p in mb.prompt_ids} | chunk_prompts)
+    replanned = [mb for mb in cu.schedule_now() if set(mb.prompt_ids) & chunk_prompts]
+    # Appended as ids 2-3 (after the first chunk's 0-1), then re-planned: numbered after those.
+    assert replanned and min(mb.minibatch_id for mb in replanned) >= len(first) + len(chunk)
