@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -436,17 +437,18 @@ def test_a_paused_gu_is_woken_by_the_resume_not_by_trainer_steps_before_it() -> 
     assert not waiter.is_alive() and isinstance(got[0], GuPoll) and not got[0].paused
 
 
+@dataclass(frozen=True)
+class Rec:
+    """A streaming window's prompt record, as far as the CU reads it."""
+
+    prompt_id: str
+    token_ids: tuple[int, ...] = (1,)
+
+
 def test_a_streaming_cu_carries_each_prompts_record_until_it_is_consumed() -> None:
     """asp_config.window: the CU holds the records of the window's prompts, attaches them to every
     assignment (a re-issue too) and to the trainer's batch, then forgets them; the GUs are not
     told to finish while the schedule is open, though everything scheduled so far was consumed."""
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Rec:
-        prompt_id: str
-        token_ids: tuple[int, ...] = (1,)
-
     config = RuntimeConfig(num_prompts_per_global_batch=4, num_samples_per_prompt=N, queue_max_samples=16,
                            queue_resume_samples=8, gu_queue_low=1, gu_queue_high=2, max_policy_lag=2)  # fmt: skip
     cu = ControlUnit(config, (), streaming=True)
@@ -495,15 +497,8 @@ def test_an_online_streaming_cu_replans_each_chunk_before_a_gu_can_take_it() -> 
     """asp_config.window with online: a chunk arriving after start is re-planned from the online
     estimates at once (the GUs would take a small window's work before the next after_step), and
     every one of its prompts is still dispatched exactly once."""
-    from dataclasses import dataclass
-
     from asp_scheduler.params import ScheduleParams
     from mindspeed_rl.trainer.online_asp import OnlineAsp
-
-    @dataclass(frozen=True)
-    class Rec:
-        prompt_id: str
-        token_ids: tuple[int, ...] = (1,)
 
     config = RuntimeConfig(num_prompts_per_global_batch=4, num_samples_per_prompt=N, queue_max_samples=64,
                            queue_resume_samples=32, gu_queue_low=1, gu_queue_high=2, max_policy_lag=4)  # fmt: skip
