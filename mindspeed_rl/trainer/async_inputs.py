@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mindspeed_rl.trainer import oversampling
+from mindspeed_rl.trainer.prompt_alias import pass_alias
 from mindspeed_rl.trainer.prompts import global_batches
 from mindspeed_rl.trainer.run_schedule import SCHEDULE_FILE, build_schedule
 from mindspeed_rl.workers.fault_plan import FaultPlan
@@ -71,7 +72,7 @@ def run_prompts(data: DataSpec, records: Sequence[PromptRecord]) -> list[PromptR
     chosen: list[PromptRecord] = []
     for batch in global_batches(data, [r.prompt_id for r in records]):
         for pid in batch:
-            alias = pid if seen[pid] == 0 else f"{pid}@{seen[pid]}"
+            alias = pass_alias(pid, seen[pid])
             seen[pid] += 1
             chosen.append(dataclasses.replace(by_id[pid], prompt_id=alias))
     return chosen

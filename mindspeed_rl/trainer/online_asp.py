@@ -8,7 +8,9 @@ keeps dispatched, running, queued and re-queued work as it is). Per-refit qualit
 wall time go into the step's metrics (``metrics.jsonl``); the counts and the starvation figures
 into ``summary.json``. The prior of a prompt is its offline prediction from the run's
 ``asp_schedule.json``; a prompt the schedule gained later (DAPO over-sampling) starts from the
-mean prior.
+mean prior. The predictor keys a prompt by ``prompt_alias.prompt_of``, so a later pass's draw
+(``q17@1``) is estimated from the length ``q17`` was last measured at: the per-prompt history
+is what online ASP has over the offline prediction once a run repeats its prompts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from mindspeed_rl.runtime.records import CompletedMinibatch, GlobalBatch, ScheduledMinibatch
 from mindspeed_rl.runtime.replan import ReplanOutcome, TailPlan, TailPlanner
 from mindspeed_rl.runtime.starvation import StarvationTracker
+from mindspeed_rl.trainer.prompt_alias import prompt_of
 
 if TYPE_CHECKING:
     from asp_scheduler.params import ScheduleParams
@@ -42,7 +45,10 @@ class OnlineAsp:
     ) -> None:
         from asp_scheduler.online import OnlinePredictor
 
-        self.predictor = OnlinePredictor(prior, window=recency_window)
+        keyed: dict[str, float] = {}
+        for p, v in prior.items():  # a prompt's first draw gives its prior
+            keyed.setdefault(prompt_of(p), v)
+        self.predictor = OnlinePredictor(keyed, window=recency_window)
         self.params = params
         self.refit_interval, self.replan_interval = refit_interval, replan_interval
         self._default_prior = float(np.mean(list(prior.values()))) if prior else 1.0
@@ -53,8 +59,8 @@ class OnlineAsp:
     def on_scheduled(self, schedule: Sequence[ScheduledMinibatch], now: float) -> None:
         for mb in schedule:  # a streaming chunk's prompts: their offline prediction is the prior
             for p in mb.prompt_ids:
-                if not self.predictor.knows(p):
-                    self.predictor.add_prior(p, max(mb.predicted_load / mb.num_prompts, 1.0))
+                if not self.predictor.knows(prompt_of(p)):
+                    self.predictor.add_prior(prompt_of(p), max(mb.predicted_load / mb.num_prompts, 1.0))
         self.starvation.on_available([p for mb in schedule for p in mb.prompt_ids], now)
 
     def observe(self, completed: CompletedMinibatch) -> None:
@@ -62,8 +68,8 @@ class OnlineAsp:
         for s in completed.samples:
             lengths.setdefault(s.prompt_id, []).append(len(s.response_token_ids))
         for prompt, values in lengths.items():
-            self._ensure_prior(prompt)
-            self.predictor.observe(prompt, float(np.mean(values)))
+            key = self._ensure_prior(prompt)
+            self.predictor.observe(key, float(np.mean(values)))
         self.starvation.on_generated(completed)
 
     def on_consumed(self, batch: GlobalBatch, now: float) -> None:
@@ -108,16 +114,18 @@ class OnlineAsp:
             "starvation": self.starvation.summary(),
         }
 
-    def _ensure_prior(self, prompt: str) -> None:
-        if not self.predictor.knows(prompt):
-            self.predictor.add_prior(prompt, self._default_prior)
+    def _ensure_prior(self, prompt: str) -> str:
+        """The predictor's key of a scheduled id, given the mean prior if it has none yet."""
+        key = prompt_of(prompt)
+        if not self.predictor.knows(key):
+            self.predictor.add_prior(key, self._default_prior)
+        return key
 
     def _plan(self, prompt_ids: tuple[str, ...]) -> TailPlan:
         from asp_scheduler.online import replan
 
-        for p in prompt_ids:
-            self._ensure_prior(p)
-        plan = replan(self.predictor.estimates(list(prompt_ids)), self.params)
+        keys = [self._ensure_prior(p) for p in prompt_ids]
+        plan = replan(self.predictor.estimates(keys), self.params)
         return TailPlan(
             minibatches=tuple(tuple(int(i) for i in m) for m in plan.minibatches),
             batch_groups=tuple(int(g) for g in plan.batch_group_ids),

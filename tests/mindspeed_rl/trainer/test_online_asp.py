@@ -11,8 +11,10 @@ from asp_scheduler.params import ScheduleParams
 from mindspeed_rl.config_cls import ASPConfig
 from mindspeed_rl.runtime import ControlLoop, FakeClock, RuntimeConfig, ScheduledMinibatch
 from mindspeed_rl.runtime.records import CompletedMinibatch, Sample
+from mindspeed_rl.runtime.replan import ReplanOutcome
 from mindspeed_rl.trainer.checkpointing import remaining_schedule, schedule_from_json, schedule_to_json
 from mindspeed_rl.trainer.online_asp import OnlineAsp, carry_schedule, online_hook
+from mindspeed_rl.trainer.prompt_alias import pass_alias, prompt_of
 
 N = 2  # samples per prompt
 
@@ -171,3 +173,39 @@ def test_a_resumed_runs_checkpoint_keeps_the_prompts_consumed_before_it() -> Non
         set(prior) - set(consumed_before) - set(consumed_now)
     )
     assert carry_schedule(schedule, schedule) == tuple(schedule)
+
+
+def test_a_later_pass_of_a_prompt_is_estimated_from_its_measured_length() -> None:
+    """A run over a small dataset draws ``p3`` again as ``p3@1``: online ASP must key both as one
+    prompt, or the per-prompt history never applies to a real run's repeated prompts."""
+    first = _schedule(8, b=4)
+    again = [
+        dataclasses.replace(
+            mb, minibatch_id=mb.minibatch_id + 2, prompt_ids=tuple(f"{p}@1" for p in mb.prompt_ids)
+        )
+        for mb in first
+    ]
+    prior = {p: 10.0 for mb in [*first, *again] for p in mb.prompt_ids}
+    hook = OnlineAsp(prior, ScheduleParams(b=4, kappa=0, k=2, sa_iterations=200), recency_window=8)
+    for mb in first:
+        hook.observe(_completed(mb, attempt=0, version=0, now=0.0))
+    tail = tuple(p for mb in again for p in mb.prompt_ids)
+    plans = []
+
+    def replan(planner):  # the loop's side: plan the tail, swap nothing
+        plans.append(planner(tail))
+        return ReplanOutcome(num_prompts=0, minibatches_before=0, minibatches_after=0, wall_seconds=0.0)
+
+    hook.replan_now(replan)
+    # No refit yet, so the calibration is the identity: the tail's load is the measured lengths.
+    assert sum(plans[0].loads) == pytest.approx(sum(_true_length(p.split("@")[0]) for p in tail))
+    assert sum(plans[0].loads) != pytest.approx(10.0 * len(tail))
+
+
+def test_pass_aliases_round_trip() -> None:
+    assert [pass_alias("q17", d) for d in range(3)] == ["q17", "q17@1", "q17@2"]
+    assert [prompt_of(pass_alias("a@b", d)) for d in range(3)] == ["a@b"] * 3
+    assert prompt_of("user@example") == "user@example"
+    assert prompt_of("x@01") == "x@01"  # not an alias the run writes
+    with pytest.raises(ValueError, match="draws count from 0"):
+        pass_alias("q", -1)
