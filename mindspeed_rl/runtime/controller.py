@@ -295,17 +295,7 @@ class ControlLoop:
                 self.prompts_consumed += dropped
                 self.sampling.on_dropped(dropped, kept_queued=self.queue.depth_prompts)
             self._update_backpressure()
-        self.events.append(
-            ev.MinibatchReceived(
-                time=self.clock.now(),
-                minibatch_id=completed.minibatch_id,
-                gu_id=completed.gu_id,
-                actor_id=completed.actor_id,
-                outcome=outcome.value,
-                num_samples=len(completed.samples),
-                generation_seconds=completed.generation_seconds,
-            )
-        )
+        self.events.append(ev.received(completed, outcome.value, self.clock.now()))
         return outcome
 
     @_serialized

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from mindspeed_rl.runtime.append_log import AppendLog
+
+if TYPE_CHECKING:
+    from mindspeed_rl.runtime.records import CompletedMinibatch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +47,22 @@ class MinibatchReceived:
     """``accepted``, ``duplicate`` (already completed) or ``superseded`` (from a failed attempt)."""
     num_samples: int
     generation_seconds: float
+    num_response_tokens: int = 0
+    """Generated tokens over the minibatch's samples (a trace replay's group loads are read here)."""
+
+
+def received(completed: CompletedMinibatch, outcome: str, now: float) -> MinibatchReceived:
+    """The event of one completion reaching the Ingestor."""
+    return MinibatchReceived(
+        time=now,
+        minibatch_id=completed.minibatch_id,
+        gu_id=completed.gu_id,
+        actor_id=completed.actor_id,
+        outcome=outcome,
+        num_samples=len(completed.samples),
+        generation_seconds=completed.generation_seconds,
+        num_response_tokens=sum(len(s.response_token_ids) for s in completed.samples),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -119,9 +119,16 @@ def offline_two_epoch_schedule(
 
 def block_cv(generated: Sequence[tuple[ScheduledMinibatch, float]], k: int, block: int) -> dict[str, float]:
     """Mean in-block CV of full batch groups' measured and predicted loads (module docstring)."""
+    return block_cv_of(
+        [(mb.batch_group_id, mb.order_index, tokens, mb.predicted_load) for mb, tokens in generated], k, block
+    )
+
+
+def block_cv_of(rows: Sequence[tuple[int, int, float, float]], k: int, block: int) -> dict[str, float]:
+    """``block_cv`` over (batch group, dispatch position, measured tokens, predicted load) rows."""
     groups: dict[int, list[tuple[int, float, float]]] = {}
-    for mb, tokens in generated:
-        groups.setdefault(mb.batch_group_id, []).append((mb.order_index, tokens, mb.predicted_load))
+    for group, order, tokens, predicted_load in rows:
+        groups.setdefault(group, []).append((order, tokens, predicted_load))
     full = sorted((min(o for o, _, _ in g), g) for g in groups.values() if len(g) == k)
     measured = np.array([sum(t for _, t, _ in g) for _, g in full])
     predicted = np.array([sum(p for _, _, p in g) for _, g in full])

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.trainer.startup import RunStart
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
     from mindspeed_rl.workers.fault_plan import FaultPlan
+    from mindspeed_rl.workers.forced_lengths import LengthPlan
     from mindspeed_rl.workers.generation_unit import GuSpec
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class AsyncCluster:
                 str(run_dir / "events.jsonl"),
                 group_filter=None if sampling is None else oversampling.group_filter(sampling),
                 steps_total=plan.data.train_iters - (run.resumed.iteration if run.resumed else 0),
-                online=online_hook(plan.asp, inputs.schedule, run_dir),
+                online=online_hook(plan.asp, inputs.schedule, run_dir, prior=inputs.predictions),
                 streaming=streaming,
             )
         )
@@ -317,7 +318,7 @@ def gu_specs(
     snapshots: Path,
     faults: FaultPlan,
     *,
-    forced_lengths: Mapping[str, tuple[int, ...]] | None = None,
+    forced_lengths: Mapping[str, tuple[int, ...]] | LengthPlan | None = None,
     reserved: ReservedPlacement | None = None,
 ) -> list[GuSpec]:
     """One spec per Generation Unit; ``prompts`` is the prompt mapping or a Ray reference to it.

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.runtime.records import ScheduledMinibatch
     from mindspeed_rl.trainer.prompt_window import PromptWindow
     from mindspeed_rl.trainer.startup import RunStart
+    from mindspeed_rl.workers.forced_lengths import LengthPlan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,8 +42,12 @@ class PipelineInputs:
     """Every prompt the run schedules, each consumed exactly once."""
     schedule: tuple[ScheduledMinibatch, ...]
     """The minibatches in dispatch order."""
-    forced_lengths: Mapping[str, tuple[int, ...]] | None = None
-    """Trace replay: each prompt's per-sample response lengths (EOS ignored)."""
+    forced_lengths: Mapping[str, tuple[int, ...]] | LengthPlan | None = None
+    """Trace replay: each prompt's per-sample response lengths (EOS ignored); a ``LengthPlan``
+    when they depend on the generating weights (a replay under length drift)."""
+    predictions: Mapping[str, float] | None = None
+    """Trace replay with online ASP: each prompt's offline prediction, the online prior (a run
+    of its own reads them from its ``asp_schedule.json``)."""
     simulated_step_seconds: float | None = None
     """Trace replay: the trainer step is a fixed sleep of this many seconds."""
     held_out: tuple[PromptRecord, ...] = ()

@@ -15,7 +15,7 @@ is what online ASP has over the offline prediction once a run repeats its prompt
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,14 +160,19 @@ def carry_schedule(
 
 
 def online_hook(
-    asp: ASPConfig | None, schedule: Sequence[ScheduledMinibatch], run_dir: Path
+    asp: ASPConfig | None,
+    schedule: Sequence[ScheduledMinibatch],
+    run_dir: Path,
+    *,
+    prior: Mapping[str, float] | None = None,
 ) -> OnlineAsp | None:
-    """The hook for an ``asp_config.online`` run, else ``None``."""
+    """The hook for an ``asp_config.online`` run, else ``None``. ``prior``: per-prompt offline
+    predictions given by the caller (a trace replay); by default read from the run dir."""
     if asp is None or not asp.online:
         return None
     asp.check_online()
     return OnlineAsp(
-        _prior(schedule, run_dir),
+        {p: max(float(v), 1.0) for p, v in prior.items()} if prior is not None else _prior(schedule, run_dir),
         asp.schedule_params(),
         refit_interval=asp.refit_interval,
         replan_interval=asp.replan_interval,

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mindspeed_rl.models.rollout.host_weights import HostWeights
 from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
+from mindspeed_rl.workers.forced_lengths import LengthPlan, as_length_plan, check_lengths
 from mindspeed_rl.workers.gu_messages import GenerationReceipt
 from mindspeed_rl.workers.training_unit import torch_threads_for
 
@@ -66,7 +67,7 @@ class GenerationActor:
         gu_id: int = 0,
         actor_id: int = 0,
         seed: int | None = None,
-        forced_lengths: Mapping[str, Sequence[int]] | None = None,
+        forced_lengths: Mapping[str, Sequence[int]] | LengthPlan | None = None,
         snapshot_source: Any = None,
     ) -> None:
         """``seed`` overrides ``spec.seed`` (the GU gives each of its actors its own).
@@ -79,7 +80,7 @@ class GenerationActor:
         n = spec.n_samples_per_prompt
         # Trace replay: every sample's response length is fixed in advance (EOS ignored), so the
         # engine does the decode work a real trace implies, whatever the tiny model would say.
-        self._forced = _check_forced(forced_lengths, n) if forced_lengths is not None else None
+        self._forced = as_length_plan(forced_lengths, n) if forced_lengths is not None else None
         engine_keys = {**spec.engine_keys, "num_threads": torch_threads_for(spec.num_cpus)}
         self._engine = build_rollout_engine(
             spec.backend, policy_path, engine_keys, seed=spec.seed if seed is None else seed
@@ -290,11 +291,13 @@ class GenerationActor:
         return [[c[0] for c in out[i * self._n : (i + 1) * self._n]] for i in range(len(prompt_ids))]
 
     def _forced_limits(self, prompt_ids: Sequence[str]) -> list[int]:
+        """Each sample's forced length, at the weights this minibatch starts on."""
         assert self._forced is not None
-        missing = [pid for pid in prompt_ids if pid not in self._forced]
-        if missing:
-            raise ValueError(f"no forced lengths for prompts {missing[:3]}; add them to the replay trace")
-        return [length for pid in prompt_ids for length in self._forced[pid]]
+        return [
+            length
+            for pid in prompt_ids
+            for length in check_lengths(pid, self._forced.lengths(pid, self.policy_version), self._n)
+        ]
 
     def load_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
@@ -395,15 +398,3 @@ def _inject(fault: str, gu_id: int, actor_id: int, minibatch_id: int) -> None:
     if fault == "raise":
         raise InjectedFault(f"fault injection: actor {gu_id}/{actor_id} raised on minibatch {minibatch_id}")
     raise ValueError(f"unknown fault {fault!r}; use exit, hang or raise")
-
-
-def _check_forced(forced: Mapping[str, Sequence[int]], n: int) -> dict[str, tuple[int, ...]]:
-    out: dict[str, tuple[int, ...]] = {}
-    for pid, lengths in forced.items():
-        values = tuple(int(v) for v in lengths)
-        if len(values) != n or min(values, default=0) < 1:
-            raise ValueError(
-                f"forced lengths of prompt {pid} are {values}; give n_samples_per_prompt={n} lengths, each >= 1"
-            )
-        out[pid] = values
-    return out

@@ -12,6 +12,7 @@ from mindspeed_rl.workers.fault_plan import FaultPlan
 if TYPE_CHECKING:
     from mindspeed_rl.contracts import RolloutSpec
     from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.workers.forced_lengths import LengthPlan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,7 +37,7 @@ class GuSpec:
     actor reloads first (30-60 ms in the CPU demo): one CU call instead of two. A slower reload
     (large models) sends the completion on its own once this has passed."""
     faults: FaultPlan = field(default_factory=FaultPlan)
-    forced_lengths: Mapping[str, tuple[int, ...]] | None = None
+    forced_lengths: Mapping[str, tuple[int, ...]] | LengthPlan | None = None
     """Trace replay only: each prompt's per-sample response lengths (see GenerationActor)."""
     per_actor_options: tuple[Mapping[str, Any], ...] = ()
     """Actor ``a``'s options (its placement-group bundle: ``ray_setup.ReservedPlacement``);
