@@ -5,7 +5,7 @@ actors, Training Queue and weight refresh, with the replay's two substitutions (
 forced lengths and a fixed-sleep trainer step. What changes against a plain replay:
 
 * two epochs of the trace (``drift.two_epochs``); epoch 2's prompts are scheduled as the run
-  itself aliases a later pass (``q17@1``, ``trainer.prompt_alias``), so online ASP's per-prompt
+  itself aliases a later pass (``q17@1``, ``datasets.prompt_alias``), so online ASP's per-prompt
   history links them exactly as in a training run;
 * each sample's forced length is the drift model's at the weights that generate it
   (:class:`DriftedLengths`: ``policy_version / num_steps`` is the run progress), so a minibatch
@@ -24,11 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from mindspeed_rl.datasets.prompt_alias import pass_alias
 from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.sim.drift import DriftModel, DriftParams, epoch_of, prompt_key, two_epochs
 from mindspeed_rl.sim.online import block_cv_of, offline_two_epoch_schedule
 from mindspeed_rl.sim.replay import synthetic_prompts
-from mindspeed_rl.trainer.prompt_alias import pass_alias
 
 if TYPE_CHECKING:
     from asp_scheduler.params import ScheduleParams

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mindspeed_rl.datasets.prompt_alias import pass_alias
 from mindspeed_rl.trainer import oversampling
-from mindspeed_rl.trainer.prompt_alias import pass_alias
 from mindspeed_rl.trainer.prompts import global_batches
 from mindspeed_rl.trainer.run_schedule import SCHEDULE_FILE, build_schedule
 from mindspeed_rl.workers.fault_plan import FaultPlan

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mindspeed_rl.datasets.prompt_alias import prompt_of
 from mindspeed_rl.runtime.records import CompletedMinibatch, GlobalBatch, ScheduledMinibatch
 from mindspeed_rl.runtime.replan import ReplanOutcome, TailPlan, TailPlanner
 from mindspeed_rl.runtime.starvation import StarvationTracker
-from mindspeed_rl.trainer.prompt_alias import prompt_of
 
 if TYPE_CHECKING:
     from asp_scheduler.params import ScheduleParams

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from asp_scheduler.params import ScheduleParams
+from mindspeed_rl.datasets.prompt_alias import prompt_of
 from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.sim.drift import DriftParams
 from mindspeed_rl.sim.drift_replay import build_drift_plan, group_cv_from_events, replay_id
 from mindspeed_rl.sim.online import block_cv_of
 from mindspeed_rl.sim.workload import SyntheticWorkload
-from mindspeed_rl.trainer.prompt_alias import prompt_of
 from mindspeed_rl.workers.forced_lengths import FixedLengths, LengthPlan, as_length_plan
 
 

@@ -9,12 +9,12 @@ import pytest
 
 from asp_scheduler.params import ScheduleParams
 from mindspeed_rl.config_cls import ASPConfig
+from mindspeed_rl.datasets.prompt_alias import pass_alias, prompt_of
 from mindspeed_rl.runtime import ControlLoop, FakeClock, RuntimeConfig, ScheduledMinibatch
 from mindspeed_rl.runtime.records import CompletedMinibatch, Sample
 from mindspeed_rl.runtime.replan import ReplanOutcome
 from mindspeed_rl.trainer.checkpointing import remaining_schedule, schedule_from_json, schedule_to_json
 from mindspeed_rl.trainer.online_asp import OnlineAsp, carry_schedule, online_hook
-from mindspeed_rl.trainer.prompt_alias import pass_alias, prompt_of
 
 N = 2  # samples per prompt
 
