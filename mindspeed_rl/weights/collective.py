@@ -51,6 +51,7 @@ from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.manifest import ShardEntry, TensorEntry
 from mindspeed_rl.weights.memory_snapshot import MemoryShard, MemorySnapshot, entry_for, host_array, shard_key
 from mindspeed_rl.weights.object_store import memory_result
+from mindspeed_rl.weights.shardio import run_in_bins
 from mindspeed_rl.weights.store import check_run_id
 
 logger = logging.getLogger(__name__)
@@ -207,6 +208,7 @@ def pack(
     named: Iterable[tuple[str, torch.Tensor]],
     layout: TrainingLayout,
     bucket_bytes: int,
+    num_threads: int | None = None,
 ) -> Packed:
     """Copy the tensors into buckets of about ``bucket_bytes`` (a larger tensor gets its own)."""
     key = shard_key(rank)
@@ -216,14 +218,19 @@ def pack(
         entries.append(entry_for(name, tensor, key=key, layout=layout))
         sources.append(host_array(tensor).reshape(-1).view(np.uint8))
     table = bucket_table([src.nbytes for src in sources], bucket_bytes)
-    buckets = []
-    for first, end, nbytes in table:
+
+    def fill(row: tuple[int, int, int]) -> np.ndarray:
+        first, end, nbytes = row
         bucket = np.empty(nbytes, dtype=np.uint8)
         at = 0
         for src in sources[first:end]:
             np.copyto(bucket[at : at + src.nbytes], src)  # numpy's memcpy: GIL released, no torch pool
             at += aligned(src.nbytes)
-        buckets.append(bucket)
+        return bucket
+
+    # Buckets filled side by side on the I/O threads, as the file export's copy is: one thread
+    # of page faults and memcpy measured 0.36-0.43 s per GB here, the file export 0.14.
+    buckets = run_in_bins(table, lambda row: row[2], fill, num_threads)
     shard = ShardEntry(file=key, rank=rank, coords=layout.coords(rank), nbytes=sum(e.nbytes for e in entries))
     header = Header(
         version=version, run_id=run_id, layout=layout.to_json(), shard=shard,
@@ -254,6 +261,16 @@ def recv_bucket(group: Any, src: int, nbytes: int, device: str = "cpu") -> np.nd
     bucket = torch.empty(nbytes, dtype=torch.uint8, device=device)
     group.recv([bucket], src, _TAG).wait()
     return bucket.cpu().numpy() if device != "cpu" else bucket.numpy()
+
+
+def recv_buckets(group: Any, wanted: list[tuple[int, int]], device: str = "cpu") -> list[np.ndarray]:
+    """One bucket from each ``(src, nbytes)`` of ``wanted``, all receives posted before any is
+    waited for: TP ranks' sends then flow side by side, not one rank after the other."""
+    buckets = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _, nbytes in wanted]
+    works = [group.recv([bucket], src, _TAG) for (src, _), bucket in zip(wanted, buckets, strict=True)]
+    for work in works:
+        work.wait()
+    return [b.cpu().numpy() if device != "cpu" else b.numpy() for b in buckets]
 
 
 # ---- the TU side ------------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ buckets on the GU's one process group, convert per bucket, hand the result to th
 Per version: the headers of ranks 0..R-1, then bucket k of every rank that has one, for k = 0, 1,
 ...; after each round the conversion groups (a tensor's TP/EP pieces, a fused tensor's parts)
 whose pieces have all arrived are converted with the file converter's plan (``streaming_merge``)
-and put into the object store as one part; their pieces are dropped. Host memory holds the
-buckets of one round plus the pieces of groups still waiting for another rank's bucket, not the
-model. The actors then load the parts from the GU node's shared memory (zero-copy, as for
+and put into the object store as one part (on a digest thread, while the next round is
+received); their pieces are dropped. Host memory holds the buckets of two rounds plus the pieces
+of groups still waiting for another rank's bucket, not the model. The actors then load the parts from the GU node's shared memory (zero-copy, as for
 object_store).
 
 A conversion error (a defective snapshot) rejects that version but the remaining buckets are
@@ -21,6 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -33,8 +34,10 @@ from mindspeed_rl.weights.collective import (
     bucket_device,
     join_group,
     recv_bucket,
+    recv_buckets,
     recv_header,
 )
+from mindspeed_rl.weights.hostcopy import Arena
 from mindspeed_rl.weights.layout import InferenceLayout
 from mindspeed_rl.weights.manifest import ShardEntry, SnapshotError, TensorEntry
 from mindspeed_rl.weights.memory_snapshot import (
@@ -72,6 +75,7 @@ class CollectiveReceiver:
         self.group: Any = None
         self._device = bucket_device(address.backend)
         self.bytes_received = 0
+        self._arena = Arena()  # the merged tensors of one round, reused by every round and version
         self._thread = threading.Thread(target=self._run, name=f"weights-recv-gu{address.gu_id}", daemon=True)
 
     def start(self) -> None:
@@ -113,75 +117,121 @@ class CollectiveReceiver:
                     recv_bucket(self.group, r, h.buckets[k][2], self._device)
 
     def _receive_and_convert(self, headers: list[Header]) -> MemorySnapshot:
+        """Receive round k + 1 while round k is converted and put (one digest thread): the socket
+        copy and the object-store copy overlap, and host memory holds two rounds of buckets."""
+        digest = _Digest(headers, self.layout, self._put, self._arena)
+        rounds = max(len(h.buckets) for h in headers)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-digest") as pool:
+            previous: Future[None] | None = None
+            for k in range(rounds):
+                sending = [h for h in headers if k < len(h.buckets)]
+                sources = [(r, h.buckets[k][2]) for r, h in enumerate(headers) if k < len(h.buckets)]
+                arrived = list(zip(sending, recv_buckets(self.group, sources, self._device), strict=True))
+                self.bytes_received += sum(n for _, n in sources)
+                if previous is not None:
+                    previous.result()  # at most one round digesting while the next is received
+                previous = pool.submit(digest.round, k, arrived)
+                del arrived
+            if previous is not None:
+                previous.result()
+        return digest.finish()
+
+
+class _Digest:
+    """One version's conversion, fed a round of buckets at a time (on the digest thread): the
+    groups whose pieces are all in are converted and put in the object store as one part. An
+    error is kept (the remaining rounds are still received, to keep the stream in step) and
+    raised by ``finish``."""
+
+    def __init__(
+        self, headers: list[Header], layout: InferenceLayout, put: Callable[[Any], Any], arena: Arena
+    ) -> None:
         from mindspeed_rl.weights.convert import is_identity
-        from mindspeed_rl.weights.streaming_merge import convert_group_in_memory, group_keys, plan_conversion
+        from mindspeed_rl.weights.streaming_merge import plan_conversion
 
         h0 = headers[0]
+        self.version, self.run_id = h0.version, h0.run_id
+        self.layout = layout
+        self._put = put
+        self._arena = arena
         source = MemorySnapshot(
             version=h0.version, run_id=h0.run_id, kind="training", layout=h0.layout,
             shards=tuple(MemoryShard(shard=h.shard, entries=h.entries, parts=(), part_sizes=()) for h in headers),
             medium="collective",
         )  # fmt: skip
         manifest = source.manifest()
-        error: SnapshotError | None = None
-        identity = False
-        pending: list[Any] = []
-        plan: Any = None
+        self.error: SnapshotError | None = None
+        self.identity = False
+        self.pending: list[Any] = []
+        self.plan: Any = None
         try:
-            identity = is_identity(manifest, self.layout, NameMap())
-            if not identity:
-                plan = plan_conversion(manifest, self.layout)
-                pending = list(plan.groups)
+            self.identity = is_identity(manifest, layout, NameMap())
+            if not self.identity:
+                self.plan = plan_conversion(manifest, layout)
+                self.pending = list(self.plan.groups)
         except SnapshotError as err:
-            error = err
-        key = shard_key(0)
-        entries: list[TensorEntry] = []
-        parts: list[Any] = []
-        sizes: list[int] = []
-        available: dict[tuple[str, str], torch.Tensor] = {}
-        rounds = max(len(h.buckets) for h in headers)
-        for k in range(rounds):
-            arrived: list[tuple[str, torch.Tensor]] = []
-            for r, h in enumerate(headers):
-                if k >= len(h.buckets):
-                    continue
-                first, end, nbytes = h.buckets[k]
-                bucket = recv_bucket(self.group, r, nbytes, self._device)
-                self.bytes_received += nbytes
-                if error is None:
-                    for entry, tensor in _unpack(bucket, h.entries[first:end]):
-                        available[(entry.shard_file, entry.name)] = tensor
-                        arrived.append((entry.name, tensor))
-            if error is not None:
-                continue  # keep the stream in step; the version is rejected below
-            out: list[tuple[str, torch.Tensor]] = []
-            if identity:
-                out, available = arrived, {}
-            else:
-                ready = [g for g in pending if all(k_ in available for k_ in group_keys(g))]
-                for group in ready:
-                    try:
-                        convert_group_in_memory(group, plan, available, self.layout, _collect(out, 0))
-                    except (SnapshotError, ValueError) as err:
-                        error = SnapshotError(str(err))
-                        break
-                    for k_ in group_keys(group):
-                        del available[k_]
-                    pending.remove(group)
-            if out and error is None:
-                entries.extend(entry_for(n, t, key=key, layout=self.layout) for n, t in out)
-                parts.append(self._put([host_array(t) for _, t in out]))
-                sizes.append(len(out))
-        if error is not None:
-            raise error
-        if pending:
-            raise SnapshotError(f"v{h0.version}: {len(pending)} conversion groups never got all their pieces")
+            self.error = err
+        self.key = shard_key(0)
+        self.entries: list[TensorEntry] = []
+        self.parts: list[Any] = []
+        self.sizes: list[int] = []
+        self.available: dict[tuple[str, str], torch.Tensor] = {}
+
+    def round(self, k: int, arrived_buckets: list[tuple[Header, np.ndarray]]) -> None:
+        from mindspeed_rl.weights.streaming_merge import convert_group_in_memory, group_keys
+
+        if self.error is not None:
+            return  # the version is rejected: the buckets were received only to stay in step
+        arrived: list[tuple[str, torch.Tensor]] = []
+        for h, bucket in arrived_buckets:
+            first, end, _ = h.buckets[k]
+            for entry, tensor in _unpack(bucket, h.entries[first:end]):
+                self.available[(entry.shard_file, entry.name)] = tensor
+                arrived.append((entry.name, tensor))
+        out: list[tuple[str, torch.Tensor]] = []
+        self._arena.reset()  # the previous round's merged tensors were put (copied) and dropped
+        if self.identity:
+            out, self.available = arrived, {}
+        else:
+            ready = [g for g in self.pending if all(k_ in self.available for k_ in group_keys(g))]
+            for group in ready:
+                try:
+                    convert_group_in_memory(
+                        group,
+                        self.plan,
+                        self.available,
+                        self.layout,
+                        _collect(out, 0),
+                        alloc=self._arena.take,
+                    )
+                except (SnapshotError, ValueError) as err:
+                    self.error = SnapshotError(str(err))
+                    return
+                for k_ in group_keys(group):
+                    del self.available[k_]
+                self.pending.remove(group)
+        if out:
+            self.entries.extend(entry_for(n, t, key=self.key, layout=self.layout) for n, t in out)
+            self.parts.append(self._put([host_array(t) for _, t in out]))
+            self.sizes.append(len(out))
+
+    def finish(self) -> MemorySnapshot:
+        if self.error is not None:
+            raise self.error
+        if self.pending:
+            raise SnapshotError(
+                f"v{self.version}: {len(self.pending)} conversion groups never got all their pieces"
+            )
         shard = ShardEntry(
-            file=key, rank=0, coords=self.layout.coords(0), nbytes=sum(e.nbytes for e in entries)
+            file=self.key, rank=0, coords=self.layout.coords(0), nbytes=sum(e.nbytes for e in self.entries)
         )
         return MemorySnapshot(
-            version=h0.version, run_id=h0.run_id, kind="inference", layout=self.layout.to_json(),
-            shards=(MemoryShard(shard=shard, entries=tuple(entries), parts=tuple(parts), part_sizes=tuple(sizes)),),
+            version=self.version, run_id=self.run_id, kind="inference", layout=self.layout.to_json(),
+            shards=(
+                MemoryShard(
+                    shard=shard, entries=tuple(self.entries), parts=tuple(self.parts), part_sizes=tuple(self.sizes)
+                ),
+            ),
             medium="collective",
         )  # fmt: skip
 

@@ -69,3 +69,43 @@ def cat(tensors: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
         return torch.cat(list(tensors), dim=dim)
     joined = np.concatenate([_as_numpy(t) for t in tensors], axis=dim)
     return _to_torch(joined, tensors[0].dtype)
+
+
+class Arena:
+    """Reused host memory for short-lived tensors: ``take`` cuts aligned pieces off one buffer,
+    ``reset`` makes all of it free again (every tensor taken since must be dead by then).
+
+    Why: a fresh allocation of this size is an ``mmap`` whose pages fault on first touch:
+    measured here, copying into fresh memory ran at ~3 GB/s, into touched memory at ~8 GB/s.
+    A receiver that merges a bucket round, puts it (a copy) and drops it reuses the same pages
+    every round. A request past the buffer gets fresh memory and the next ``reset`` grows the
+    buffer to the largest round seen, so the arena holds one round's bytes, not the model.
+    """
+
+    _ALIGN = 64
+
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, dtype=np.uint8)
+        self._used = 0
+        self._wanted = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._buffer.nbytes
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        numel = 1
+        for size in shape:
+            numel *= int(size)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        start = self._used
+        self._used = start + (nbytes + self._ALIGN - 1) // self._ALIGN * self._ALIGN
+        self._wanted = max(self._wanted, self._used)
+        if self._used > self._buffer.nbytes:
+            return torch.empty(tuple(shape), dtype=dtype)
+        return _to_torch(self._buffer[start : start + nbytes], dtype).view(tuple(shape))
+
+    def reset(self) -> None:
+        if self._wanted > self._buffer.nbytes:
+            self._buffer = np.empty(self._wanted, dtype=np.uint8)
+        self._used = 0

@@ -48,6 +48,8 @@ _G = TypeVar("_G")
 Finalize = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 """The after-merge step of a naming scheme (megatron: trim the vocab padding). It is applied to
 each group of merged tensors on its own, so it must treat every tensor by itself."""
+Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+"""Memory for a merged tensor: ``alloc(shape, dtype)`` (e.g. a reused ``hostcopy.Arena``)."""
 Sink = Callable[[int, str, torch.Tensor], None]
 """Receives each converted tensor: ``sink(inference rank, name, tensor)``; called from worker threads."""
 
@@ -245,10 +247,14 @@ def convert_group_in_memory(
     tensors: Mapping[tuple[str, str], torch.Tensor],
     layout: InferenceLayout,
     sink: Sink,
+    *,
+    alloc: Alloc | None = None,
 ) -> None:
     """`run_conversion`'s work for one group, from tensors already in memory (keyed by
-    ``group_keys``): object_store and collective snapshots, where no file exists."""
-    _convert_group(group, plan, tensors, layout, sink)
+    ``group_keys``): object_store and collective snapshots, where no file exists. ``alloc``
+    gives the merged tensors their memory (default: fresh); the sink must be done with a
+    tensor before that memory is reused."""
+    _convert_group(group, plan, tensors, layout, sink, alloc)
 
 
 def _convert_group(
@@ -257,9 +263,12 @@ def _convert_group(
     jobs: Mapping[tuple[str, str], ReadJob | torch.Tensor],
     layout: InferenceLayout,
     sink: Sink,
+    alloc: Alloc | None = None,
 ) -> None:
     merged: dict[str, torch.Tensor] = {
-        name: merge.empty() for name, merge in group.merges.items() if not merge.single
+        name: alloc(merge.shape, merge.dtype) if alloc is not None else merge.empty()
+        for name, merge in group.merges.items()
+        if not merge.single
     }
     for source in group.sources:
         job = jobs[(source.shard.file, source.entry.name)]

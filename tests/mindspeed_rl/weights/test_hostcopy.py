@@ -42,3 +42,28 @@ def test_parallel_copies_keep_order_and_errors_name_the_fix():
     assert [c.tolist() for c in copies] == [t.tolist() for t in tensors]
     with pytest.raises(ValueError, match="convert them first"):
         cat([torch.zeros(2), torch.zeros(2, dtype=torch.float16)], 0)
+
+
+def test_an_arena_cuts_disjoint_pieces_and_grows_to_the_largest_round() -> None:
+    from mindspeed_rl.weights.hostcopy import Arena
+
+    arena = Arena()
+    first = arena.take((3, 5), torch.float32)  # nothing reserved yet: fresh memory
+    assert first.shape == (3, 5) and arena.nbytes == 0
+    arena.reset()
+    assert arena.nbytes == 64, "grown to the round's bytes (60, aligned)"
+    a = arena.take((3, 5), torch.float32)
+    b = arena.take((7,), torch.int64)  # past the buffer: fresh memory, counted for next time
+    a.fill_(1.0)
+    b.fill_(-3)
+    assert bool((a == 1.0).all()) and bool((b == -3).all())
+    arena.reset()
+    assert arena.nbytes == 128
+    c, d = arena.take((2,), torch.bfloat16), arena.take((7,), torch.int64)
+    c.fill_(2.0)
+    d.fill_(-4)
+    assert d.data_ptr() == c.data_ptr() + 64, "aligned, right after c"
+    assert torch.equal(c, torch.full((2,), 2.0, dtype=torch.bfloat16)) and bool((d == -4).all())
+    arena.reset()
+    e = arena.take((2,), torch.bfloat16)
+    assert e.data_ptr() == c.data_ptr(), "a round that fits reuses the same pages"

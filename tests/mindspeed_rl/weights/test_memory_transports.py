@@ -165,31 +165,35 @@ def test_collective_identity_in_small_buckets_delivers_every_tensor(ray_local, m
 
 
 def test_collective_merge_per_bucket_matches_the_file_converter(
-    ray_local, tiny_model, tmp_path: Path
+    ray_local, model_factory, tmp_path: Path
 ) -> None:
+    """Two versions of different weights through many bucket rounds: the receiver merges every
+    round into memory it reuses (``hostcopy.Arena``), so a tensor of one round or version that
+    still pointed into it would show the next one's bytes."""
     receiver, received, senders = _collective_pair(2, bucket_mb=0.0003)
-    futures: list = []
-    threads = [
-        threading.Thread(
-            target=lambda r=r: futures.append(
-                senders[r].export(1, tp_shard(tiny_model, r).items(), TP2, rank=r)
-            )
-        )
-        for r in range(2)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    got_handle = received.wait_for(1, 60)
-    assert isinstance(got_handle, MemorySnapshot), got_handle
-    got = loaded(got_handle)
-    want = file_merge(tmp_path, tiny_model)
-    assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
-    for f in futures:
-        f.result(timeout=60)
+    for version in (1, 2):
+        model = model_factory(version)
+        futures: list = []
+
+        def export(r: int, version: int = version, model: dict = model, futures: list = futures) -> None:
+            futures.append(senders[r].export(version, tp_shard(model, r).items(), TP2, rank=r))
+
+        threads = [threading.Thread(target=export, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got_handle = received.wait_for(version, 60)
+        assert isinstance(got_handle, MemorySnapshot), got_handle
+        assert len(got_handle.shards[0].parts) > 3, "merged and put round by round"
+        got = loaded(got_handle)
+        want = file_merge(tmp_path / f"v{version}", model)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert torch.equal(got[name], want[name]), (version, name)
+        for f in futures:
+            f.result(timeout=60)
+    assert receiver._arena.nbytes > 0, "the merges ran in the reused memory"
 
 
 def test_probe_refuses_shared_fs_where_the_folder_is_not_shared(tmp_path: Path) -> None:
