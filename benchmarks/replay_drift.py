@@ -33,7 +33,8 @@ CV_BLOCK = 8
 def _parser() -> Any:
     p = replay_trace._parser()
     p.add_argument("--drifts", default="none,hetero2x,noise2x", help="comma-separated drift models")
-    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1")
+    p.add_argument("--seeds", type=int, default=1, help="seeds first..first+N-1")
+    p.add_argument("--first-seed", type=int, default=0, help="the first seed (add seeds to an earlier run)")
     p.add_argument("--max-tokens", type=int, default=384, help="engine response cap (drift's max_tokens)")
     p.set_defaults(trace=str(AIME) if AIME.is_file() else None, run_dir="runs/replay_drift")
     for action in p._actions:
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     init_ray(load_config_from_files(replay_trace.REPO_CONFIGS, args.config_name, []))
     rows = []
     for drift in drifts:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for online in (False, True):
                 rows.append(run_one(args, drift, seed, online))
                 r = rows[-1]

@@ -40,5 +40,8 @@ class AsyncConfig(ControlKnobs):
         "(gloo on CPU), bucketed sends (no shared disk).",
     )
     bucket_mb: float = opt(
-        512.0, "weight_transport=collective: bytes per send bucket, in MB (a larger tensor goes alone)."
+        512.0,
+        "weight_transport=collective: bytes per send bucket, in MB (a larger tensor goes alone). "
+        "A GU holds about 3 rounds of buckets (one per sending TU rank each) while it receives; "
+        "a model of fewer than ~8 buckets per rank gains little from the receive/convert overlap.",
     )

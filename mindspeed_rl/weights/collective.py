@@ -5,9 +5,10 @@
     start:   GU g: TCPStore master + ProcessGroup(rank R)  ◄── rendezvous ──  TU rank r < R joins at its first export
     export:  TU rank r (trainer thread): pack its tensors into buckets of ``bucket_mb`` (the export's one copy)
              [sender thread, per GU channel]: header (entries, bucket table) ─► bucket 0 ─► bucket 1 ─► ...
-    GU g:    [receiver thread]: headers of every rank, then bucket k of every rank; after each bucket the
-             conversion groups whose pieces are all in are converted (per bucket) and put in the object
-             store as one part ──► MemorySnapshot(kind "inference") ──► actors get an in-memory iterator
+    GU g:    [receiver thread]: headers of every rank, then round k = bucket k of every rank (receives
+             posted together) ─► [digest thread, while round k + 1 is received]: the conversion groups
+             whose pieces are all in are converted (into reused memory) and put in the object store as
+             one part ──► MemorySnapshot(kind "inference") ──► actors get an in-memory iterator
 
 The group is created once per GU and reused for every refresh: rebuilding a communicator per sync
 exhausts HCCL resources (twinkle #102) and costs a rendezvous each time. Group rank ``R`` (the
