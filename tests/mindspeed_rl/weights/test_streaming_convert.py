@@ -227,3 +227,45 @@ def test_a_failing_group_stops_the_conversion() -> None:
     with pytest.raises(SnapshotError, match="group 2"):
         _run_bounded(list(range(40)), [1] * 40, work, num_threads=2)
     assert len(done) < 40
+
+
+def test_a_later_version_of_the_same_structure_reuses_its_plan_and_still_checks_its_bytes(
+    tmp_path: Path, model_factory
+) -> None:
+    """Refreshes share one plan (names, shapes, partitions); the bytes, their checksums and the
+    version come from each snapshot's own manifest."""
+    writer = SnapshotWriter(tmp_path / "export", keep_last=3, run_id="run")
+    converter = GuConverter(tmp_path / "gu", InferenceLayout(), num_threads=1)
+    models = {v: model_factory(v) for v in (1, 2, 3)}
+    plans = []
+    for version, full in models.items():
+        for rank in range(2):
+            writer.export(version, _slice(TP2, full, rank).items(), TP2, rank=rank)
+        writer.wait()
+        info = latest_published(tmp_path / "export")
+        assert info is not None and info.version == version
+        manifest = SnapshotManifest.load(info.path)
+        plans.append(plan_conversion(manifest, InferenceLayout()))
+        assert plans[-1].manifest is manifest
+        if version == 3:  # flip one byte: the cached plan must still catch it
+            shard = info.path / "rank-00001.safetensors"
+            data = bytearray(shard.read_bytes())
+            data[-1] ^= 0x01
+            shard.write_bytes(bytes(data))
+            with pytest.raises(SnapshotError, match="checksum"):
+                converter.convert(info)
+            continue
+        converted = load_file(converter.convert(info).converted.path / "rank-00000.safetensors")
+        assert converted.keys() == full.keys()
+        for name, tensor in full.items():
+            assert torch.equal(converted[name], tensor), (version, name)
+    writer.close()
+    assert plans[1].groups is plans[0].groups and plans[2].groups is plans[0].groups
+    other = {name: t for name, t in models[1].items() if name != "model.norm.weight"}
+    writer = SnapshotWriter(tmp_path / "other", run_id="run")
+    for rank in range(2):
+        writer.export(1, _slice(TP2, other, rank).items(), TP2, rank=rank)
+    writer.close()
+    info = latest_published(tmp_path / "other")
+    assert info is not None
+    assert plan_conversion(SnapshotManifest.load(info.path), InferenceLayout()).groups is not plans[0].groups
