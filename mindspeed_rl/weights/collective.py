@@ -259,9 +259,7 @@ def recv_header(group: Any, src: int, device: str = "cpu") -> Header:
 def recv_bucket(group: Any, src: int, nbytes: int, device: str = "cpu") -> np.ndarray:
     """One bucket into host memory (NCCL / HCCL: received on the device, then one copy to the
     host for the conversion and the object store; NOT RUN on this host)."""
-    bucket = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    group.recv([bucket], src, _TAG).wait()
-    return bucket.cpu().numpy() if device != "cpu" else bucket.numpy()
+    return recv_buckets(group, [(src, nbytes)], device)[0]
 
 
 def recv_buckets(group: Any, wanted: list[tuple[int, int]], device: str = "cpu") -> list[np.ndarray]:

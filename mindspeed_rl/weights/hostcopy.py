@@ -15,6 +15,7 @@ allocates nothing for them: the converter plans a conversion by running it on me
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -94,10 +95,7 @@ class Arena:
         return self._buffer.nbytes
 
     def take(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        numel = 1
-        for size in shape:
-            numel *= int(size)
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(int(size) for size in shape) * dtype.itemsize
         start = self._used
         self._used = start + (nbytes + self._ALIGN - 1) // self._ALIGN * self._ALIGN
         self._wanted = max(self._wanted, self._used)
