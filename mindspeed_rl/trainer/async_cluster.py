@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.contracts import TrainerSpec
     from mindspeed_rl.plan.build import RunPlan
+    from mindspeed_rl.plan.sections import AsyncSpec
     from mindspeed_rl.runtime.records import GlobalBatch, ScheduledMinibatch
     from mindspeed_rl.trainer.async_inputs import PipelineInputs
     from mindspeed_rl.trainer.prompt_window import WindowChunk
@@ -67,86 +68,67 @@ class AsyncCluster:
     @classmethod
     def start(cls, run: RunStart, inputs: PipelineInputs, faults: FaultPlan) -> AsyncCluster:
         """On a GPU/NPU run one placement group (``run.placement``) pins every bundle to its node.
-        The generation actors start from ``run.rollout_path`` (a resumed run: the checkpoint's)."""
+        The generation actors start from ``run.rollout_path`` (a resumed run: the checkpoint's).
+        If any part fails to come up, every actor started so far is killed before the error."""
         import ray
 
-        from mindspeed_rl.trainer.online_asp import online_hook
-        from mindspeed_rl.trainer.weight_channels import start_weight_flow
-        from mindspeed_rl.utils.ray_setup import ray_actor_options, reserve
-        from mindspeed_rl.workers.control_unit import ControlUnit
+        from mindspeed_rl.utils.ray_setup import reserve
         from mindspeed_rl.workers.generation_unit import GenerationUnit
-        from mindspeed_rl.workers.training_group import remote_training_unit
 
-        plan, run_dir = run.plan, run.run_dir
-        a = plan.async_spec
-        assert a is not None and plan.runtime is not None, "an async plan carries async_spec and runtime"
+        plan = run.plan
+        assert plan.async_spec is not None and plan.runtime is not None, "an async plan carries both"
         reserved = reserve(run.placement)
         prompts = ray.put({r.prompt_id: r for r in inputs.prompts})
-        control = ray_actor_options(a.control_resources)
-        sampling = plan.dynamic_sampling
-        streaming = inputs.window is not None  # the schedule then arrives chunk by chunk
-        cu: Any = (
-            ray.remote(ControlUnit)
-            .options(**control, max_concurrency=32)
-            .remote(
-                plan.runtime,
-                () if streaming else inputs.schedule,
-                str(run_dir / "events.jsonl"),
-                group_filter=None if sampling is None else oversampling.group_filter(sampling),
-                steps_total=plan.data.train_iters - (run.resumed.iteration if run.resumed else 0),
-                online=online_hook(plan.asp, inputs.schedule, run_dir, prior=inputs.predictions),
-                streaming=streaming,
-            )
-        )
-        if inputs.window is not None:
-            ray.get(cu.extend_schedule.remote(inputs.schedule, inputs.prompts, inputs.window.closed))
-        tu = remote_training_unit(
-            plan.trainer,
-            run.policy_path,
-            prompts,
-            rank_options=[
-                reserved.trainer_rank_options(r, plan.trainer_resources)
-                for r in range(plan.trainer.num_ranks)
-            ],
-            group_options=control,
-            simulated_step_seconds=inputs.simulated_step_seconds,
-        )
-        snapshots = snapshot_root(a.snapshot_dir, run_dir)
-        specs = gu_specs(
-            plan,
-            run.rollout_path,
-            prompts,
-            snapshots,
-            faults,
-            forced_lengths=inputs.forced_lengths,
-            reserved=reserved,
-        )
-        gu_remote: Any = ray.remote(GenerationUnit).options(**control, max_concurrency=4)
-        cluster = cls(cu, tu, {s.gu_id: gu_remote.remote(s, cu) for s in specs}, reserved)
-        cluster.trainer = plan.trainer
-        # The shared-path probe and (collective) the GUs' process groups, before any engine starts.
+        snapshots = snapshot_root(plan.async_spec.snapshot_dir, run.run_dir)
+        cu = _control_unit(run, inputs)
+        cluster = cls(cu, None, {}, reserved)
         try:
-            weights = start_weight_flow(tu, cluster.gus, a, plan.trainer, snapshots)
+            if inputs.window is not None:
+                ray.get(cu.extend_schedule.remote(inputs.schedule, inputs.prompts, inputs.window.closed))
+            cluster.tu = _training_unit(run, inputs, prompts, reserved)
+            cluster.trainer = plan.trainer
+            specs = gu_specs(
+                plan,
+                run.rollout_path,
+                prompts,
+                snapshots,
+                faults,
+                forced_lengths=inputs.forced_lengths,
+                reserved=reserved,
+            )
+            gu_remote: Any = ray.remote(GenerationUnit).options(**_control_options(plan), max_concurrency=4)
+            cluster.gus = {s.gu_id: gu_remote.remote(s, cu) for s in specs}
+            cluster._bring_up(plan.async_spec, snapshots)
         except BaseException:
             cluster.kill()
             raise
+        return cluster
+
+    def _bring_up(self, a: AsyncSpec, snapshots: Path) -> None:
+        """The weight flow, then every engine, then the first dispatch and the GUs' loops."""
+        import ray
+
+        from mindspeed_rl.trainer.weight_channels import start_weight_flow
+
+        assert self.trainer is not None
+        # The shared-path probe and (collective) the GUs' process groups, before any engine starts.
+        weights = start_weight_flow(self.tu, self.gus, a, self.trainer, snapshots)
         # Engine start-up is not part of any iteration's time (as in the hybrid loop).
         logger.info(
             "starting %d generation unit(s) x %d actor(s) and the trainer: each engine loads its "
             "model and warms up first (about a minute per vLLM engine on a laptop CPU)",
-            len(cluster.gus), a.actors_per_unit,
+            len(self.gus), a.actors_per_unit,
         )  # fmt: skip
         ray.get(
             [
-                tu.enable_snapshots.remote(str(snapshots / "trainer"), a.snapshot_keep, **weights),
-                *[g.start_actors.remote() for g in cluster.gus.values()],
+                self.tu.enable_snapshots.remote(str(snapshots / "trainer"), a.snapshot_keep, **weights),
+                *[g.start_actors.remote() for g in self.gus.values()],
             ]
         )
-        ray.get(cu.start.remote())
-        cluster._runs = {gu.run.remote(): gu_id for gu_id, gu in cluster.gus.items()}
-        threading.Thread(target=cluster._watch_gus, name="gu-watcher", daemon=True).start()
-        cluster._started = time.perf_counter()
-        return cluster
+        ray.get(self.cu.start.remote())
+        self._runs = {gu.run.remote(): gu_id for gu_id, gu in self.gus.items()}
+        threading.Thread(target=self._watch_gus, name="gu-watcher", daemon=True).start()
+        self._started = time.perf_counter()
 
     # ---- one iteration ---------------------------------------------------------------------------
     def wait_for_batch(self, step: int) -> GlobalBatch:
@@ -232,7 +214,8 @@ class AsyncCluster:
 
         self._closing = True
         for handle in (self.cu, self.tu, *self.gus.values()):
-            ray.kill(handle)
+            if handle is not None:  # a start that failed half-way
+                ray.kill(handle)
         if self.reserved is not None:
             self.reserved.release()
 
@@ -297,6 +280,55 @@ class AsyncCluster:
 def training_layout_summary(trainer: TrainerSpec | None) -> dict[str, int]:
     """The trainer's parallel layout for summary.json (a simulated trainer: one rank)."""
     return {"tp": 1, "pp": 1, "ep": 1, "dp": 1} if trainer is None else trainer.layout_summary()
+
+
+def _control_options(plan: RunPlan) -> dict[str, Any]:
+    """Ray options of the CPU-only control processes (the CU, the GUs, the TU's group driver)."""
+    from mindspeed_rl.utils.ray_setup import ray_actor_options
+
+    assert plan.async_spec is not None
+    return ray_actor_options(plan.async_spec.control_resources)
+
+
+def _control_unit(run: RunStart, inputs: PipelineInputs) -> Any:
+    """The CU actor; a streaming run's schedule then arrives chunk by chunk (``extend_schedule``)."""
+    import ray
+
+    from mindspeed_rl.trainer.online_asp import online_hook
+    from mindspeed_rl.workers.control_unit import ControlUnit
+
+    plan, streaming, sampling = run.plan, inputs.window is not None, run.plan.dynamic_sampling
+    assert plan.runtime is not None
+    return (
+        ray.remote(ControlUnit)
+        .options(**_control_options(plan), max_concurrency=32)
+        .remote(
+            plan.runtime,
+            () if streaming else inputs.schedule,
+            str(run.run_dir / "events.jsonl"),
+            group_filter=None if sampling is None else oversampling.group_filter(sampling),
+            steps_total=plan.data.train_iters - (run.resumed.iteration if run.resumed else 0),
+            online=online_hook(plan.asp, inputs.schedule, run.run_dir, prior=inputs.predictions),
+            streaming=streaming,
+        )
+    )
+
+
+def _training_unit(run: RunStart, inputs: PipelineInputs, prompts: Any, reserved: ReservedPlacement) -> Any:
+    """The TU: one rank per trainer device, each pinned to its bundle of the placement."""
+    from mindspeed_rl.workers.training_group import remote_training_unit
+
+    plan = run.plan
+    return remote_training_unit(
+        plan.trainer,
+        run.policy_path,
+        prompts,
+        rank_options=[
+            reserved.trainer_rank_options(r, plan.trainer_resources) for r in range(plan.trainer.num_ranks)
+        ],
+        group_options=_control_options(plan),
+        simulated_step_seconds=inputs.simulated_step_seconds,
+    )
 
 
 def snapshot_root(snapshot_dir: str | None, run_dir: Path) -> Path:

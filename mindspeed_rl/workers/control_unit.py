@@ -59,7 +59,6 @@ from mindspeed_rl.runtime.faults import FaultKind
 from mindspeed_rl.runtime.group_filter import DynamicSampling, GroupFilter
 from mindspeed_rl.runtime.ingestor import IngestOutcome
 from mindspeed_rl.runtime.records import (
-    Assignment,
     CompletedMinibatch,
     GlobalBatch,
     ScheduledMinibatch,
@@ -68,6 +67,7 @@ from mindspeed_rl.runtime.records import (
 )
 from mindspeed_rl.runtime.replan import OnlineHook
 from mindspeed_rl.runtime.step_metrics import MetricsCursor, step_metrics
+from mindspeed_rl.workers.gu_mailbox import GuMailboxes
 from mindspeed_rl.workers.gu_messages import (
     GuFaultSettings,
     GuPoll,
@@ -127,14 +127,7 @@ class ControlUnit:
             schedule_open=streaming,
         )
         self._book = PromptBook() if streaming else None
-        self._outbox: dict[int, list[Assignment]] = {}
-        # Per GU: news (anything it may act on) and urgent news (a snapshot, the end, a failure)
-        # counters, what its last answer told it, and how many answers it got.
-        self._news: dict[int, int] = {}
-        self._urgent: dict[int, int] = {}
-        self._told: dict[int, tuple[int, int, bool]] = {}
-        self._seq: dict[int, int] = {}
-        self._failed_gus: set[int] = set()
+        self._mail = GuMailboxes()
         self._cursor = MetricsCursor()
         self.snapshots_superseded = 0
         self.calls: Counter[str] = Counter()
@@ -153,10 +146,7 @@ class ControlUnit:
     def register_gu(self, gu_id: int, num_actors: int) -> GuFaultSettings:
         with self._lock:
             self._loop.register_gu(gu_id, num_actors=num_actors)
-            self._outbox.setdefault(gu_id, [])
-            self._news.setdefault(gu_id, 0)
-            self._urgent.setdefault(gu_id, 0)
-            self._told.setdefault(gu_id, (-1, -1, False))  # its first poll answers at once
+            self._mail.register(gu_id)
             c = self._config
             return GuFaultSettings(deadlines=c.deadline_settings(), actor_max_restarts=c.actor_max_restarts)
 
@@ -259,7 +249,7 @@ class ControlUnit:
         with self._lock:
             requeued = self._loop.on_actor_failed(gu_id, actor_id)
             if not self._loop.has_gu(gu_id):  # it was the GU's last actor
-                self._forget_gu(gu_id)
+                self._mail.forget(gu_id)
             logger.warning("GU %d actor %d failed; re-queued minibatches %s", gu_id, actor_id, requeued)
             self._changed(everyone=True)  # released lag reservations may admit other GUs' starts
             self._batch_may_be_ready.notify_all()
@@ -272,7 +262,7 @@ class ControlUnit:
         with self._lock:
             requeued = self._loop.on_actor_fault(gu_id, actor_id, FaultKind(kind), detail, retire=retire)
             if not self._loop.has_gu(gu_id):  # it was the GU's last actor
-                self._forget_gu(gu_id)
+                self._mail.forget(gu_id)
             logger.warning(
                 "GU %d actor %d %s (%s); re-queued minibatches %s", gu_id, actor_id, kind, detail, requeued
             )
@@ -283,48 +273,34 @@ class ControlUnit:
     @_counted
     def on_gu_failed(self, gu_id: int) -> list[int]:
         with self._lock:
-            if gu_id in self._failed_gus:
+            if not self._mail.forget(gu_id):
                 return []
             requeued = self._loop.on_gu_failed(gu_id)
-            self._forget_gu(gu_id)
             logger.warning("GU %d failed; re-queued minibatches %s", gu_id, requeued)
             self._changed(everyone=True)
             self._batch_may_be_ready.notify_all()
             return requeued
 
-    def _forget_gu(self, gu_id: int) -> None:
-        self._failed_gus.add(gu_id)
-        self._outbox.pop(gu_id, None)
-
     def _worth_answering(self, gu_id: int) -> bool:
         """Whether a waiting poll of ``gu_id`` should return now (called with the lock held)."""
-        if gu_id not in self._outbox or self._loop.is_finished():
-            return True  # failed, never registered, or done: it must hear it to stop
-        news, urgent = self._news[gu_id], self._urgent[gu_id]
-        told_news, told_urgent, told_paused = self._told[gu_id]
-        if urgent != told_urgent:
-            return True
-        if news == told_news or not self._loop.has_idle_actor(gu_id):
-            return False
-        # Told it is paused and still paused: no start can be granted, so new work and trainer
-        # steps wait for the resume (which is news of its own).
-        return not (told_paused and self._loop.pause_signal())
+        return self._mail.worth_answering(
+            gu_id,
+            finished=self._loop.is_finished(),
+            has_idle_actor=lambda: self._loop.has_idle_actor(gu_id),
+            paused=self._loop.pause_signal,
+        )
 
     def _answer(self, gu_id: int, decision: StartDecision | None = None) -> GuPoll:
-        """Hand ``gu_id`` its outbox and the signals, and note what it has been told (lock held)."""
-        known = gu_id not in self._failed_gus and gu_id in self._outbox
-        work = tuple(self._outbox[gu_id]) if known else ()
-        if known:
-            self._outbox[gu_id] = []
-            self._told[gu_id] = (self._news[gu_id], self._urgent[gu_id], self._loop.pause_signal())
-        self._seq[gu_id] = seq = self._seq.get(gu_id, 0) + 1
+        """Hand ``gu_id`` its outbox and the signals (lock held)."""
+        paused = self._loop.pause_signal()
+        delivery = self._mail.take(gu_id, paused=paused)
         return GuPoll(
-            assignments=work,
+            assignments=delivery.assignments,
             latest_snapshot=self._loop.latest_snapshot(),
-            paused=self._loop.pause_signal(),
+            paused=paused,
             finished=self._loop.is_finished(),
-            gu_known=known,
-            seq=seq,
+            gu_known=delivery.known,
+            seq=delivery.seq,
             answered_at=time.time(),
             decision=decision,
         )
@@ -336,18 +312,15 @@ class ControlUnit:
         assignments = self._loop.dispatch()
         moved = {a.gu_id for a in assignments}
         for a in assignments:
-            assert a.gu_id in self._outbox, f"dispatched to unknown GU {a.gu_id}"
-            self._outbox[a.gu_id].append(a if self._book is None else self._book.attach(a))
+            self._mail.post(a if self._book is None else self._book.attach(a))
         signals, before = self._loop.gu_signals(), self._signals
+        urgent = False
         if everyone or signals != before:
             self._signals = signals
-            moved = set(self._news)
+            moved = self._mail.every_gu()
             new_snapshot = signals.latest_version != before.latest_version
-            if everyone or new_snapshot or signals.finished != before.finished:
-                for gu_id in moved:
-                    self._urgent[gu_id] += 1
-        for gu_id in moved:
-            self._news[gu_id] += 1
+            urgent = everyone or new_snapshot or signals.finished != before.finished
+        self._mail.tell(moved, urgent=urgent)
         if moved:
             self._news_moved.notify_all()
         return len(assignments)
