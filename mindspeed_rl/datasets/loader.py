@@ -3,13 +3,17 @@
 Flow: rows (files or a built-in generator) -> map_keys -> chat template -> tokenize ->
 ``max_prompt_length`` filter (dropped prompts counted by reason and logged) -> optional seeded
 subset of ``num_samples``. Preprocessed files skip straight to the length filter.
+
+``stream_prompts`` is the same flow, one pass over the files, read and tokenized only as the
+caller draws: a streaming run (``asp_config.window``) never holds the dataset.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 
 from mindspeed_rl.datasets import builtin, prompt_files, sources
 from mindspeed_rl.datasets.columns import ColumnMap, map_row
@@ -63,6 +67,56 @@ def load_prompts(
     log = logger.warning if drops.num_dropped else logger.info
     log("prompts from %s: %s", data_path, drops.summary())
     return PromptSet(records=records, drops=drops)
+
+
+def stream_prompts(
+    *,
+    data_path: str,
+    tokenizer: Tokenizer,
+    prompt_type: str = "empty",
+    map_keys: Mapping[str, str] | None = None,
+    max_prompt_length: int,
+) -> Iterator[PromptRecord]:
+    """``load_prompts``'s records of files, in source order, produced one at a time.
+
+    The checks that need the whole dataset happen as the pass goes: a repeated id fails the draw
+    that meets it (naming the id), and the drops are logged when the pass ends. Built-in tasks
+    are generated whole; load them with ``load_prompts``."""
+    check_prompt_type(prompt_type)
+    if max_prompt_length < 1:
+        raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+    if builtin.is_builtin(data_path):
+        raise ValueError(f"{data_path} is generated whole; load it with load_prompts, not a stream")
+    files = sources.resolve_data_files(data_path)  # a missing path fails before the first draw
+    return _stream(
+        files, data_path, tokenizer, prompt_type, ColumnMap.from_map_keys(map_keys), max_prompt_length
+    )
+
+
+def _stream(
+    files: list[Path],
+    data_path: str,
+    tokenizer: Tokenizer,
+    prompt_type: str,
+    columns: ColumnMap,
+    max_prompt_length: int,
+) -> Iterator[PromptRecord]:
+    counter, seen = DropCounter(), set[str]()
+    for path in files:
+        for record in _records(
+            sources.read_rows(path), tokenizer, prompt_type, columns, max_prompt_length, counter
+        ):
+            if record.prompt_id in seen:
+                raise ValueError(
+                    f"prompt id {record.prompt_id!r} appears twice in {data_path}; fix the id column "
+                    "or set map_keys.id to a column with unique values"
+                )
+            seen.add(record.prompt_id)
+            yield record
+    drops = counter.report()
+    (logger.warning if drops.num_dropped else logger.info)(
+        "prompts streamed from %s: %s", data_path, drops.summary()
+    )
 
 
 def _load_builtin(

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mindspeed_rl.datasets.prompt_alias import pass_alias
+from mindspeed_rl.models.tokenizer import load_tokenizer
 from mindspeed_rl.trainer import oversampling
-from mindspeed_rl.trainer.prompts import global_batches
+from mindspeed_rl.trainer.prompts import global_batches, stream_run_prompts, streams_from_files
 from mindspeed_rl.trainer.run_schedule import SCHEDULE_FILE, build_schedule
 from mindspeed_rl.workers.fault_plan import FaultPlan
 
@@ -112,9 +113,14 @@ def _from_split(run: RunStart, *, build: bool) -> PipelineInputs:
     if run.splits is None:
         raise ValueError("the run was started without loading its prompts; pass its PipelineInputs")
     data, sampling = run.plan.data, run.plan.dynamic_sampling
+    window = None if run.plan.asp is None else run.plan.asp.window
+    if streams_from_files(data, window):  # read and tokenized only as the window draws
+        held_out = frozenset(r.prompt_id for r in run.splits.valid)
+        stream = stream_run_prompts(data, load_tokenizer(run.policy_path), held_out=held_out)
+        return PipelineInputs(prompts=(), schedule=(), held_out=run.splits.valid, stream=stream)
     records = tuple(run_prompts(oversampling.drawn_data(data, sampling), run.splits.train))
-    if run.plan.asp is not None and run.plan.asp.window is not None:
-        # The split is loaded whole (its records are small); the schedule streams through the window.
+    if window is not None:
+        # A shuffle or a held-out part needs the split whole; the schedule still streams.
         return PipelineInputs(prompts=(), schedule=(), held_out=run.splits.valid, stream=records)
     # Dynamic sampling draws further: the base is what a run without it trains on, the rest is
     # the held over-sampling reserve (trainer/oversampling.py).

@@ -4,11 +4,18 @@ of prompt ids both pipelines draw from the train part.
 Reads only the plan's ``DataSpec``. ``load_run_split`` is the one place a run loads its prompts
 and writes ``split_ids.json``; both pipelines draw their batches with ``global_batches``, so they
 train on the same prompts in the same order.
+
+A streaming run (``asp_config.window``) over files, in source order and with nothing held out
+(``no_shuffle: true``, ``split: 100,0,0``), never loads its training prompts:
+``stream_run_prompts`` reads and tokenizes them only as the window draws, in the very order
+``global_batches`` would give. Any other streaming run loads the split and streams from memory
+(a shuffle or a held-out part needs every prompt up front).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +29,88 @@ if TYPE_CHECKING:
 SPLIT_IDS_FILE = "split_ids.json"
 
 
-def load_run_split(data: DataSpec, policy_path: str, run_dir: Path) -> PromptSplits:
-    """The run's split, tokenized with the policy's tokenizer; its ids go to ``split_ids.json``."""
-    from mindspeed_rl.datasets.split import write_split_ids
+def load_run_split(
+    data: DataSpec, policy_path: str, run_dir: Path, *, streamed: bool = False
+) -> PromptSplits:
+    """The run's split, tokenized with the policy's tokenizer; its ids go to ``split_ids.json``.
+    ``streamed`` (``streams_from_files``): only the held-out file is loaded; ``train`` is empty and
+    ``split_ids.json`` names the source instead of listing its ids."""
+    import json
 
-    splits = load_prompt_splits(data, load_tokenizer(policy_path))
-    write_split_ids(run_dir / SPLIT_IDS_FILE, splits)
+    from mindspeed_rl.datasets.split import PromptSplits, write_split_ids
+
+    tokenizer = load_tokenizer(policy_path)
+    if not streamed:
+        splits = load_prompt_splits(data, tokenizer)
+        write_split_ids(run_dir / SPLIT_IDS_FILE, splits)
+        return splits
+    valid = _load_valid_path(data, tokenizer, data.valid_data_path) if data.valid_data_path else ()
+    splits = PromptSplits(train=(), valid=valid, test=())
+    ids = {
+        "train": None,
+        "train_streamed_from": data.data_path,
+        "valid": [r.prompt_id for r in valid],
+        "test": [],
+    }
+    (run_dir / SPLIT_IDS_FILE).write_text(json.dumps(ids) + "\n", encoding="utf-8")
     return splits
+
+
+def streams_from_files(data: DataSpec, window: int | None) -> bool:
+    """Whether a run reads its training prompts lazily (module docstring): a streaming window over
+    files, unshuffled, with nothing held out of ``data_path``."""
+    from mindspeed_rl.datasets.split import parse_split
+
+    weights = parse_split(data.split)
+    return (
+        window is not None
+        and not data.shuffle
+        and weights.valid == 0
+        and weights.test == 0
+        and not data.data_path.startswith("builtin:")
+    )
+
+
+def stream_run_prompts(
+    data: DataSpec, tokenizer: Any, *, held_out: frozenset[str] = frozenset()
+) -> Iterator[PromptRecord]:
+    """The run's ``train_iters x global_batch_size`` prompts, read from ``data_path`` pass after
+    pass as they are drawn; a later pass renames its draws ``<id>@<pass>`` (``run_prompts``).
+    Unshuffled, ``global_batches``' order is the files' order repeated, so this is the same
+    sequence a loaded split gives, without holding it. A prompt id of ``held_out`` (the
+    ``valid_data_path`` set) fails the draw that meets it, as the loaded split refuses it."""
+    from mindspeed_rl.datasets.loader import stream_prompts
+    from mindspeed_rl.datasets.prompt_alias import pass_alias
+
+    size, remaining, draw = (
+        data.num_prompts_per_global_batch,
+        data.num_prompts_per_global_batch * data.train_iters,
+        0,
+    )
+    while remaining > 0:
+        in_pass = 0
+        for record in stream_prompts(
+            data_path=data.data_path,
+            tokenizer=tokenizer,
+            prompt_type=data.prompt_type,
+            map_keys=data.map_keys,
+            max_prompt_length=data.max_prompt_length,
+        ):
+            if record.prompt_id in held_out:
+                raise ValueError(
+                    f"prompt {record.prompt_id!r} of {data.data_path} is also in valid_data_path; "
+                    "evaluation prompts must be held out from training: use a disjoint file"
+                )
+            yield dataclasses.replace(record, prompt_id=pass_alias(record.prompt_id, draw))
+            in_pass, remaining = in_pass + 1, remaining - 1
+            if remaining == 0:
+                return
+        if in_pass < size:
+            raise ValueError(
+                f"only {in_pass} prompts of {data.data_path} survived loading but global_batch_size is "
+                f"{size}; add data, raise max_prompt_length, or lower megatron_training.global_batch_size"
+            )
+        draw += 1
 
 
 def load_prompt_set(data: DataSpec, tokenizer: Any) -> PromptSet:

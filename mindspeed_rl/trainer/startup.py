@@ -20,7 +20,7 @@ from mindspeed_rl.plan.build import RunPlan, build_run_plan
 from mindspeed_rl.trainer import checkpointing as ckpt
 from mindspeed_rl.trainer import run_end
 from mindspeed_rl.trainer.policy_model import prepare_policy_model
-from mindspeed_rl.trainer.prompts import load_run_split
+from mindspeed_rl.trainer.prompts import load_run_split, streams_from_files
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
@@ -74,8 +74,17 @@ def start(
         resumed=resumed,
         placement=placement,
         policy_path=policy_path,
-        splits=load_run_split(plan.data, policy_path, run_dir) if load_split else None,
+        splits=load_run_split(
+            plan.data, policy_path, run_dir, streamed=streams_from_files(plan.data, window_of(plan))
+        )
+        if load_split
+        else None,
     )
+
+
+def window_of(plan: RunPlan) -> int | None:
+    """``asp_config.window`` of an async run (None: the whole-run schedule)."""
+    return None if plan.asp is None else plan.asp.window
 
 
 def checkpointer(
