@@ -326,6 +326,15 @@ def eval_config(config: GRPOConfig) -> EvalConfig:
         raise ValueError(
             f"megatron_training.eval_iters={t.eval_iters} must be >= 0 (0 = every held-out prompt)"
         )
+    if t.eval_interval is not None and not t.valid_data_path:
+        from mindspeed_rl.datasets.split import parse_split
+
+        if parse_split(t.split).valid == 0:  # refused here, before any model or data work
+            raise ValueError(
+                f"megatron_training.eval_interval={t.eval_interval} but split={t.split!r} holds nothing "
+                "out and no valid_data_path is set; give split a valid weight (e.g. split: '90,10,0'), "
+                "set megatron_training.valid_data_path, or eval_interval: null"
+            )
     return EvalConfig(
         interval=t.eval_interval,
         num_samples_per_prompt=config.rl_config.n_samples_per_prompt,

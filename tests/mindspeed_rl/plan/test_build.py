@@ -72,6 +72,7 @@ def test_checkpoint_and_finetune_load(tmp_path: Path) -> None:
 
 def test_evaluation_logging_and_rewards() -> None:
     plan = _plan("++megatron_training.eval_interval=5", "++megatron_training.eval_iters=2",
+                 "megatron_training.split='90,10,0'",
                  "++megatron_training.log_interval=3", "++rl_config.verifier_timeout=5")  # fmt: skip
     assert (
         plan.evaluation.interval,
@@ -80,6 +81,14 @@ def test_evaluation_logging_and_rewards() -> None:
     ) == (5, 64, 8)
     assert plan.logging.log_interval == 3 and plan.trainer.reward.verifier_timeout == 5.0
     assert _plan().evaluation.max_prompts is None
+
+
+def test_evaluation_with_nothing_held_out_is_refused_before_any_model_work(tmp_path) -> None:
+    with pytest.raises(ValueError, match="eval_interval=5 but split='100,0,0' holds nothing out"):
+        _plan("++megatron_training.eval_interval=5", "megatron_training.split='100,0,0'")
+    valid = tmp_path / "valid.jsonl"
+    plan = _plan("++megatron_training.eval_interval=5", f"+megatron_training.valid_data_path={valid}")
+    assert plan.evaluation.interval == 5  # the file is the eval set (read when the run loads data)
 
 
 def test_resources_per_pipeline() -> None:

@@ -25,7 +25,7 @@ VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "++rl_config.clip_higher_enable=true", "++rl_config.use_kl_in_reward=true",
             "++rl_config.token_level_loss=false", "++actor_config.lr_decay_style=cosine",
             "++actor_config.lr_warmup_fraction=0.1", "++megatron_training.eval_interval=5",
-            "++megatron_training.eval_iters=1", "++rl_config.use_wandb=true",
+            "++megatron_training.eval_iters=1", "megatron_training.split='90,10,0'", "++rl_config.use_wandb=true",
         ),
     ),
     ("grpo_tiny_cpu", ("++actor_config.lr_decay_style=linear", "++actor_config.lr_warmup_iters=3",

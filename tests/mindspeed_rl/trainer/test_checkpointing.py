@@ -110,6 +110,7 @@ def test_the_fingerprint_keeps_the_keys_and_values_checkpoints_were_written_with
                 "megatron_training.split='100,0,0'",
                 "megatron_training.data_path=builtin:demo",
                 "megatron_training.train_iters=30",
+                "megatron_training.eval_interval=null",
             ],
         )  # fmt: skip
     )

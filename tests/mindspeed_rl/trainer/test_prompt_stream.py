@@ -18,6 +18,7 @@ from tests.support.plans import small_async_plan
 
 LAZY = (
     "warmup_config.enabled=false",
+    "megatron_training.eval_interval=null",
     "megatron_training.no_shuffle=true",
     "megatron_training.split='100,0,0'",
     "++asp_config.window=1",
