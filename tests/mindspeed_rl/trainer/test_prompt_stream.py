@@ -12,7 +12,9 @@ import pytest
 
 from mindspeed_rl.datasets.split import PromptSplits
 from mindspeed_rl.models.tiny import build_char_tokenizer
+from mindspeed_rl.runtime.records import ScheduledMinibatch
 from mindspeed_rl.trainer import async_inputs, prompts
+from mindspeed_rl.trainer.checkpointing import ResumePoint
 from mindspeed_rl.trainer.startup import RunStart
 from tests.support.plans import small_async_plan
 
@@ -104,7 +106,7 @@ def test_only_an_unshuffled_window_over_files_with_nothing_held_out_streams(tmp_
     assert not prompts.streams_from_files(_data("builtin:demo"), window=1)
 
 
-def test_a_streaming_run_reads_its_file_only_as_its_window_drains(tmp_path: Path) -> None:
+def _streaming_run(tmp_path: Path, resumed: ResumePoint | None = None) -> RunStart:
     path = _write(tmp_path / "d.jsonl", _rows(40))
     lengths = _write(
         tmp_path / "lengths.jsonl", [{"prompt_id": f"q{i}", "length": 1 + i % 7} for i in range(40)]
@@ -115,16 +117,52 @@ def test_a_streaming_run_reads_its_file_only_as_its_window_drains(tmp_path: Path
         "++asp_config.predictor.calibrate_nu=false", f"++asp_config.predictor.path={lengths}",
     )  # fmt: skip
     tokenizer_dir = tmp_path / "tok"
-    build_char_tokenizer().save_pretrained(str(tokenizer_dir))
-    run = RunStart(
-        plan=plan, run_dir=tmp_path, resumed=None, placement=None,  # type: ignore[arg-type]
+    if not tokenizer_dir.is_dir():
+        build_char_tokenizer().save_pretrained(str(tokenizer_dir))
+    run_dir = tmp_path / ("resumed" if resumed else "fresh")
+    run_dir.mkdir(exist_ok=True)
+    return RunStart(
+        plan=plan, run_dir=run_dir, resumed=resumed, placement=None,  # type: ignore[arg-type]
         policy_path=str(tokenizer_dir), splits=PromptSplits(train=(), valid=(), test=()),
     )  # fmt: skip
-    built = async_inputs.run_inputs(run, None)
-    assert built.window is not None and not isinstance(built.stream, tuple)
-    drawn = [r.prompt_id for r in built.prompts]
-    assert len(drawn) == 4, "the first window is one global batch, not the file"
-    for step in range(6):
+
+
+def _chunks(built: async_inputs.PipelineInputs, steps: range) -> list[ScheduledMinibatch]:
+    assert built.window is not None
+    out: list[ScheduledMinibatch] = []
+    for step in steps:
         if (chunk := built.window.top_up(step)) is not None:
-            drawn += [r.prompt_id for r in chunk.records]
-    assert drawn == [f"q{i}" for i in range(24)] and built.window.closed
+            assert sorted(p for mb in chunk.minibatches for p in mb.prompt_ids) == sorted(
+                r.prompt_id for r in chunk.records
+            )
+            out += chunk.minibatches
+    return out
+
+
+def _ids(minibatches) -> list[str]:
+    return [p for mb in minibatches for p in mb.prompt_ids]
+
+
+def test_a_streaming_run_reads_its_file_only_as_its_window_drains(tmp_path: Path) -> None:
+    built = async_inputs.run_inputs(_streaming_run(tmp_path), None)
+    assert built.window is not None and not isinstance(built.stream, tuple)
+    assert len(built.prompts) == 4, "the first window is one global batch, not the file"
+    drawn = _ids(built.schedule) + _ids(_chunks(built, range(6)))
+    # ASP orders inside each chunk; the chunks follow the file.
+    assert sorted(drawn) == sorted(f"q{i}" for i in range(24)) and built.window.closed
+    assert sorted(drawn[:4]) == [f"q{i}" for i in range(4)]
+
+
+def test_a_resumed_streaming_run_skips_what_its_lineage_drew_and_draws_the_rest(tmp_path: Path) -> None:
+    fresh = async_inputs.run_inputs(_streaming_run(tmp_path), None)
+    lineage = (*fresh.schedule, *_chunks(fresh, range(2)))  # two global batches drawn
+    assert sorted(_ids(lineage)) == sorted(f"q{i}" for i in range(8))
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    consumed = tuple(_ids(fresh.schedule))  # the first step's batch was trained
+    point = ResumePoint(folder=folder, iteration=1, prompts_consumed=consumed, schedule=lineage)
+    resumed = async_inputs.run_inputs(_streaming_run(tmp_path, point), None)
+    assert resumed.schedule == point.remaining_schedule and resumed.window is not None
+    assert sorted(r.prompt_id for r in resumed.prompts) == sorted(set(_ids(lineage)) - set(consumed))
+    rest = _ids(_chunks(resumed, range(2, 6)))
+    assert sorted(rest) == sorted(f"q{i}" for i in range(8, 24)) and resumed.window.closed
