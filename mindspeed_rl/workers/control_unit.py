@@ -22,6 +22,7 @@ on each side here; the method bodies are a few percent of it), so the count of c
 Delivery is pull-based: every dispatch lands in a per-GU outbox that the GU drains with its next
 ``exchange`` or ``poll`` answer. The CU therefore needs no GU handles, and a dead GU's undelivered
 assignments are simply discarded (the ControlLoop re-queues them when the GU is declared failed).
+The outboxes and what each GU has been told live in ``workers/gu_mailbox.py``.
 
 ``poll`` is a long-poll: it blocks until there is something the GU has not been told and would
 act on now (or ``wait_s`` passes). A new snapshot, the end of the run and failures always count
