@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -234,6 +234,10 @@ def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> Non
     if not on_cpu:
         # In-process engine core: at TP1 weights reach the worker without serialisation.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm.platforms import current_platform
+
+        if current_platform.device_type == "npu":
+            os.environ.update(ascend_rl_env(os.environ))
         return
     if opts.enable_sleep_mode:
         raise ValueError(
@@ -250,6 +254,26 @@ def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> Non
         if sharded:
             # Worker processes inherit it: each sizes its OpenMP pool like this actor's.
             os.environ["OMP_NUM_THREADS"] = str(opts.num_threads)
+
+
+# vllm-ascend stores linear weights in the FRACTAL_NZ layout when this is 1 or 2 (vllm-ascend
+# 0.2x ``envs.py``; newer releases read ``additional_config.weight_nz_mode``). An in-place update
+# writes row-major (ND) tensors into those parameters, and vllm-ascend's own RL paths refuse NZ:
+# ``NPUWorker.wake_up`` and ``start_weight_update`` raise unless the mode is 0. Every engine here
+# takes new weights during the run, so the mode is 0 in each actor (its worker processes inherit it).
+ASCEND_NZ_ENV = "VLLM_ASCEND_ENABLE_NZ"
+
+
+def ascend_rl_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables an RL rollout engine on vllm-ascend needs; refuses a user's NZ setting that
+    would corrupt or refuse every weight update."""
+    chosen = environ.get(ASCEND_NZ_ENV)
+    if chosen not in (None, "", "0"):
+        raise ValueError(
+            f"{ASCEND_NZ_ENV}={chosen}: vllm-ascend then keeps weights in the FRACTAL_NZ layout, which "
+            "in-place weight updates and sleep-mode wake-up refuse; unset it (or set it to 0) for RL runs"
+        )
+    return {ASCEND_NZ_ENV: "0"}
 
 
 def _child_processes() -> list[Any]:
