@@ -256,11 +256,13 @@ def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> Non
             os.environ["OMP_NUM_THREADS"] = str(opts.num_threads)
 
 
-# vllm-ascend stores linear weights in the FRACTAL_NZ layout when this is 1 or 2 (vllm-ascend
-# 0.2x ``envs.py``; newer releases read ``additional_config.weight_nz_mode``). An in-place update
-# writes row-major (ND) tensors into those parameters, and vllm-ascend's own RL paths refuse NZ:
-# ``NPUWorker.wake_up`` and ``start_weight_update`` raise unless the mode is 0. Every engine here
-# takes new weights during the run, so the mode is 0 in each actor (its worker processes inherit it).
+# vllm-ascend can keep linear weights in its FRACTAL_NZ layout, and its RL paths refuse that:
+# in the stored vllm-ascend main (read 2026-12-04), ``NPUWorker.wake_up`` and
+# ``start_weight_update`` raise unless ``additional_config.weight_nz_mode`` is 0; the issue's
+# reading of v0.23 ``worker.py`` says the same of its wake-up. This variable is the 0.2x-era
+# switch that verl's Ascend path also forces to 0; v0.23's own ``envs.py`` was not read here, and
+# the newer ``weight_nz_mode`` key is not set (nothing runs on an NPU here). Every engine here
+# takes new weights during the run, so the mode is 0 in each actor (worker processes inherit it).
 ASCEND_NZ_ENV = "VLLM_ASCEND_ENABLE_NZ"
 
 
