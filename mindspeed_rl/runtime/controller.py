@@ -310,6 +310,12 @@ class ControlLoop:
         """An actor raised, hung or died; re-queue and count it (``Recovery.actor_fault``)."""
         return self.recovery.actor_fault(gu_id, actor_id, kind, detail, retire=retire)
 
+    @_serialized
+    def note_progress(self) -> None:
+        """Work the trainer waited on finished outside the queue (an evaluation's decode): the
+        stall clock restarts, as after a completion."""
+        self.last_progress = self.clock.now()
+
     @property
     def fatal(self) -> PipelineFailure | None:
         """Set once the run cannot go on (poison minibatch, dynamic sampling): nothing is sent after."""

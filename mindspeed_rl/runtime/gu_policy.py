@@ -21,7 +21,13 @@
               newer converted snapshot ──────────► Reload(newest converted)
             BACKPRESSURE / POLICY_LAG / STALE ───► Wait(reason) for every idle actor, stop
 
-    driver ── on_generation_done / on_reloaded / on_actor_died ──► actor slots
+    evaluations (add_eval), before any of the above, on the idle actors:
+        an idle actor holds >= the job's version ─► Evaluate(job) on it
+        else the newest converted is new enough ──► Reload(newest converted) on one idle actor
+        its version failed to convert ────────────► EvalUnavailable(job)
+        else (converting, or every actor busy) ───► the job waits; generation goes on
+
+    driver ── on_generation_done / on_reloaded / on_eval_done / on_actor_died ──► actor slots
 
 Drivers: the Ray ``GenerationUnit`` (actors are Ray actors, conversion runs on a worker thread),
 the simulator (durations are modeled) and the tests' fake pipeline. They only move bytes and
@@ -38,6 +44,9 @@ Why the rules are what they are:
   and the newer snapshot's later deadline would admit it. Without that exception a GU can
   deadlock: its queued work is what the trainer waits for, and the trainer's next step is what
   would lift the lag refusal of the weights it holds.
+* An evaluation goes before queued work and is not held by a pause, backpressure or the lag
+  gate: it trains nothing, and the trainer waits for its result. Exactly one actor decodes it,
+  on the version the job names or newer (the trainer waits, so nothing newer is published).
 * ``BACKPRESSURE`` and ``POLICY_LAG`` hold for every idle actor of the GU until the CU's state
   changes, so asking again for the other actors in the same round would only cost RPCs.
 """
@@ -48,9 +57,12 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mindspeed_rl.runtime.records import Assignment, SnapshotInfo, StartDecision, StartRefusal
+
+if TYPE_CHECKING:
+    from mindspeed_rl.workers.evaluator import EvalJob
 
 
 class WaitReason(Enum):
@@ -100,7 +112,21 @@ class Wait:
     reason: WaitReason
 
 
-Action = Reload | Start | Drop | Wait
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluate:
+    actor_id: int
+    job: EvalJob
+    """Decode the job's held-out prompts on this actor (it holds ``job.min_version`` or newer)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalUnavailable:
+    job: EvalJob
+    reason: str
+    """Why no actor of this GU can hold the job's weights (the driver raises it)."""
+
+
+Action = Reload | Start | Drop | Wait | Evaluate | EvalUnavailable
 
 
 class StartGate(Protocol):
@@ -122,10 +148,12 @@ class ActorSlot:
     """Reloaded since its last minibatch (one reload per minibatch at most)."""
     rejected_version: int | None = None
     """The last version the actor itself refused to load; never offered to it again."""
+    evaluating: EvalJob | None = None
+    """The evaluation it decodes; ``None`` unless one is under way."""
 
     @property
     def idle(self) -> bool:
-        return self.running is None and self.reloading_to is None
+        return self.running is None and self.reloading_to is None and self.evaluating is None
 
 
 class GuPolicy:
@@ -145,6 +173,8 @@ class GuPolicy:
         self.conversion_rejected: set[int] = set()
         """Versions whose conversion failed (a defective snapshot): never converted again."""
         self._initial_version = initial_version
+        self.evals: deque[EvalJob] = deque()
+        """Evaluations received and not yet handed to an actor, in arrival order."""
 
     # ---- input queue -------------------------------------------------------------------------
     def add_assignments(self, assignments: Iterable[Assignment], *, ahead: bool = False) -> None:
@@ -205,10 +235,61 @@ class GuPolicy:
         elif version > self.converted_version:
             self.converted = SnapshotInfo(version=version, path=path, created_at=converting.created_at)
 
+    # ---- evaluations ---------------------------------------------------------------------------
+    def add_eval(self, job: EvalJob) -> None:
+        """An evaluation for one of this GU's actors; a job already held is ignored."""
+        held = {j.job_id for j in self.evals} | {
+            s.evaluating.job_id for s in self.slots.values() if s.evaluating is not None
+        }
+        if job.job_id not in held:
+            self.evals.append(job)
+
+    def on_eval_done(self, actor_id: int) -> EvalJob:
+        slot = self._slot(actor_id)
+        if slot.evaluating is None:
+            raise ValueError(f"GU {self.gu_id} actor {actor_id} finished an evaluation it was never given.")
+        job, slot.evaluating = slot.evaluating, None
+        return job
+
+    def _eval_actions(self) -> list[Action]:
+        actions: list[Action] = []
+        while self.evals:
+            job = self.evals[0]
+            idle = [s for s in self.slots.values() if s.idle]
+            ready = [s for s in idle if s.version >= job.min_version]
+            if ready:
+                self.evals.popleft()
+                ready[0].evaluating = job
+                actions.append(Evaluate(actor_id=ready[0].actor_id, job=job))
+                continue
+            if job.min_version in self.conversion_rejected:
+                self.evals.popleft()
+                actions.append(
+                    EvalUnavailable(job=job, reason=f"snapshot v{job.min_version} failed to convert")
+                )
+                continue
+            if any(
+                s.reloading_to is not None and s.reloading_to >= job.min_version for s in self.slots.values()
+            ):
+                break  # an actor is loading its weights already
+            target = self.converted
+            if target is not None and target.version >= job.min_version:
+                if all(s.rejected_version == target.version for s in self.slots.values()):
+                    self.evals.popleft()
+                    actions.append(
+                        EvalUnavailable(job=job, reason=f"every actor refused snapshot v{target.version}")
+                    )
+                    continue
+                fit = [s for s in idle if target.version != s.rejected_version]
+                if fit:
+                    actions.append(self._reload(fit[0], target))
+            break  # converting, or every actor busy: the job waits; generation goes on
+        return actions
+
     # ---- actors --------------------------------------------------------------------------------
     def next_actions(self, *, paused: bool, request_start: StartGate) -> list[Action]:
         """Decide what every idle actor does now; the returned work is already marked in the slots."""
-        actions: list[Action] = []
+        actions: list[Action] = self._eval_actions()
         idle = [s for s in self.slots.values() if s.idle]
         for i, slot in enumerate(idle):
             if not self.queue:
@@ -303,8 +384,12 @@ class GuPolicy:
         self.slots = dict(sorted(self.slots.items()))
 
     def on_actor_died(self, actor_id: int) -> Assignment | None:
-        """Forget a dead actor; returns the minibatch it was running (the CU re-issues it)."""
-        return self.slots.pop(actor_id).running
+        """Forget a dead actor; returns the minibatch it was running (the CU re-issues it). An
+        evaluation it was decoding goes back to the head of the evaluations."""
+        slot = self.slots.pop(actor_id)
+        if slot.evaluating is not None:
+            self.evals.appendleft(slot.evaluating)
+        return slot.running
 
     def _slot(self, actor_id: int) -> ActorSlot:
         slot = self.slots.get(actor_id)

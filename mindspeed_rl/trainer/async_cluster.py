@@ -12,6 +12,7 @@
     export_snapshot(v)       ─► TU copies the weights; its writer thread publishes to the CU
     extend_schedule(chunk)   ─► CU: a streaming run's next prompts and their schedule
     step_done(step)          ─► CU: lag accounting, per-step pipeline digest
+    submit_eval / eval_result ─► CU ─► one GU's actor decodes held-out prompts; TU scores them
     close(run_dir)           ─► stop GUs, summary.json + events.jsonl + final_model, kill actors
 
 Every Ray detail of the async pipeline lives here; ``grpo_trainer_async`` only calls these.
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.trainer.prompt_window import WindowChunk
     from mindspeed_rl.trainer.startup import RunStart
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
+    from mindspeed_rl.workers.evaluator import EvalRequest
     from mindspeed_rl.workers.fault_plan import FaultPlan
     from mindspeed_rl.workers.forced_lengths import LengthPlan
     from mindspeed_rl.workers.generation_unit import GuSpec
@@ -64,6 +66,7 @@ class AsyncCluster:
         self.trainer: TrainerSpec | None = None
         self._closing = False  # set by close: GU runs ending from then on are not failures
         self._started = 0.0
+        self._evaluations = 0
 
     @classmethod
     def start(cls, run: RunStart, inputs: PipelineInputs, faults: FaultPlan) -> AsyncCluster:
@@ -179,6 +182,36 @@ class AsyncCluster:
 
         digest: dict[str, float] = ray.get(self.cu.on_train_step_done.remote(step))
         return digest
+
+    def submit_eval(self, request: EvalRequest, version: int) -> int:
+        """Hand the CU an evaluation of snapshot ``version`` (or newer); returns its job id. Submit
+        before ``step_done`` of the run's last step, so the GUs are still there to decode it."""
+        import ray
+
+        job = request.job(self._evaluations, min_version=version)
+        self._evaluations += 1
+        ray.get(self.cu.submit_eval.remote(job))
+        return job.job_id
+
+    def eval_result(self, request: EvalRequest, job_id: int) -> dict[str, float]:
+        """Wait for the decode of ``job_id``, then score it on the Training Unit."""
+        import ray
+
+        from mindspeed_rl.runtime.faults import PipelineFailure
+
+        start = time.perf_counter()
+        while True:
+            try:
+                decoded = ray.get(self.cu.wait_eval.remote(job_id, WAIT_SECONDS))
+            except ray.exceptions.RayTaskError as err:
+                if isinstance(err.cause, PipelineFailure):
+                    self.kill()
+                    raise err.cause from None
+                raise err.cause if err.cause is not None else err from None
+            if decoded is not None:
+                break
+        metrics: dict[str, float] = ray.get(self.tu.score_held_out.remote(request.prompts, decoded))
+        return {**metrics, "time/eval_s": time.perf_counter() - start}
 
     def save(self, path: Path) -> None:
         import ray

@@ -63,13 +63,20 @@ def train(
             waited = time.perf_counter() - start
             stats = cluster.train(batch)
             trained = time.perf_counter() - start - waited
-            copy_s = cluster.export_snapshot(local + 1) if _exports_after(plan, step) else 0.0
+            evaluation = report.eval_request(step)
+            exports = _exports_after(plan, step) or evaluation is not None
+            copy_s = cluster.export_snapshot(local + 1) if exports else 0.0
+            # An evaluation decodes this step's snapshot on a rollout actor; submitted before
+            # step_done, which may end the GUs' work, and read after it, while they generate on.
+            job = cluster.submit_eval(evaluation, local + 1) if evaluation is not None else None
             pipeline = cluster.step_done(local)
             lineage.record(step, batch.consumed_prompt_ids)  # dynamic sampling's dropped prompts too
             record = iteration_record(stats, pipeline, start, waited, trained, copy_s)
             if plan.dynamic_sampling is not None:
                 record.update(batch.filter_metrics())
-            report.write(step, record, cluster.tu)
+            if evaluation is not None and job is not None:
+                record.update(cluster.eval_result(evaluation, job))
+            report.write(step, record)
             if carry and saver.spec.is_save_iteration(step):
                 # Online ASP / a window: the checkpoint carries the schedule as re-planned / drawn.
                 lineage.schedule = online_asp.carry_schedule(lineage.schedule, cluster.current_schedule())
@@ -83,7 +90,8 @@ def train(
 
 def _exports_after(plan: RunPlan, step: int) -> bool:
     """Every ``snapshot_interval`` steps, except after the last one: its weights go to
-    final_model, not to a GU that has nothing left to generate."""
+    final_model, not to a GU that has nothing left to generate (an evaluation due then exports
+    it anyway: the rollout actors decode it)."""
     assert plan.async_spec is not None
     return step + 1 < plan.data.train_iters and (step + 1) % plan.async_spec.snapshot_interval == 0
 

@@ -53,7 +53,9 @@ def train(config: GRPOConfig, run_dir: Path) -> None:
             else:
                 done = dapo.iteration(cluster, iteration, todo)
                 record, prompt_ids = done.record, done.consumed_prompt_ids
-            report.write(iteration, record, cluster.trainer)
+            if (request := report.eval_request(iteration)) is not None:
+                record.update(cluster.evaluate(request))  # on the rollout engine, just pushed to
+            report.write(iteration, record)
             lineage.record(iteration, prompt_ids)
             if saver.maybe_save(iteration, cluster.trainer) is not None:
                 run_end.plots_at_checkpoint(run_dir)

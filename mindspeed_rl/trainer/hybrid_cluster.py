@@ -5,6 +5,7 @@
     HybridCluster.start(run, prompts)  ─► CPU: TrainingUnit + GenerationActor (two processes)
                                        ─► GPU/NPU: one ColocatedWorker holding both on the same devices
     iteration(i, prompt_ids)           ─► generate ─► train_step ─► push the new weights to the rollout
+    evaluate(request)                  ─► the rollout decodes held-out prompts, the trainer scores them
     close(run_dir)                     ─► final_model, summary.json, release the placement
 
 Colocated, the engine sleeps while the trainer runs and the training state named by
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.trainer.startup import RunStart
     from mindspeed_rl.utils.placement import Placement
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
+    from mindspeed_rl.workers.evaluator import EvalRequest
 
 
 class HybridCluster:
@@ -37,6 +39,8 @@ class HybridCluster:
         self.trainer, self.rollout = trainer, rollout
         self._reserved, self._spec = reserved, spec
         self._prompts_trained = 0
+        self._weights_version = 0  # pushed to the rollout engine
+        self._evaluations = 0
         self.summary_extra: dict[str, Any] = {}
         """More summary.json fields from the loop (dynamic sampling's counts)."""
 
@@ -127,6 +131,7 @@ class HybridCluster:
             ray.get(self.rollout.refresh.remote(iteration + 1))
         else:
             ray.get(self.rollout.load_weights.remote(self.trainer.inference_weights.remote(), iteration + 1))
+        self._weights_version = iteration + 1
         total_s = time.perf_counter() - start + gen_s
         self._prompts_trained += len(groups)
         return {
@@ -138,6 +143,18 @@ class HybridCluster:
             "time/weight_sync_s": total_s - gen_s - train_s,
             "generate_tokens_per_s": stats["num_response_tokens"] / gen_s,
         }
+
+    def evaluate(self, request: EvalRequest) -> dict[str, float]:
+        """``eval/*`` metrics of the trainer's current weights: after ``train_and_push`` the
+        rollout engine holds exactly them, so it decodes and the trainer scores."""
+        import ray
+
+        start = time.perf_counter()
+        job = request.job(self._evaluations, min_version=self._weights_version)
+        self._evaluations += 1
+        decoded = self.rollout.decode_held_out.remote(job)
+        metrics: dict[str, float] = ray.get(self.trainer.score_held_out.remote(request.prompts, decoded))
+        return {**metrics, "time/eval_s": time.perf_counter() - start}
 
     # ---- teardown --------------------------------------------------------------------------------
     def close(self, run_dir: Path) -> None:

@@ -1,8 +1,9 @@
 """What both trainers do after an iteration: evaluate when due, write the metrics, log the console line.
 
 ``metrics.jsonl`` (and TensorBoard / W&B) get every iteration; the console gets a line every
-``log_interval`` iterations and after every evaluation; held-out prompts are scored by the
-Training Unit on its live weights every ``eval_interval`` iterations (``workers/evaluator.py``).
+``log_interval`` iterations and after every evaluation. Every ``eval_interval`` iterations
+``eval_request`` hands the trainer loop the held-out prompts to decode on its rollout engines
+(``workers/evaluator.py``); the loop puts the scores in that iteration's record.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.utils.metrics import MetricsWriter, format_progress
-from mindspeed_rl.workers.evaluator import EvalSettings, select_eval_prompts, write_eval_prompts
+from mindspeed_rl.workers.evaluator import EvalRequest, EvalSettings, select_eval_prompts, write_eval_prompts
 
 if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
@@ -32,9 +33,7 @@ class IterationReport:
         self._eval = plan.evaluation
         self._num_iters = plan.data.train_iters
         self._eval_prompts = select_eval_prompts(held_out, self._eval)
-        self._eval_settings = EvalSettings.for_run(
-            plan.rollout.sampling, self._eval, plan.rollout.engine_keys, plan.rollout.seed
-        )
+        self._eval_settings = EvalSettings.for_run(plan.rollout.sampling, self._eval, plan.rollout.seed)
         self._sink = MetricsWriter(run_dir, plan.logging)
 
     def __enter__(self) -> IterationReport:
@@ -43,14 +42,16 @@ class IterationReport:
     def __exit__(self, *exc: object) -> None:
         self._sink.close()
 
-    def write(self, iteration: int, record: dict[str, Any], trainer: Any) -> None:
-        """Evaluate on ``trainer`` (a TrainingUnit handle) if due, then write and maybe log."""
-        import ray
+    def eval_request(self, iteration: int) -> EvalRequest | None:
+        """The evaluation due after ``iteration`` (its prompt ids logged), or None."""
+        if not self._eval.due(iteration):
+            return None
+        write_eval_prompts(self._run_dir, iteration, [p.prompt_id for p in self._eval_prompts])
+        return EvalRequest(prompts=self._eval_prompts, settings=self._eval_settings)
 
-        due = self._eval.due(iteration)
-        if due:
-            write_eval_prompts(self._run_dir, iteration, [p.prompt_id for p in self._eval_prompts])
-            record.update(ray.get(trainer.evaluate.remote(self._eval_prompts, self._eval_settings)))
+    def write(self, iteration: int, record: dict[str, Any]) -> None:
+        """Write ``record`` to every sink; log it on the console every ``log_interval`` iterations
+        and whenever it carries an evaluation."""
         written = self._sink.write(iteration, record)
-        if due or self._sink.should_log(iteration):
+        if "eval/accuracy" in record or self._sink.should_log(iteration):
             logger.info(format_progress(written, self._num_iters, self._keys))

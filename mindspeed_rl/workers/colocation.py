@@ -225,8 +225,11 @@ class ColocatedWorker:
         self.phases.to_generate(version)
 
     # The Training Unit's other calls (reporting, checkpointing), as on the two-actor form.
-    def evaluate(self, prompts: Any, settings: Any) -> dict[str, float]:
-        return self.trainer.evaluate(prompts, settings)
+    def decode_held_out(self, job: Any) -> Any:
+        return self.actor.decode_held_out(job)  # after ``refresh`` the engine is awake, current
+
+    def score_held_out(self, prompts: Any, decoded: Any) -> dict[str, float]:
+        return self.trainer.score_held_out(prompts, decoded)
 
     def save_hf(self, path: str) -> None:
         self.trainer.save_hf(path)

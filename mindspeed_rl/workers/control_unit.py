@@ -9,6 +9,7 @@
          ◄─ GuPoll(assignments, snapshot, ...)  │ news[g] / urgent[g]: what g has not  │
     TU   ── on_snapshot_published ────────────► │   been told yet                      │
     driver ─ wait_global_batch ───────────────► │ step_metrics(): per-step digest      │
+    driver ─ submit_eval / wait_eval ─────────► │ evaluations: EvalDesk (one GU each)  │
                                                 └──────────────────────────────────────┘
 
 One round trip per event on the GU side. ``exchange`` carries everything the GU has to report
@@ -68,6 +69,8 @@ from mindspeed_rl.runtime.records import (
 )
 from mindspeed_rl.runtime.replan import OnlineHook
 from mindspeed_rl.runtime.step_metrics import MetricsCursor, step_metrics
+from mindspeed_rl.workers.eval_desk import EvalDesk
+from mindspeed_rl.workers.evaluator import EvalJob, HeldOutDecode
 from mindspeed_rl.workers.gu_mailbox import GuMailboxes
 from mindspeed_rl.workers.gu_messages import (
     GuFaultSettings,
@@ -139,6 +142,9 @@ class ControlUnit:
         # Signalled whenever some GU's news counter moved or one of its actors went idle.
         self._news_moved = threading.Condition(self._lock)
         self._signals = self._loop.gu_signals()
+        self._evals = EvalDesk()
+        # Signalled whenever an evaluation got its result.
+        self._eval_ready = threading.Condition(self._lock)
         self._cpu_at_start = time.process_time()
         self._online = online
         self._started = False
@@ -251,6 +257,7 @@ class ControlUnit:
             requeued = self._loop.on_actor_failed(gu_id, actor_id)
             if not self._loop.has_gu(gu_id):  # it was the GU's last actor
                 self._mail.forget(gu_id)
+                self._reassign_evals(gu_id)
             logger.warning("GU %d actor %d failed; re-queued minibatches %s", gu_id, actor_id, requeued)
             self._changed(everyone=True)  # released lag reservations may admit other GUs' starts
             self._batch_may_be_ready.notify_all()
@@ -264,6 +271,7 @@ class ControlUnit:
             requeued = self._loop.on_actor_fault(gu_id, actor_id, FaultKind(kind), detail, retire=retire)
             if not self._loop.has_gu(gu_id):  # it was the GU's last actor
                 self._mail.forget(gu_id)
+                self._reassign_evals(gu_id)
             logger.warning(
                 "GU %d actor %d %s (%s); re-queued minibatches %s", gu_id, actor_id, kind, detail, requeued
             )
@@ -277,6 +285,7 @@ class ControlUnit:
             if not self._mail.forget(gu_id):
                 return []
             requeued = self._loop.on_gu_failed(gu_id)
+            self._reassign_evals(gu_id)
             logger.warning("GU %d failed; re-queued minibatches %s", gu_id, requeued)
             self._changed(everyone=True)
             self._batch_may_be_ready.notify_all()
@@ -284,9 +293,11 @@ class ControlUnit:
 
     def _worth_answering(self, gu_id: int) -> bool:
         """Whether a waiting poll of ``gu_id`` should return now (called with the lock held)."""
+        if self._evals.has_mail(gu_id):
+            return True
         return self._mail.worth_answering(
             gu_id,
-            finished=self._loop.is_finished(),
+            finished=self._gus_done(),
             has_idle_actor=lambda: self._loop.has_idle_actor(gu_id),
             paused=self._loop.pause_signal,
         )
@@ -299,12 +310,71 @@ class ControlUnit:
             assignments=delivery.assignments,
             latest_snapshot=self._loop.latest_snapshot(),
             paused=paused,
-            finished=self._loop.is_finished(),
+            finished=self._gus_done(),
             gu_known=delivery.known,
             seq=delivery.seq,
             answered_at=time.time(),
             decision=decision,
+            eval_jobs=self._evals.take(gu_id) if delivery.known else (),
         )
+
+    def _gus_done(self) -> bool:
+        """The GUs may stop: every prompt consumed and no evaluation waiting for a decode."""
+        return self._loop.is_finished() and not self._evals.pending
+
+    def _live_gus(self) -> list[int]:
+        return [g for g in self._mail.every_gu() if not self._mail.is_forgotten(g) and self._loop.has_gu(g)]
+
+    def _reassign_evals(self, gu_id: int) -> None:
+        """A failed GU's evaluations go to a live one (lock held)."""
+        told = self._evals.reassign(gu_id, self._live_gus())
+        if told:
+            self._mail.tell(told, urgent=True)
+            self._news_moved.notify_all()
+        self._eval_ready.notify_all()  # none left: the job's error result is ready
+
+    # ---- evaluations ---------------------------------------------------------------------------
+    @_counted
+    def submit_eval(self, job: EvalJob) -> int | None:
+        """Hand an evaluation to one GU (the lowest live one); returns it, None if none is left."""
+        with self._lock:
+            gu_id = self._evals.submit(job, self._live_gus())
+            if gu_id is not None:
+                self._mail.tell([gu_id], urgent=True)  # even a paused or busy GU must hear it
+                self._news_moved.notify_all()
+            self._eval_ready.notify_all()
+            return gu_id
+
+    @_counted
+    def on_eval_done(self, gu_id: int, job_id: int, decoded: HeldOutDecode | None, error: str | None) -> None:
+        """A GU's result for an evaluation: the decode, or why none could be made."""
+        with self._lock:
+            if not self._evals.done(job_id, decoded, error):
+                return
+            self._loop.note_progress()  # the trainer waited on it, not on a stalled pipeline
+            if error is not None:
+                logger.error("GU %d could not decode evaluation %d: %s", gu_id, job_id, error)
+            if self._gus_done():  # the last evaluation of a finished run: the GUs may stop now
+                self._mail.tell(self._mail.every_gu(), urgent=True)
+                self._news_moved.notify_all()
+            self._eval_ready.notify_all()
+
+    @_counted
+    def wait_eval(self, job_id: int, timeout_s: float) -> HeldOutDecode | None:
+        """An evaluation's decode, blocking up to ``timeout_s`` (None on timeout). Raises the
+        GU's reason when it could not decode, and the run's failure if it cannot go on."""
+        deadline = time.monotonic() + timeout_s
+        with self._eval_ready:
+            while (outcome := self._evals.result(job_id)) is None:
+                if (fatal := self._loop.fatal) is not None:
+                    raise fatal
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._eval_ready.wait(remaining)
+            if outcome.decoded is None:
+                raise RuntimeError(f"evaluation {job_id} could not be decoded: {outcome.error}")
+            return outcome.decoded
 
     def _changed(self, *, everyone: bool = False) -> int:
         """Dispatch and tell the GUs whose view moved; returns the number of new assignments.

@@ -1,11 +1,16 @@
-"""Periodic evaluation on held-out prompts, on the trainer's live weights.
+"""Periodic evaluation on held-out prompts: decoded on the run's rollout engines, scored by the trainer.
 
-    driver: select_eval_prompts(valid, EvalConfig) ─► TrainingUnit.evaluate(prompts, EvalSettings)
-              │                                          └─ evaluate_policy(live model, ...)
-              └─ write_eval_prompts(run_dir, iteration, ids)   (eval_prompts.jsonl: which ids were scored)
+    driver: request = EvalRequest(select_eval_prompts(valid, EvalConfig), EvalSettings)
+      hybrid: rollout actor.decode_held_out(job) ──► HeldOutDecode ──► TrainingUnit.score_held_out
+      async:  ControlUnit.submit_eval(job) ─► a GU runs it on an actor holding >= job.min_version
+              ControlUnit.wait_eval(job_id) ──► HeldOutDecode ──► TrainingUnit.score_held_out
+    write_eval_prompts(run_dir, iteration, ids)   (eval_prompts.jsonl: which ids were scored)
 
-``evaluate_policy`` decodes with the HF engine's loop over the model the trainer is updating (no
-copy to disk, no weight push), then scores with the run's reward function.
+Why on the rollout engines, as upstream does: they already hold the trainer's weights in the
+inference layout (the hybrid loop has just pushed them; the async pipeline exports the evaluated
+step's snapshot), and a sharded trainer would otherwise have to gather a whole model onto one rank.
+The decode is seeded (``EvalSettings.seed``), so two evaluations differ by their weights, not by
+their sampling noise. ``eval/weights_version`` says which weights were decoded.
 
 "Correct" (for ``eval/accuracy``, i.e. pass@1 averaged over prompts and samples): a sample whose
 reward reaches the maximum the verifiers can give, every verifier scoring 1 (``reward >=
@@ -18,21 +23,19 @@ The module imports no torch at import time: the driver uses the selection and lo
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
     from mindspeed_rl.contracts import EvalConfig
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rewards import RewardFunction
-    from mindspeed_rl.models.rollout.base import SamplingConfig
+    from mindspeed_rl.models.rollout.base import RolloutEngine, SamplingConfig
 
 EVAL_PROMPTS_FILE = "eval_prompts.jsonl"
 # Float slack for "every verifier gave full marks": weights are summed in a different order.
@@ -41,28 +44,61 @@ _FULL_MARKS_TOLERANCE = 1e-9
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EvalSettings:
-    """How the Training Unit decodes held-out prompts (the run's rollout settings)."""
+    """How held-out prompts are decoded: the run's sampling, ``num_samples_per_prompt`` each."""
 
     sampling: SamplingConfig
     num_samples_per_prompt: int
     seed: int
     """Seeds the decode: every evaluation draws the same random stream, so differences between
     evaluations come from the weights, not the sampling noise."""
-    max_num_seqs: int = 64
-    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_samples_per_prompt < 1:
+            raise ValueError(f"num_samples_per_prompt={self.num_samples_per_prompt}; use 1 or more")
 
     @classmethod
-    def for_run(
-        cls, sampling: SamplingConfig, config: EvalConfig, engine_keys: Mapping[str, Any], seed: int
-    ) -> EvalSettings:
-        """The run's sampling and batching (``generate_config``) with ``config``'s sample count."""
-        return cls(
-            sampling=sampling,
-            num_samples_per_prompt=config.num_samples_per_prompt,
-            seed=seed,
-            max_num_seqs=int(engine_keys.get("max_num_seqs", 64)),
-            max_model_len=engine_keys.get("max_model_len"),
+    def for_run(cls, sampling: SamplingConfig, config: EvalConfig, seed: int) -> EvalSettings:
+        """The run's sampling with ``config``'s sample count."""
+        return cls(sampling=sampling, num_samples_per_prompt=config.num_samples_per_prompt, seed=seed)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalRequest:
+    """One evaluation the driver wants: which prompts, decoded how."""
+
+    prompts: tuple[PromptRecord, ...]
+    settings: EvalSettings
+
+    def job(self, job_id: int, min_version: int) -> EvalJob:
+        return EvalJob(
+            job_id=job_id,
+            token_ids=tuple(p.token_ids for p in self.prompts),
+            settings=self.settings,
+            min_version=min_version,
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalJob:
+    """What a rollout engine decodes for one evaluation (crosses driver -> CU -> GU -> actor)."""
+
+    job_id: int
+    token_ids: tuple[tuple[int, ...], ...]
+    settings: EvalSettings
+    min_version: int
+    """The weights to decode: the actor must hold this snapshot version or a newer one."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldOutDecode:
+    """A decoded evaluation: ``num_samples_per_prompt`` responses per prompt, prompt-major."""
+
+    job_id: int
+    responses: tuple[tuple[int, ...], ...]
+    finish_reasons: tuple[str, ...]
+    weights_version: int
+    """The snapshot version the engine held (the hybrid loop: the iteration whose weights were pushed)."""
+    generate_s: float
 
 
 def select_eval_prompts(valid: Sequence[PromptRecord], config: EvalConfig) -> tuple[PromptRecord, ...]:
@@ -87,72 +123,55 @@ def write_eval_prompts(run_dir: str | Path, iteration: int, prompt_ids: Sequence
         handle.write(json.dumps({"iteration": iteration, "prompt_ids": list(prompt_ids)}) + "\n")
 
 
-def evaluate_policy(
-    model: PreTrainedModel,
-    tokenizer: Any,
-    prompts: Sequence[PromptRecord],
-    reward_fn: RewardFunction,
-    settings: EvalSettings,
+def decode_held_out(engine: RolloutEngine, job: EvalJob, weights_version: int) -> HeldOutDecode:
+    """Decode ``job`` on ``engine`` as it is now, seeded by the job's settings."""
+    settings = job.settings
+    if not job.token_ids:
+        raise ValueError("an evaluation needs at least one held-out prompt; got none")
+    tic = time.perf_counter()
+    sampling = dataclasses.replace(settings.sampling, seed=settings.seed)
+    completions = engine.generate(list(job.token_ids), sampling, n=settings.num_samples_per_prompt)
+    flat = [c for group in completions for c in group]
+    return HeldOutDecode(
+        job_id=job.job_id,
+        responses=tuple(tuple(c.token_ids) for c in flat),
+        finish_reasons=tuple(c.finish_reason for c in flat),
+        weights_version=weights_version,
+        generate_s=time.perf_counter() - tic,
+    )
+
+
+def score_held_out(
+    decoded: HeldOutDecode, prompts: Sequence[PromptRecord], tokenizer: Any, reward_fn: RewardFunction
 ) -> dict[str, float]:
-    """Generate ``num_samples_per_prompt`` responses per prompt with ``model`` as it is now, score
-    them, and return ``eval/*`` metrics (see the module docstring for "correct")."""
+    """``eval/*`` metrics of ``decoded`` (see the module docstring for "correct")."""
     import numpy as np
 
-    from mindspeed_rl.models.rollout.hf_engine import HFEngine
-
-    if not prompts:
-        raise ValueError("evaluate_policy got no prompts; pass at least one held-out prompt")
-    if settings.num_samples_per_prompt < 1:
-        raise ValueError(f"num_samples_per_prompt={settings.num_samples_per_prompt}; use 1 or more")
     full_marks = reward_fn.max_reward
     if full_marks <= 0:
         raise ValueError(
             f"verifier_weight {list(reward_fn.weights)} has no positive weight, so no response can be "
             "correct; give the accuracy verifier a positive weight"
         )
-    tic = time.perf_counter()
-    n = settings.num_samples_per_prompt
-    with eval_mode(model):
-        engine = HFEngine.from_model(
-            model,
-            seed=settings.seed,
-            max_num_seqs=settings.max_num_seqs,
-            max_model_len=settings.max_model_len,
+    if not prompts or len(decoded.responses) % len(prompts):
+        raise ValueError(
+            f"{len(decoded.responses)} decoded responses for {len(prompts)} prompts; an evaluation "
+            "decodes the same number of samples for every prompt"
         )
-        completions = engine.generate([p.token_ids for p in prompts], settings.sampling, n=n)
-    generate_s = time.perf_counter() - tic
-    flat = [c for group in completions for c in group]
-    responses = [tokenizer.decode(list(c.token_ids), skip_special_tokens=True) for c in flat]
-    result = reward_fn(responses, [p.label for p in prompts for _ in range(n)])
-    lengths = np.array([len(c.token_ids) for c in flat], dtype=np.float64)
+    tic = time.perf_counter()
+    n = len(decoded.responses) // len(prompts)
+    texts = [tokenizer.decode(list(ids), skip_special_tokens=True) for ids in decoded.responses]
+    result = reward_fn(texts, [p.label for p in prompts for _ in range(n)])
+    lengths = np.array([len(ids) for ids in decoded.responses], dtype=np.float64)
     return {
         "eval/accuracy": float(np.mean(result.rewards >= full_marks - _FULL_MARKS_TOLERANCE)),
         "eval/reward_mean": float(result.rewards.mean()),
         "eval/response_length": float(lengths.mean()),
-        "eval/truncated_fraction": float(np.mean([c.finish_reason == "length" for c in flat])),
+        "eval/truncated_fraction": float(np.mean([r == "length" for r in decoded.finish_reasons])),
         "eval/num_prompts": float(len(prompts)),
-        "eval/num_samples": float(len(flat)),
+        "eval/num_samples": float(len(texts)),
         "eval/num_timed_out": float(result.num_timed_out),
-        "time/eval_generate_s": generate_s,
-        "time/eval_s": time.perf_counter() - tic,
+        "eval/weights_version": float(decoded.weights_version),
+        "time/eval_generate_s": decoded.generate_s,
+        "time/eval_score_s": time.perf_counter() - tic,
     }
-
-
-@contextlib.contextmanager
-def eval_mode(model: PreTrainedModel) -> Iterator[None]:
-    """Eval mode and eager attention for the decode; the model's own settings come back after.
-
-    Eager because the decode loop left-pads prompts, and sdpa can turn fully masked pad rows into
-    NaN that the KV cache then carries into real tokens (see ``hf_engine``).
-    """
-    was_training = model.training
-    attention = model.config._attn_implementation
-    model.eval()
-    if attention != "eager":
-        model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        if attention != "eager":
-            model.set_attn_implementation(attention)
-        model.train(was_training)

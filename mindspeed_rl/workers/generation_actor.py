@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.runtime.segments import TokenSegment
     from mindspeed_rl.weights.reload import ReloadPolicy, ReloadResult
     from mindspeed_rl.weights.slots import EngineSlots
+    from mindspeed_rl.workers.evaluator import EvalJob, HeldOutDecode
     from mindspeed_rl.workers.filter_scores import FilterScorer
 
 
@@ -197,6 +198,19 @@ class GenerationActor:
             reloads=tuple(self._mid_reloads),
         )
         return receipt, completed
+
+    def decode_held_out(self, job: EvalJob) -> HeldOutDecode:
+        """Decode an evaluation's held-out prompts with the weights held now (between
+        minibatches: the caller runs it only on an idle actor, as a reload)."""
+        from mindspeed_rl.workers.evaluator import decode_held_out
+
+        if job.min_version > self.policy_version:
+            raise ValueError(
+                f"actor {self.gu_id}/{self.actor_id} holds v{self.policy_version}, but evaluation "
+                f"{job.job_id} needs v{job.min_version} or newer; reload before decoding it"
+            )
+        with self._generating():
+            return decode_held_out(self._engine, job, self.policy_version)
 
     def _ask_for_newer(self) -> tuple[str, int, Any] | None:
         source = self._snapshot_source

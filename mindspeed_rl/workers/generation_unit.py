@@ -6,8 +6,9 @@
       ray.wait(num_returns=1) on ─┬─ CU.poll(g, wait_s)         long-poll: returns on news for this GU
                                   ├─ actor receipts / reloads   generate_with_receipt / reload
                                   └─ self.convert_snapshot(v)   on another thread of this actor
-      poll answered ──► policy: assignments, newest published snapshot; next long-poll issued
-      actor done    ──► completion queued for the CU | reload queued for the CU | dead actor ─► CU.on_actor_failed
+      poll answered ──► policy: assignments, evaluations, newest published snapshot; next long-poll issued
+      actor done    ──► completion queued for the CU | reload queued for the CU
+                        | evaluation ─► CU.on_eval_done | dead actor ─► CU.on_actor_failed
       converted     ──► policy: newest converted (idle actors reload to it); conversion queued for the CU
       then: policy.next_conversion() ─► start converting (newest published only)
             policy.next_actions(paused, gate) ─► Reload / Start on idle actors, where
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime.faults import FaultKind
-from mindspeed_rl.runtime.gu_policy import Action, Drop, GuPolicy, Reload, Start
+from mindspeed_rl.runtime.gu_policy import Action, Drop, Evaluate, EvalUnavailable, GuPolicy, Reload, Start
 from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings, RunningMinibatches
 from mindspeed_rl.runtime.records import Assignment, StartDecision
 from mindspeed_rl.workers.gu_messages import (
@@ -66,6 +67,8 @@ if TYPE_CHECKING:
     pass
 
 logger = logging.getLogger(__name__)
+# An evaluation whose decode killed this many actors is reported failed, not tried again.
+MAX_EVAL_ATTEMPTS = 2
 
 
 class GenerationUnit:
@@ -75,7 +78,10 @@ class GenerationUnit:
         self._cu = control
         self._policy = GuPolicy(gu_id=spec.gu_id, actor_ids=())
         self._handles: dict[int, Any] = {}
-        self._pending: dict[Any, tuple[str, int]] = {}  # ref -> ("generate" | "reload" | "ready", actor)
+        self._pending: dict[
+            Any, tuple[str, int]
+        ] = {}  # ref -> ("generate" | "reload" | "ready" | "eval", actor)
+        self._eval_failures: Counter[int] = Counter()  # job id -> actors lost while decoding it
         self._num_started: Counter[int] = Counter()  # per actor slot, across its replacements
         self._restarts: Counter[int] = Counter()
         self._starting: set[int] = set()  # slots whose replacement engine is coming up
@@ -289,13 +295,15 @@ class GenerationUnit:
         newest = poll.seq > self._seq
         # An older answer read late (a poll overtaken by an exchange) holds work issued earlier.
         self._policy.add_assignments(poll.assignments, ahead=not newest)
+        for job in poll.eval_jobs:
+            self._policy.add_eval(job)
         if poll.latest_snapshot is not None:
             self._policy.on_snapshot_published(poll.latest_snapshot)
         resumed = False
         if newest:
             resumed = self._paused and not poll.paused
             self._seq, self._paused, self._answered_at = poll.seq, poll.paused, poll.answered_at
-        return bool(poll.assignments) or resumed
+        return bool(poll.assignments or poll.eval_jobs) or resumed
 
     # ---- starting work -----------------------------------------------------------------------------
     def _act(self) -> None:
@@ -340,6 +348,12 @@ class GenerationUnit:
                 self._running.start(receipt, action.actor_id, a.minibatch.predicted_load, time.monotonic())
                 self.calls["actor.generate"] += 1
                 self._samples[receipt] = samples
+            elif isinstance(action, Evaluate):
+                ref = self._handles[action.actor_id].decode_held_out.remote(action.job)
+                self._pending[ref] = ("eval", action.actor_id)
+                self.calls["actor.decode_held_out"] += 1
+            elif isinstance(action, EvalUnavailable):
+                self._eval_done(action.job.job_id, None, action.reason)
             elif isinstance(action, Drop):
                 logger.info(
                     "GU %d: minibatch %d revoked", self.gu_id, action.assignment.minibatch.minibatch_id
@@ -413,6 +427,9 @@ class GenerationUnit:
         if kind == "reload":
             self._on_reloaded(actor_id, result)
             return
+        if kind == "eval":
+            self._eval_done(self._policy.on_eval_done(actor_id).job_id, result, None)
+            return
         if run is not None:
             self._running.succeeded(run, time.monotonic())
         self._policy.on_generation_done(actor_id, held_version=result.held_version)
@@ -443,7 +460,13 @@ class GenerationUnit:
 
         starting = actor_id in self._starting
         self._starting.discard(actor_id)
+        evaluating = None if starting else self._policy.slots[actor_id].evaluating
         lost = None if starting else self._policy.on_actor_died(actor_id)
+        if evaluating is not None:  # the policy re-queued it; twice lost is the job's fault
+            self._eval_failures[evaluating.job_id] += 1
+            if self._eval_failures[evaluating.job_id] >= MAX_EVAL_ATTEMPTS:
+                self._policy.evals.remove(evaluating)
+                self._eval_done(evaluating.job_id, None, f"{MAX_EVAL_ATTEMPTS} actors failed on it: {detail}")
         what = f"minibatch {lost.minibatch.minibatch_id}" if lost else "no minibatch"
         logger.error("GU %d: actor %d %s during %s (%s)", self.gu_id, actor_id, kind.value, what, detail)
         for ref in [r for r, (_, a) in self._pending.items() if a == actor_id]:
@@ -465,6 +488,12 @@ class GenerationUnit:
         self._handles[actor_id] = handle = self._new_actor(actor_id)
         self._pending[handle.__ray_ready__.remote()] = ("ready", actor_id)
         self._starting.add(actor_id)
+
+    def _eval_done(self, job_id: int, decoded: Any, error: str | None) -> None:
+        import ray
+
+        self.calls["cu.on_eval_done"] += 1
+        ray.get(self._cu.on_eval_done.remote(self.gu_id, job_id, decoded, error))
 
     def _on_reloaded(self, actor_id: int, result: Any) -> None:
         target = self._policy.slots[actor_id].reloading_to

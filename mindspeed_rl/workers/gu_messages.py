@@ -3,8 +3,9 @@
 ::
 
     GU ── exchange(GuReport{reloads, conversions, start}, *completions) ──► CU
-    GU ◄──────────────── GuPoll{assignments, latest snapshot, paused, decision} ──
+    GU ◄──────────────── GuPoll{assignments, latest snapshot, paused, decision, eval jobs} ──
     GU ── register_gu ──► CU ── GuFaultSettings ──► GU
+    GU ── on_eval_done(job id, HeldOutDecode | error) ──► CU
 
 Kept apart from ``control_unit.py`` so the GU side depends on the messages only, not on the
 Control Unit's implementation. Plain frozen dataclasses: cheap to pickle, no torch.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings
 from mindspeed_rl.runtime.records import Assignment, SnapshotInfo, StartDecision
+from mindspeed_rl.workers.evaluator import EvalJob
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +39,8 @@ class GuPoll:
     """When the answer was taken (``time.time()``): every snapshot published by then is in it."""
     decision: StartDecision | None = None
     """The CU's answer to the report's ``start`` request; ``None`` if it made none."""
+    eval_jobs: tuple[EvalJob, ...] = ()
+    """Evaluations the driver asked this GU to decode (``workers/evaluator.py``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

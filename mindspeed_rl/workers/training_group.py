@@ -140,6 +140,10 @@ class TrainingGroup:
         """Run ``method`` on every rank with the same arguments; rank 0's result."""
         return self._gather([w.call.remote(method, args, kwargs) for w in self._ranks])[0]
 
+    def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method`` on rank 0 only: host-side work that is no collective (scoring text)."""
+        return self._gather([self._ranks[0].call.remote(method, args, kwargs)], ranks=[0])[0]
+
     def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Like :meth:`call`, but every rank's result (e.g. per-rank snapshot shards)."""
         return self._gather([w.call.remote(method, args, kwargs) for w in self._ranks])
@@ -243,8 +247,8 @@ class GroupedTrainingUnit:
     def inference_weights(self) -> Any:
         return self._group.call("inference_weights")
 
-    def evaluate(self, prompts: Sequence[Any], settings: Any) -> dict[str, float]:
-        result: dict[str, float] = self._group.call("evaluate", prompts, settings)
+    def score_held_out(self, prompts: Sequence[Any], decoded: Any) -> dict[str, float]:
+        result: dict[str, float] = self._group.call_rank0("score_held_out", prompts, decoded)
         return result
 
     def save_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.models.training.batch import TrainBatch
     from mindspeed_rl.weights.export import ExportResult, SnapshotWriter
     from mindspeed_rl.weights.layout import TrainingLayout
-    from mindspeed_rl.workers.evaluator import EvalSettings
+    from mindspeed_rl.workers.evaluator import HeldOutDecode
 
 logger = logging.getLogger(__name__)
 
@@ -401,15 +401,12 @@ class TrainingUnit:
         labels = [self._record(s.prompt_id).label for s in samples]
         return self._reward_fn(responses, labels)
 
-    def evaluate(self, prompts: Sequence[PromptRecord], settings: EvalSettings) -> dict[str, float]:
-        """``eval/*`` metrics of the CURRENT weights on held-out ``prompts`` (not trained on);
-        see ``workers/evaluator.py``. The model is put back in training mode afterwards."""
-        from mindspeed_rl.workers.evaluator import evaluate_policy
+    def score_held_out(self, prompts: Sequence[PromptRecord], decoded: HeldOutDecode) -> dict[str, float]:
+        """``eval/*`` metrics of held-out ``prompts`` decoded by a rollout engine, scored with the
+        run's reward function (``workers/evaluator.py``)."""
+        from mindspeed_rl.workers.evaluator import score_held_out
 
-        model = self._engine.policy_for_eval()  # a collective for a sharded engine
-        if model is None:  # a rank that does not decode; the group reports rank 0's result
-            return {}
-        return evaluate_policy(model, self._tokenizer, prompts, self._reward_fn, settings)
+        return score_held_out(decoded, prompts, self._tokenizer, self._reward_fn)
 
     def _batch(self, samples: Sequence[Sample]) -> TrainBatch:
         """The samples as a batch; advantages are zero until ``_advantages`` fills them in."""

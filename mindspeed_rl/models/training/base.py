@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
     import torch
-    from transformers import PreTrainedModel
 
     from mindspeed_rl.models.training.batch import TrainBatch
 
@@ -50,9 +49,4 @@ class TrainingEngine(LogProbModel, Protocol):
 
     def load_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
         """Continue from ``save_state``'s folder; ``optimizer`` / ``rng`` False keep fresh ones."""
-        ...
-
-    def policy_for_eval(self) -> PreTrainedModel | None:
-        """An HF model of the current weights for held-out decoding, on the rank that decodes;
-        None on the ranks that do not (a sharded engine decodes on rank 0 only)."""
         ...

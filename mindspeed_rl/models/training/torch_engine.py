@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -50,9 +49,6 @@ from mindspeed_rl.models.training.update_loop import (
     restore_progress,
     run_update,
 )
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 
 class TorchTrainingEngine:
@@ -123,10 +119,6 @@ class TorchTrainingEngine:
         target.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(target, max_shard_size=max_shard_size)
         copy_non_weight_files(self._source, target)
-
-    def policy_for_eval(self) -> PreTrainedModel:
-        """The live model itself: held-out decoding reads the weights being trained, no copy."""
-        return self.model
 
     def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
         """A resumable checkpoint: the HF folder of ``save_hf`` (still loadable as a model) plus

@@ -9,7 +9,18 @@ import pytest
 from runtime_fakes import make_schedule
 
 from mindspeed_rl.runtime import Assignment, SnapshotInfo, StartDecision, StartRefusal
-from mindspeed_rl.runtime.gu_policy import Drop, GuPolicy, Reload, Start, Wait, WaitReason
+from mindspeed_rl.models.rollout.base import SamplingConfig
+from mindspeed_rl.runtime.gu_policy import (
+    Drop,
+    EvalUnavailable,
+    Evaluate,
+    GuPolicy,
+    Reload,
+    Start,
+    Wait,
+    WaitReason,
+)
+from mindspeed_rl.workers.evaluator import EvalJob, EvalSettings
 
 
 def _assignments(n: int) -> list[Assignment]:
@@ -250,3 +261,80 @@ def test_a_partial_rollout_reports_the_newer_weights_it_loaded() -> None:
     assert policy.slots[0].version == 2 and policy.slots[0].idle
     with pytest.raises(ValueError, match="only moves to newer weights"):
         policy.on_generation_done(1, held_version=-1)
+
+
+# ---- evaluations ---------------------------------------------------------------------------------
+def _job(job_id: int, min_version: int) -> EvalJob:
+    settings = EvalSettings(sampling=SamplingConfig(max_tokens=4), num_samples_per_prompt=1, seed=0)
+    return EvalJob(job_id=job_id, token_ids=((1, 2),), settings=settings, min_version=min_version)
+
+
+def test_an_evaluation_goes_to_one_idle_actor_holding_its_version_before_queued_work() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0, 1])
+    policy.add_assignments(_assignments(3))
+    job = _job(0, 0)
+    policy.add_eval(job)
+    policy.add_eval(job)  # a repeated delivery is one job
+    gate = Gate()
+    # Paused and refusing every start: the evaluation still goes out (it trains nothing).
+    actions = policy.next_actions(paused=True, request_start=gate)
+    assert actions == [Evaluate(actor_id=0, job=job), Wait(actor_id=1, reason=WaitReason.PAUSED)]
+    assert not policy.evals and policy.busy_actor_ids() == [0]
+    assert [type(a) for a in policy.next_actions(paused=False, request_start=gate)] == [Start]
+    assert policy.on_eval_done(0) == job and policy.slots[0].idle
+    with pytest.raises(ValueError, match="never given"):
+        policy.on_eval_done(0)
+
+
+def test_an_evaluation_of_newer_weights_waits_for_them_then_reloads_one_actor() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0, 1])
+    job = _job(5, 2)
+    policy.add_eval(job)
+    gate = Gate()
+    # v2 is not converted yet: nothing to do for the job, generation is not held up.
+    policy.add_assignments(_assignments(1))
+    assert [type(a) for a in policy.next_actions(paused=False, request_start=gate)] == [Start, Wait]
+    _converted(policy, 2)
+    actions = policy.next_actions(paused=False, request_start=gate)
+    assert actions == [
+        Reload(actor_id=1, version=2, path="/gu/v2"),
+    ]
+    assert policy.next_actions(paused=False, request_start=gate) == []  # one actor loads it, once
+    policy.on_reloaded(1, 2, ok=True)
+    assert policy.next_actions(paused=False, request_start=gate) == [Evaluate(actor_id=1, job=job)]
+
+
+def test_an_evaluation_outlives_its_actor_and_fails_when_its_version_cannot_exist() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0, 1])
+    job = _job(1, 0)
+    policy.add_eval(job)
+    assert policy.next_actions(paused=False, request_start=Gate()) == [
+        Evaluate(actor_id=0, job=job),
+        Wait(actor_id=1, reason=WaitReason.EMPTY_QUEUE),
+    ]
+    assert policy.on_actor_died(0) is None
+    assert list(policy.evals) == [job]  # back at the head, for the next idle actor
+    assert policy.next_actions(paused=False, request_start=Gate())[0] == Evaluate(actor_id=1, job=job)
+    policy.on_eval_done(1)
+
+    policy.on_snapshot_published(_snapshot(3))
+    assert policy.next_conversion() is not None
+    policy.on_converted(3, path=None)  # v3 is defective
+    doomed = _job(2, 3)
+    policy.add_eval(doomed)
+    (action, _) = policy.next_actions(paused=False, request_start=Gate())
+    assert action == EvalUnavailable(job=doomed, reason="snapshot v3 failed to convert")
+    assert not policy.evals
+
+
+def test_an_evaluation_every_actor_refuses_the_weights_of_is_unavailable() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    _converted(policy, 1)
+    job = _job(0, 1)
+    policy.add_eval(job)
+    assert policy.next_actions(paused=False, request_start=Gate()) == [
+        Reload(actor_id=0, version=1, path="/gu/v1")
+    ]
+    policy.on_reloaded(0, 1, ok=False)
+    (action, _) = policy.next_actions(paused=False, request_start=Gate())
+    assert action == EvalUnavailable(job=job, reason="every actor refused snapshot v1")

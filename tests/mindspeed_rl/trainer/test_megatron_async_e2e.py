@@ -88,11 +88,13 @@ def test_megatron_tp2_async_run_evaluates_checkpoints_and_resumes(tmp_path: Path
     save = tmp_path / "save"
     run_dir = _run(tmp_path, "grpo_tiny_megatron", *EVAL_AND_SAVE, f"actor_config.save={save}")
     _check_run(run_dir, {"tp": 2, "pp": 1, "ep": 1, "dp": 1})
-    # Periodic evaluation decoded the gathered weights on rank 0: one row, at iteration index 1.
+    # Periodic evaluation: one row, at iteration index 1, decoded by a rollout actor that had
+    # reloaded that step's snapshot (v2), not by a trainer rank.
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evaluated = [r for r in rows if "eval/accuracy" in r]
     assert [r["iteration"] for r in evaluated] == [1]
     assert evaluated[0]["eval/num_samples"] == evaluated[0]["eval/num_prompts"] * 4 > 0
+    assert evaluated[0]["eval/weights_version"] == 2
     # megatron's distributed checkpoint beside the HF folder, in the checkpoint after iteration 2.
     checkpoint = save / "iter_0000002"
     assert (checkpoint / "mcore_dist" / ".metadata").is_file()

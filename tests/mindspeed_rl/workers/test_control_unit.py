@@ -20,7 +20,9 @@ from mindspeed_rl.runtime.records import (
     StartDecision,
     StartRefusal,
 )
+from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.workers.control_unit import ControlUnit
+from mindspeed_rl.workers.evaluator import EvalJob, EvalSettings, HeldOutDecode
 from mindspeed_rl.workers.gu_messages import ConversionReport, GuPoll, GuReport, ReloadReport, StartRequest
 
 N = 2  # samples per prompt
@@ -528,3 +530,65 @@ def test_an_online_streaming_cu_replans_each_chunk_before_a_gu_can_take_it() -> 
     replanned = [mb for mb in cu.schedule_now() if set(mb.prompt_ids) & chunk_prompts]
     # Appended as ids 2-3 (after the first chunk's 0-1), then re-planned: numbered after those.
     assert replanned and min(mb.minibatch_id for mb in replanned) >= len(first) + len(chunk)
+
+
+# ---- evaluations ---------------------------------------------------------------------------------
+def _eval_job(job_id: int, min_version: int = 0) -> EvalJob:
+    settings = EvalSettings(sampling=SamplingConfig(max_tokens=4), num_samples_per_prompt=1, seed=0)
+    return EvalJob(job_id=job_id, token_ids=((1, 2),), settings=settings, min_version=min_version)
+
+
+def _decode(job_id: int) -> HeldOutDecode:
+    return HeldOutDecode(
+        job_id=job_id, responses=((3,),), finish_reasons=("stop",), weights_version=0, generate_s=0.1
+    )
+
+
+def test_an_evaluation_reaches_one_gu_and_keeps_a_finished_run_open_until_decoded() -> None:
+    cu = make_cu(num_minibatches=2)
+    cu.register_gu(0, 2)
+    cu.register_gu(1, 2)
+    cu.start()
+    work = {g: cu.poll(g).assignments for g in (0, 1)}
+    job = _eval_job(0)
+    assert cu.submit_eval(job) == 0  # the lowest live GU
+    with pytest.raises(ValueError, match="submitted twice"):
+        cu.submit_eval(job)
+    # The driver submits before its last step is done; every prompt then gets consumed.
+    for g, assignments in work.items():
+        for actor, a in enumerate(assignments):
+            cu.request_start(a.minibatch.minibatch_id, attempt=0, gu_id=g, actor_id=actor, policy_version=0)
+            cu.on_minibatch_completed(completed(a.minibatch, gu=g, actor=actor))
+    assert cu.pop_global_batch(0) is not None
+    cu.on_train_step_done(0)
+    assert cu.is_finished()
+    answer = cu.poll(0)
+    assert answer.eval_jobs == (job,) and not answer.finished  # GU 0 must stay to decode it
+    assert cu.poll(0).eval_jobs == () and cu.poll(1).eval_jobs == ()  # delivered once, to one GU
+    assert cu.wait_eval(0, timeout_s=0.01) is None
+    got: list[HeldOutDecode | None] = []
+    waiter = threading.Thread(target=lambda: got.append(cu.wait_eval(0, timeout_s=30.0)))
+    waiter.start()
+    cu.on_eval_done(0, 0, _decode(0), None)
+    waiter.join(timeout=10.0)
+    assert got == [_decode(0)]
+    assert cu.poll(0, wait_s=5.0).finished  # now the GUs may stop
+    cu.on_eval_done(0, 0, _decode(0), None)  # a late duplicate is ignored
+
+
+def test_an_evaluation_moves_off_a_failed_gu_and_fails_by_name_when_none_is_left() -> None:
+    cu = make_cu()
+    cu.register_gu(0, 1)
+    cu.register_gu(1, 1)
+    cu.start()
+    assert cu.submit_eval(_eval_job(4)) == 0
+    assert cu.poll(0).eval_jobs  # delivered, then GU 0 dies before decoding it
+    cu.on_gu_failed(0)
+    assert [j.job_id for j in cu.poll(1, wait_s=5.0).eval_jobs] == [4]
+    cu.on_eval_done(1, 4, None, "snapshot v1 failed to convert")
+    with pytest.raises(RuntimeError, match="evaluation 4 could not be decoded: snapshot v1 failed"):
+        cu.wait_eval(4, timeout_s=1.0)
+    cu.on_gu_failed(1)
+    assert cu.submit_eval(_eval_job(5)) is None
+    with pytest.raises(RuntimeError, match="no Generation Unit is left"):
+        cu.wait_eval(5, timeout_s=1.0)

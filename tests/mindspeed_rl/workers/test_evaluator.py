@@ -1,4 +1,6 @@
-"""evaluate_policy on a tiny random model: live weights, pass@1, eval mode restored, prompt selection."""
+"""Held-out evaluation's two halves on a tiny random model: a rollout engine decodes
+(``decode_held_out``, on a generation actor), the trainer scores (``score_held_out``); prompt
+selection and the eval_prompts log."""
 
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ from mindspeed_rl.datasets import PromptRecord
 from mindspeed_rl.models.rewards import RewardConfig, build_reward_fn, register_verifier, unregister_verifier
 from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.tiny import TINY_TEST_ARCH, build_char_tokenizer, create_tiny_model
-from mindspeed_rl.models.training.reference import load_causal_lm
 from mindspeed_rl.workers.evaluator import (
+    EvalRequest,
     EvalSettings,
-    evaluate_policy,
+    HeldOutDecode,
+    score_held_out,
     select_eval_prompts,
     write_eval_prompts,
 )
+from mindspeed_rl.workers.generation_actor import GenerationActor
+from tests.support.plans import hf_rollout_spec
 
 MAX_TOKENS = 6
 
@@ -30,11 +35,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return create_tiny_model(tmp_path_factory.mktemp("eval") / "model", TINY_TEST_ARCH, seed=0)
 
 
-@pytest.fixture
-def model(model_dir: Path):
-    loaded = load_causal_lm(model_dir, "cpu")
-    loaded.train()
-    return loaded
+@pytest.fixture(scope="module")
+def actor(model_dir: Path) -> GenerationActor:
+    """A generation actor on the HF engine; its own sampling (4 tokens) is not the evaluation's."""
+    spec = hf_rollout_spec(model_dir, "generate_config.sampling_config.max_tokens=4")
+    prompt = PromptRecord(prompt_id="p0", text="cp:ab=", token_ids=(5, 6, 7), label="ab")
+    return GenerationActor(spec, str(model_dir), {"p0": prompt}, gu_id=0, actor_id=0)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +58,9 @@ def _verifiers():
     unregister_verifier("test_half")
 
 
-def _prompts(tokenizer, num: int) -> list[PromptRecord]:
+def _prompts(tokenizer, num: int) -> tuple[PromptRecord, ...]:
     texts = [f"{c}*3=" for c in "abcdefgh"[:num]]
-    return [
+    return tuple(
         PromptRecord(
             prompt_id=f"v{i}",
             text=t,
@@ -62,62 +68,85 @@ def _prompts(tokenizer, num: int) -> list[PromptRecord]:
             label="x",
         )
         for i, t in enumerate(texts)
-    ]
+    )
 
 
-def _settings(n: int = 2) -> EvalSettings:
-    return EvalSettings(sampling=SamplingConfig(max_tokens=MAX_TOKENS), num_samples_per_prompt=n, seed=0)
+def _settings(n: int = 2, temperature: float = 1.0, seed: int = 0) -> EvalSettings:
+    sampling = SamplingConfig(max_tokens=MAX_TOKENS, temperature=temperature)
+    return EvalSettings(sampling=sampling, num_samples_per_prompt=n, seed=seed)
 
 
 def _reward(names, weights):
     return build_reward_fn(RewardConfig(verifier_function=tuple(names), verifier_weight=tuple(weights)))
 
 
-def test_metrics_count_prompts_and_samples_and_the_model_is_left_as_found(model, tokenizer) -> None:
-    attention = model.config._attn_implementation
-    metrics = evaluate_policy(
-        model, tokenizer, _prompts(tokenizer, 3), _reward(["test_full"], [1.0]), _settings(n=2)
+def _decoded(responses: list[tuple[int, ...]], reasons: list[str] | None = None) -> HeldOutDecode:
+    return HeldOutDecode(
+        job_id=0,
+        responses=tuple(responses),
+        finish_reasons=tuple(reasons or ["stop"] * len(responses)),
+        weights_version=3,
+        generate_s=0.5,
     )
+
+
+def test_an_actor_decodes_n_samples_per_prompt_with_the_evaluations_sampling(actor, tokenizer) -> None:
+    prompts = _prompts(tokenizer, 3)
+    decoded = actor.decode_held_out(EvalRequest(prompts=prompts, settings=_settings(n=2)).job(7, 0))
+    assert decoded.job_id == 7 and decoded.weights_version == actor.policy_version == 0
+    assert len(decoded.responses) == len(decoded.finish_reasons) == 6
+    # The evaluation's own max_tokens (6), not the actor's rollout setting (4).
+    assert all(1 <= len(r) <= MAX_TOKENS for r in decoded.responses)
+    assert any(len(r) > 4 for r in decoded.responses)
+    metrics = score_held_out(decoded, prompts, tokenizer, _reward(["test_full"], [1.0]))
     assert metrics["eval/num_prompts"] == 3 and metrics["eval/num_samples"] == 6
     assert metrics["eval/accuracy"] == 1.0 and metrics["eval/num_timed_out"] == 0
-    assert 1 <= metrics["eval/response_length"] <= MAX_TOKENS
-    assert model.training and model.config._attn_implementation == attention
+    assert metrics["eval/weights_version"] == 0
 
 
-def test_correct_means_full_marks_from_every_verifier(model, tokenizer) -> None:
-    prompts = _prompts(tokenizer, 2)
-    partial = evaluate_policy(model, tokenizer, prompts, _reward(["test_half"], [1.0]), _settings())
-    assert partial["eval/accuracy"] == 0.0 and partial["eval/reward_mean"] == 0.5
-    mixed = evaluate_policy(
-        model, tokenizer, prompts, _reward(["test_full", "test_half"], [1.0, 0.2]), _settings()
-    )
-    assert mixed["eval/accuracy"] == 0.0 and mixed["eval/reward_mean"] == pytest.approx(1.1)
-
-
-def test_generation_uses_the_live_in_memory_weights(model, tokenizer) -> None:
-    seen: list[str] = []
-    register_verifier("test_records", lambda response, label: seen.append(response) or 1.0, bounded=True)
+def test_the_decode_is_seeded_and_reads_the_weights_the_actor_holds(actor, tokenizer) -> None:
+    prompts = _prompts(tokenizer, 4)
+    request = EvalRequest(prompts=prompts, settings=_settings(n=2, seed=11))
+    first = actor.decode_held_out(request.job(0, 0)).responses
+    assert actor.decode_held_out(request.job(1, 0)).responses == first  # same seed, same weights
+    other_seed = EvalRequest(prompts=prompts, settings=_settings(n=2, seed=12))
+    assert actor.decode_held_out(other_seed.job(2, 0)).responses != first
+    model = actor._engine.model  # type: ignore[attr-defined]
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
     try:
-        reward_fn = _reward(["test_records"], [1.0])
-        greedy = EvalSettings(
-            sampling=SamplingConfig(max_tokens=MAX_TOKENS, temperature=0.0), num_samples_per_prompt=1, seed=0
-        )
-        evaluate_policy(model, tokenizer, _prompts(tokenizer, 4), reward_fn, greedy)
-        before, seen[:] = list(seen), []
-        evaluate_policy(model, tokenizer, _prompts(tokenizer, 4), reward_fn, greedy)
-        assert seen == before  # greedy decoding is deterministic ...
-        seen.clear()
-        with torch.no_grad():  # ... so only the in-memory weight change can alter the responses
-            model.lm_head.weight.copy_(torch.randn_like(model.lm_head.weight))
-        evaluate_policy(model, tokenizer, _prompts(tokenizer, 4), reward_fn, greedy)
-        assert seen != before
+        changed = dict(saved)
+        changed["lm_head.weight"] = torch.randn_like(saved["lm_head.weight"]) * 5
+        actor.load_weights(changed.items(), version=1)
+        again = actor.decode_held_out(request.job(3, 1))
+        assert again.weights_version == 1 and again.responses != first
     finally:
-        unregister_verifier("test_records")
+        actor.load_weights(saved.items(), version=2)
 
 
-def test_no_positive_weight_is_an_error(model, tokenizer) -> None:
+def test_an_actor_refuses_to_decode_older_weights_than_the_job_names(actor, tokenizer) -> None:
+    job = EvalRequest(prompts=_prompts(tokenizer, 1), settings=_settings()).job(0, actor.policy_version + 1)
+    with pytest.raises(ValueError, match="reload before decoding"):
+        actor.decode_held_out(job)
+
+
+def test_correct_means_full_marks_from_every_verifier(tokenizer) -> None:
+    prompts = _prompts(tokenizer, 2)
+    decoded = _decoded([(5, 6), (7,), (8, 9, 10), (5,)], ["stop", "length", "stop", "stop"])
+    partial = score_held_out(decoded, prompts, tokenizer, _reward(["test_half"], [1.0]))
+    assert partial["eval/accuracy"] == 0.0 and partial["eval/reward_mean"] == 0.5
+    assert partial["eval/response_length"] == 1.75 and partial["eval/truncated_fraction"] == 0.25
+    mixed = score_held_out(decoded, prompts, tokenizer, _reward(["test_full", "test_half"], [1.0, 0.2]))
+    assert mixed["eval/accuracy"] == 0.0 and mixed["eval/reward_mean"] == pytest.approx(1.1)
+    assert mixed["eval/weights_version"] == 3 and mixed["time/eval_generate_s"] == 0.5
+
+
+def test_scores_need_a_positive_weight_and_the_same_samples_per_prompt(tokenizer) -> None:
     with pytest.raises(ValueError, match="no positive weight"):
-        evaluate_policy(model, tokenizer, _prompts(tokenizer, 1), _reward(["test_full"], [-1.0]), _settings())
+        score_held_out(_decoded([(5,)]), _prompts(tokenizer, 1), tokenizer, _reward(["test_full"], [-1.0]))
+    with pytest.raises(ValueError, match="3 decoded responses for 2 prompts"):
+        score_held_out(_decoded([(5,)] * 3), _prompts(tokenizer, 2), tokenizer, _reward(["test_full"], [1.0]))
+    with pytest.raises(ValueError, match="num_samples_per_prompt=0"):
+        _settings(n=0)
 
 
 def test_prompt_selection_caps_and_refuses_an_empty_eval_set(tokenizer) -> None:

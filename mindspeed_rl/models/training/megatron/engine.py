@@ -28,7 +28,7 @@ import os
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,9 +74,6 @@ from mindspeed_rl.models.training.update_loop import (
     run_update,
 )
 from mindspeed_rl.weights.megatron_dims import ShardCoords, load_dims
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 
 class MegatronTrainingEngine:
@@ -171,24 +168,6 @@ class MegatronTrainingEngine:
         """An HF folder (one ``model.safetensors`` + the source's config and tokenizer), written by
         rank 0 from every shard, merged on its host one tensor group at a time (``hf_export``)."""
         save_hf_folder(self._shards(), self.model.module, self._source, path)
-
-    def policy_for_eval(self) -> PreTrainedModel | None:
-        """An HF model of the current weights on rank 0 (collective: the shards reach rank 0's host
-        as for the hybrid push, never a device), None on the others. A full copy on one rank: fine
-        for the CPU configs; large models would decode held-out prompts on the rollout engines
-        instead (not built)."""
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        from mindspeed_rl.models.training.hf_names import to_model_state
-
-        weights = dict(self.named_weights_for_inference())
-        if dist.get_rank() != 0:
-            return None
-        config = AutoConfig.from_pretrained(self._source)
-        model = AutoModelForCausalLM.from_config(config, dtype=next(iter(weights.values())).dtype)
-        model.load_state_dict(to_model_state(weights, model), strict=True)
-        torch.nn.Module.to(model, self._device)
-        return model
 
     def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
         """A resumable checkpoint: megatron's distributed checkpoint + an HF folder (``checkpoint.py``)."""
