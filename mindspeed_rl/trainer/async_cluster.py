@@ -185,7 +185,8 @@ class AsyncCluster:
 
     def submit_eval(self, request: EvalRequest, version: int) -> int:
         """Hand the CU an evaluation of snapshot ``version`` (or newer); returns its job id. Submit
-        before ``step_done`` of the run's last step, so the GUs are still there to decode it."""
+        before waiting for the step's batch: the CU keeps the GUs running while a job waits, and
+        once the run's last batch is popped a GU told the run is over stops."""
         import ray
 
         job = request.job(self._evaluations, min_version=version)
@@ -269,6 +270,7 @@ class AsyncCluster:
                     # Every scheduled prompt consumed: the GU's loop ends by design before close.
                     if ray.get(self.cu.is_finished.remote()):
                         logger.info("GU %d finished: %s", gu_id, counts)
+                        self.cu.on_gu_stopped.remote(gu_id)
                         continue
                     logger.warning("GU %d stopped early: %s", gu_id, counts)
                 except ray.exceptions.RayActorError:

@@ -58,23 +58,23 @@ def train(
                 cluster.extend_schedule(chunk)  # streaming: the window drained past half
             # The CU and the snapshot versions count this run's steps (v0 = the weights it started from).
             local = step - lineage.start_iteration
+            # An evaluation due after this step decodes its snapshot (v local+1) on a rollout actor.
+            # Submitted first: popping the run's last batch ends the GUs' work unless a job waits.
+            evaluation = report.eval_request(step)
+            job = cluster.submit_eval(evaluation, local + 1) if evaluation is not None else None
             start = time.perf_counter()
             batch = cluster.wait_for_batch(local)
             waited = time.perf_counter() - start
             stats = cluster.train(batch)
             trained = time.perf_counter() - start - waited
-            evaluation = report.eval_request(step)
             exports = _exports_after(plan, step) or evaluation is not None
             copy_s = cluster.export_snapshot(local + 1) if exports else 0.0
-            # An evaluation decodes this step's snapshot on a rollout actor; submitted before
-            # step_done, which may end the GUs' work, and read after it, while they generate on.
-            job = cluster.submit_eval(evaluation, local + 1) if evaluation is not None else None
             pipeline = cluster.step_done(local)
             lineage.record(step, batch.consumed_prompt_ids)  # dynamic sampling's dropped prompts too
             record = iteration_record(stats, pipeline, start, waited, trained, copy_s)
             if plan.dynamic_sampling is not None:
                 record.update(batch.filter_metrics())
-            if evaluation is not None and job is not None:
+            if evaluation is not None and job is not None:  # the GUs generate on meanwhile
                 record.update(cluster.eval_result(evaluation, job))
             report.write(step, record)
             if carry and saver.spec.is_save_iteration(step):

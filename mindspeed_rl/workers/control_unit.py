@@ -291,6 +291,14 @@ class ControlUnit:
             self._batch_may_be_ready.notify_all()
             return requeued
 
+    @_counted
+    def on_gu_stopped(self, gu_id: int) -> None:
+        """A GU's loop ended after the run was over: an evaluation it was given but never
+        decoded goes to another GU (or fails by name), instead of waiting forever."""
+        with self._lock:
+            self._mail.forget(gu_id)
+            self._reassign_evals(gu_id)
+
     def _worth_answering(self, gu_id: int) -> bool:
         """Whether a waiting poll of ``gu_id`` should return now (called with the lock held)."""
         if self._evals.has_mail(gu_id):

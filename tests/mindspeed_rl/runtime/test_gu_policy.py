@@ -8,12 +8,12 @@ from collections.abc import Callable
 import pytest
 from runtime_fakes import make_schedule
 
-from mindspeed_rl.runtime import Assignment, SnapshotInfo, StartDecision, StartRefusal
 from mindspeed_rl.models.rollout.base import SamplingConfig
+from mindspeed_rl.runtime import Assignment, SnapshotInfo, StartDecision, StartRefusal
 from mindspeed_rl.runtime.gu_policy import (
     Drop,
-    EvalUnavailable,
     Evaluate,
+    EvalUnavailable,
     GuPolicy,
     Reload,
     Start,

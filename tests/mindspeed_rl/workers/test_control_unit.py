@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.records import (
     Assignment,
@@ -20,7 +21,6 @@ from mindspeed_rl.runtime.records import (
     StartDecision,
     StartRefusal,
 )
-from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.workers.control_unit import ControlUnit
 from mindspeed_rl.workers.evaluator import EvalJob, EvalSettings, HeldOutDecode
 from mindspeed_rl.workers.gu_messages import ConversionReport, GuPoll, GuReport, ReloadReport, StartRequest
@@ -592,3 +592,16 @@ def test_an_evaluation_moves_off_a_failed_gu_and_fails_by_name_when_none_is_left
     assert cu.submit_eval(_eval_job(5)) is None
     with pytest.raises(RuntimeError, match="no Generation Unit is left"):
         cu.wait_eval(5, timeout_s=1.0)
+
+
+def test_an_evaluation_held_by_a_gu_whose_loop_ended_goes_to_another_or_fails() -> None:
+    cu = make_cu()
+    for g in (0, 1):
+        cu.register_gu(g, 1)
+    cu.start()
+    assert cu.submit_eval(_eval_job(0)) == 0
+    cu.on_gu_stopped(0)
+    assert [j.job_id for j in cu.poll(1).eval_jobs] == [0]
+    cu.on_gu_stopped(1)
+    with pytest.raises(RuntimeError, match="no Generation Unit is left"):
+        cu.wait_eval(0, timeout_s=1.0)
