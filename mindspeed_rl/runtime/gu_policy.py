@@ -57,12 +57,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from mindspeed_rl.runtime.records import Assignment, SnapshotInfo, StartDecision, StartRefusal
-
-if TYPE_CHECKING:
-    from mindspeed_rl.workers.evaluator import EvalJob
 
 
 class WaitReason(Enum):
@@ -110,6 +107,19 @@ class Drop:
 class Wait:
     actor_id: int
     reason: WaitReason
+
+
+class EvalJob(Protocol):
+    """What the policy reads of an evaluation (``workers.evaluator.EvalJob``; this layer
+    imports nothing above it)."""
+
+    @property
+    def job_id(self) -> int: ...
+
+    @property
+    def min_version(self) -> int:
+        """The weights to decode: this snapshot version or a newer one."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
