@@ -88,6 +88,11 @@ class EvalJob:
     min_version: int
     """The weights to decode: the actor must hold this snapshot version or a newer one."""
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The most tokens the decode can generate (its hang bound is sized on it)."""
+        return len(self.token_ids) * self.settings.num_samples_per_prompt * self.settings.sampling.max_tokens
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HeldOutDecode:

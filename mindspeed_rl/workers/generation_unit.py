@@ -47,7 +47,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mindspeed_rl.runtime.faults import FaultKind
 from mindspeed_rl.runtime.gu_policy import Action, Drop, Evaluate, EvalUnavailable, GuPolicy, Reload, Start
@@ -64,7 +64,7 @@ from mindspeed_rl.workers.gu_messages import (
 from mindspeed_rl.workers.gu_spec import ConversionDone, GuSpec
 
 if TYPE_CHECKING:
-    pass
+    from mindspeed_rl.workers.evaluator import EvalJob
 
 logger = logging.getLogger(__name__)
 # An evaluation whose decode killed this many actors is reported failed, not tried again.
@@ -349,8 +349,12 @@ class GenerationUnit:
                 self.calls["actor.generate"] += 1
                 self._samples[receipt] = samples
             elif isinstance(action, Evaluate):
-                ref = self._handles[action.actor_id].decode_held_out.remote(action.job)
+                job = cast("EvalJob", action.job)
+                ref = self._handles[action.actor_id].decode_held_out.remote(job)
                 self._pending[ref] = ("eval", action.actor_id)
+                # A hung engine is caught here too: bounded as a minibatch of the decode's most
+                # tokens would be (never measured: that load is a bound, not a prediction).
+                self._running.start(ref, action.actor_id, float(job.max_new_tokens), time.monotonic())
                 self.calls["actor.decode_held_out"] += 1
             elif isinstance(action, EvalUnavailable):
                 self._eval_done(action.job.job_id, None, action.reason)
