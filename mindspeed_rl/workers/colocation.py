@@ -3,7 +3,8 @@
 ::
 
             ┌──────────── to_generate(version) ──────────────────┐
-            │ 1. offload optimizer state, grads  (host)          │
+            │ 1. offload optimizer state, grads  (host; megatron │
+            │    DDP's grad buffers are freed, not copied)       │
             │ 2. wake the engine's weights  (tags=["weights"])   │
     TRAIN ──┤ 3. push the trainer's weights in-process           ├──► GENERATE
       ▲     │ 4. offload params                (host)            │        │
@@ -122,15 +123,104 @@ class ColocatedPhases:
 
 
 def move_train_state(model: Any, optimizer: Any, parts: Iterable[OffloadPart], device: Any) -> None:
-    """Move the named parts of a torch model + optimizer to ``device`` in place (parameters keep
-    their identity, so the optimizer's references stay valid)."""
-    for put, tensor in _moves(model, optimizer, parts):
+    """Move the named parts of a torch model + optimizer to ``device`` in place, tensor by tensor
+    (parameters keep their identity, so the optimizer's references stay valid)."""
+    for put, tensor in _moves(model, optimizer, tuple(parts)):
         put(tensor.to(device))
 
 
+def offload_train_state(model: Any, optimizer: Any, parts: Iterable[OffloadPart]) -> None:
+    """``parts`` to host: tensor by tensor, and megatron DDP's contiguous buffers as buffers, so
+    the views into them (parameters, ``main_grad``) stay views (``offload_buffers``)."""
+    parts = tuple(parts)
+    move_train_state(model, optimizer, parts, "cpu")
+    offload_buffers(model, parts)
+
+
+def onload_train_state(model: Any, optimizer: Any, parts: Iterable[OffloadPart], device: Any) -> None:
+    """Undo ``offload_train_state`` onto ``device`` (parts already there are left alone)."""
+    parts = tuple(parts)
+    onload_buffers(model, parts)
+    move_train_state(model, optimizer, parts, device)
+
+
 def train_state_tensors(model: Any, optimizer: Any, parts: Iterable[OffloadPart]) -> list[Any]:
-    """The tensors ``move_train_state`` would move for ``parts`` (what an offload frees)."""
-    return [tensor for _, tensor in _moves(model, optimizer, parts)]
+    """The tensors ``move_train_state`` would move for ``parts`` (what an offload frees), megatron
+    DDP's buffers included."""
+    parts = tuple(parts)
+    return [tensor for _, tensor in _moves(model, optimizer, parts)] + [
+        tensor for _, _, tensor in _buffer_tensors(model, parts)
+    ]
+
+
+def grad_buffers(model: Any) -> list[Any]:
+    """megatron DDP's param-and-grad buffers (dense and expert): every ``param.main_grad`` is a
+    view into one of their ``grad_data`` tensors and, under the distributed optimizer, every
+    parameter a view into ``param_data``. Empty for any other model (a plain torch module's
+    ``buffers`` is a method; megatron's DDP shadows it with a list, in 0.12.1 and 0.19.2 alike)."""
+    found: list[Any] = []
+    for name in ("buffers", "expert_parallel_buffers"):
+        held = getattr(model, name, None)
+        if isinstance(held, list):
+            found += [b for b in held if getattr(b, "grad_data", None) is not None]
+    return found
+
+
+def _buffer_tensors(model: Any, parts: Sequence[OffloadPart]) -> list[tuple[Any, str, Any]]:
+    """(buffer, ``"param_data"`` | ``"grad_data"``, tensor) of the buffers ``parts`` cover."""
+    out: list[tuple[Any, str, Any]] = []
+    for buffer in grad_buffers(model):
+        if "param" in parts and getattr(buffer, "param_data", None) is not None:
+            out.append((buffer, "param_data", buffer.param_data))
+        if "grad" in parts and not _shares_storage(buffer):
+            out.append((buffer, "grad_data", buffer.grad_data))
+    return out
+
+
+def _shares_storage(buffer: Any) -> bool:
+    """megatron 0.19.2 can alias the grad buffer with the param buffer (an MXFP8 option): freeing
+    one would free the other, so such a buffer is left where it is."""
+    param_data = getattr(buffer, "param_data", None)
+    return param_data is not None and (
+        param_data.untyped_storage().data_ptr() == buffer.grad_data.untyped_storage().data_ptr()
+    )
+
+
+def offload_buffers(model: Any, parts: Sequence[OffloadPart]) -> None:
+    """Free megatron's buffers on the device, keeping every view (``main_grad``, the parameters,
+    the buckets' slices) a valid tensor over empty storage; the same storage resize as megatron
+    0.19.2's ``offload_grad_buffers`` (0.12.1, MindSpeed's, has no such method), without its
+    CUDA-only synchronisation (``free_device_cache`` follows in the caller).
+
+    Gradients are freed, not copied: they are dead between optimizer steps (each step zeroes them
+    first), so a host copy would be traffic for nothing. Parameters are copied to host first."""
+    for buffer, kind, tensor in _buffer_tensors(model, parts):
+        storage = tensor.untyped_storage()
+        if storage.nbytes() == 0:
+            continue
+        # copy=True: on a CPU host ``to("cpu")`` would return the very storage freed below.
+        host = tensor.to("cpu", copy=True) if kind == "param_data" else None
+        setattr(buffer, _OFFLOADED + kind, (storage.nbytes(), host))
+        storage.resize_(0)
+
+
+def onload_buffers(model: Any, parts: Sequence[OffloadPart]) -> None:
+    """Undo ``offload_buffers``: storage re-allocated, parameters copied back, gradients zeroed."""
+    for buffer, kind, tensor in _buffer_tensors(model, parts):
+        held = getattr(buffer, _OFFLOADED + kind, None)
+        if held is None:
+            continue
+        setattr(buffer, _OFFLOADED + kind, None)
+        nbytes, host = held
+        tensor.untyped_storage().resize_(nbytes)
+        if host is None:
+            tensor.zero_()
+        else:
+            tensor.copy_(host)
+
+
+# Set on a buffer by ``offload_buffers``, per kind: (bytes freed, host copy or None).
+_OFFLOADED = "_mindspeed_rl_offloaded_"
 
 
 def _moves(model: Any, optimizer: Any, parts: Iterable[OffloadPart]) -> list[tuple[Any, Any]]:
@@ -141,12 +231,18 @@ def _moves(model: Any, optimizer: Any, parts: Iterable[OffloadPart]) -> list[tup
 
     wanted = set(parts)
     model_params = list(model.parameters())
+    # Views into megatron's param buffer move with the buffer (``offload_buffers``).
+    in_buffers = {
+        id(q) for b in grad_buffers(model) if getattr(b, "param_data", None) is not None for q in b.params
+    }
     own = {id(p) for p in model_params}
     inner = _torch_optimizers(optimizer)
     extra = [p for o in inner for g in o.param_groups for p in g["params"] if id(p) not in own]
     out: list[tuple[Any, Any]] = []
     if "param" in wanted:
-        out += [(functools.partial(setattr, p, "data"), p.data) for p in model_params]
+        out += [
+            (functools.partial(setattr, p, "data"), p.data) for p in model_params if id(p) not in in_buffers
+        ]
     if "grad" in wanted:
         out += [
             (functools.partial(setattr, p, "grad"), p.grad)

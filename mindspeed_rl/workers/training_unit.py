@@ -273,16 +273,16 @@ class TrainingUnit:
     def offload(self, parts: Sequence[OffloadPart]) -> None:
         """Colocated hybrid: move ``parts`` of the training state to host memory while the rollout
         engine generates on this device (``workers/colocation.py``)."""
-        from mindspeed_rl.workers.colocation import free_device_cache, move_train_state
+        from mindspeed_rl.workers.colocation import free_device_cache, offload_train_state
 
-        move_train_state(self._engine.model, self._engine.optimizer, parts, "cpu")
+        offload_train_state(self._engine.model, self._engine.optimizer, parts)
         free_device_cache(self._spec.engine.device)
 
     def onload(self, parts: Sequence[OffloadPart]) -> None:
         """Undo ``offload`` before the next step (a no-op for parts already on the device)."""
-        from mindspeed_rl.workers.colocation import move_train_state
+        from mindspeed_rl.workers.colocation import onload_train_state
 
-        move_train_state(self._engine.model, self._engine.optimizer, parts, self._spec.engine.device)
+        onload_train_state(self._engine.model, self._engine.optimizer, parts, self._spec.engine.device)
 
     def save_hf(self, path: str) -> None:
         self._engine.save_hf(path)
