@@ -22,6 +22,7 @@ HAVE_MEGATRON = (
 pytestmark = [
     pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed (make setup installs it)"),
     pytest.mark.timeout(300),
+    pytest.mark.integration,  # a spawned gloo rank
 ]
 ALL_PARTS = ("param", "grad", "optimizer")
 
