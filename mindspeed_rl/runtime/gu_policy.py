@@ -284,7 +284,8 @@ class GuPolicy:
                 break  # an actor is loading its weights already
             target = self.converted
             if target is not None and target.version >= job.min_version:
-                if all(s.rejected_version == target.version for s in self.slots.values()):
+                # No slot at all is not a refusal: the actors are being replaced, the job waits.
+                if self.slots and all(s.rejected_version == target.version for s in self.slots.values()):
                     self.evals.popleft()
                     actions.append(
                         EvalUnavailable(job=job, reason=f"every actor refused snapshot v{target.version}")

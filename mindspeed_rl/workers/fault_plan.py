@@ -20,6 +20,9 @@ class FaultPlan:
     actor_faults: Mapping[tuple[int, int], Mapping[int, str]] = field(default_factory=dict)
     """(gu_id, actor_id) -> {N: fault}: the actor slot's N-th minibatch (counted across the
     slot's replacements) exits the process, hangs or raises; N = 0 means every minibatch."""
+    eval_faults: Mapping[tuple[int, int], Mapping[int, str]] = field(default_factory=dict)
+    """(gu_id, actor_id) -> {N: fault}: the slot's N-th evaluation decode (counted across
+    replacements) exits the process or hangs."""
     gu_dies: Mapping[int, int] = field(default_factory=dict)
     """gu_id -> the number of forwarded completions after which that GU's process exits (at the
     end of the call that forwarded that many, which may carry more)."""
@@ -27,3 +30,6 @@ class FaultPlan:
     def actor_fault(self, gu_id: int, actor_id: int, n: int) -> str | None:
         plan = self.actor_faults.get((gu_id, actor_id), {})
         return plan.get(n, plan.get(0))
+
+    def eval_fault(self, gu_id: int, actor_id: int, n: int) -> str | None:
+        return self.eval_faults.get((gu_id, actor_id), {}).get(n)

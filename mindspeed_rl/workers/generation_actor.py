@@ -132,7 +132,7 @@ class GenerationActor:
         start holds only the first window's)."""
         started = time.time()
         if fault is not None:
-            _inject(fault, self.gu_id, self.actor_id, minibatch.minibatch_id)
+            _inject(fault, self.gu_id, self.actor_id, f"minibatch {minibatch.minibatch_id}")
         table = {r.prompt_id: r for r in records} if records else self._prompts
         token_ids = [table[pid].token_ids for pid in minibatch.prompt_ids]
         start_version = self.policy_version
@@ -199,10 +199,14 @@ class GenerationActor:
         )
         return receipt, completed
 
-    def decode_held_out(self, job: EvalJob) -> HeldOutDecode:
+    def decode_held_out(self, job: EvalJob, *, fault: str | None = None) -> HeldOutDecode:
         """Decode an evaluation's held-out prompts with the weights held now (between
-        minibatches: the caller runs it only on an idle actor, as a reload)."""
+        minibatches: the caller runs it only on an idle actor, as a reload). ``fault``: as in
+        ``generate_minibatch`` (integration tests only)."""
         from mindspeed_rl.workers.evaluator import decode_held_out
+
+        if fault is not None:
+            _inject(fault, self.gu_id, self.actor_id, f"evaluation {job.job_id}")
 
         if job.min_version > self.policy_version:
             raise ValueError(
@@ -403,12 +407,13 @@ class InjectedFault(RuntimeError):
     """Raised by the ``raise`` test fault, as an engine error inside generate would be."""
 
 
-def _inject(fault: str, gu_id: int, actor_id: int, minibatch_id: int) -> None:
-    logger.error("fault injection: actor %d/%d %s on minibatch %d", gu_id, actor_id, fault, minibatch_id)
+def _inject(fault: str, gu_id: int, actor_id: int, what: str) -> None:
+    """``what``: the work it fails on, e.g. "minibatch 3" or "evaluation 0"."""
+    logger.error("fault injection: actor %d/%d %s on %s", gu_id, actor_id, fault, what)
     if fault == "exit":
         os._exit(1)
     if fault == "hang":
         threading.Event().wait()  # never set: a hung engine, until the GU kills this process
     if fault == "raise":
-        raise InjectedFault(f"fault injection: actor {gu_id}/{actor_id} raised on minibatch {minibatch_id}")
+        raise InjectedFault(f"fault injection: actor {gu_id}/{actor_id} raised on {what}")
     raise ValueError(f"unknown fault {fault!r}; use exit, hang or raise")

@@ -83,6 +83,7 @@ class GenerationUnit:
         ] = {}  # ref -> ("generate" | "reload" | "ready" | "eval", actor)
         self._eval_failures: Counter[int] = Counter()  # job id -> actors lost while decoding it
         self._num_started: Counter[int] = Counter()  # per actor slot, across its replacements
+        self._num_evals: Counter[int] = Counter()  # evaluation decodes, likewise
         self._restarts: Counter[int] = Counter()
         self._starting: set[int] = set()  # slots whose replacement engine is coming up
         self._faults = GuFaultSettings(
@@ -350,7 +351,11 @@ class GenerationUnit:
                 self._samples[receipt] = samples
             elif isinstance(action, Evaluate):
                 job = cast("EvalJob", action.job)
-                ref = self._handles[action.actor_id].decode_held_out.remote(job)
+                self._num_evals[action.actor_id] += 1
+                fault = self.spec.faults.eval_fault(
+                    self.gu_id, action.actor_id, self._num_evals[action.actor_id]
+                )
+                ref = self._handles[action.actor_id].decode_held_out.remote(job, fault=fault)
                 self._pending[ref] = ("eval", action.actor_id)
                 # A hung engine is caught here too: bounded as a minibatch of the decode's most
                 # tokens would be (never measured: that load is a bound, not a prediction).

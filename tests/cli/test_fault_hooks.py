@@ -28,7 +28,16 @@ def test_hang_and_raise_faults_fire_on_their_minibatch_of_the_slot() -> None:
     assert plan.actor_fault(0, 1, 3) is None
 
 
-@pytest.mark.parametrize("item", ["hang:0:0:*", "raise:0:0", "raise:0:0:0", "boom:0:0:1", "gu:0:*"])
+def test_evaluation_faults_fire_on_their_decode_of_the_slot_only() -> None:
+    plan = fault_hooks.fault_plan({fault_hooks.FAULTS_ENV: "eval-exit:0:0:1,eval-hang:0:0:3"})
+    assert [plan.eval_fault(0, 0, n) for n in range(1, 5)] == ["exit", None, "hang", None]
+    assert plan.actor_faults == {} and plan.actor_fault(0, 0, 1) is None
+
+
+@pytest.mark.parametrize(
+    "item",
+    ["hang:0:0:*", "raise:0:0", "raise:0:0:0", "boom:0:0:1", "gu:0:*", "eval-exit:0:0:*", "eval-raise:0:0:1"],
+)
 def test_malformed_fault_items_are_refused(item: str) -> None:
     with pytest.raises(ValueError, match="hang:G:A:N"):
         fault_hooks.fault_plan({fault_hooks.FAULTS_ENV: item})

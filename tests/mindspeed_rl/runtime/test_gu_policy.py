@@ -338,3 +338,21 @@ def test_an_evaluation_every_actor_refuses_the_weights_of_is_unavailable() -> No
     policy.on_reloaded(0, 1, ok=False)
     (action, _) = policy.next_actions(paused=False, request_start=Gate())
     assert action == EvalUnavailable(job=job, reason="every actor refused snapshot v1")
+
+
+def test_an_evaluation_waits_while_its_only_actor_is_being_replaced() -> None:
+    policy = GuPolicy(gu_id=0, actor_ids=[0])
+    _converted(policy, 2)
+    job = _job(0, 2)
+    policy.add_eval(job)
+    assert policy.next_actions(paused=False, request_start=Gate()) == [
+        Reload(actor_id=0, version=2, path="/gu/v2")
+    ]
+    policy.on_reloaded(0, 2, ok=True)
+    assert policy.next_actions(paused=False, request_start=Gate()) == [Evaluate(actor_id=0, job=job)]
+    policy.on_actor_died(0)  # no actor left while its replacement starts: not a refusal
+    assert policy.next_actions(paused=False, request_start=Gate()) == [] and list(policy.evals) == [job]
+    policy.add_actor(0)  # the replacement holds the initial weights: it reloads, then decodes
+    assert policy.next_actions(paused=False, request_start=Gate()) == [
+        Reload(actor_id=0, version=2, path="/gu/v2")
+    ]

@@ -219,6 +219,31 @@ def test_killed_unit_loses_and_duplicates_nothing(tmp_path: Path, kind: str) -> 
     check_reload_discipline(events)
 
 
+def test_an_evaluation_outlives_an_actor_dying_and_one_hanging_in_its_decode(tmp_path: Path) -> None:
+    """The only actor exits in its first evaluation decode and hangs in its third (the second
+    evaluation's first try): each time the GU replaces it, the replacement reloads the evaluated
+    snapshot and decodes the job again; both evaluations land, and no prompt is lost or repeated."""
+    run_dir = run_cli(
+        tmp_path,
+        *HF,
+        "async_config.num_generation_units=1",
+        "async_config.actors_per_unit=1",
+        *FAULT_TIMEOUTS,
+        "megatron_training.eval_interval=2",
+        "megatron_training.eval_iters=1",
+        faults="eval-exit:0:0:1,eval-hang:0:0:3",
+    )
+    summary, records, events = load_run(run_dir)
+    check_exactly_once(summary)
+    evaluated = [r for r in records if "eval/accuracy" in r]
+    assert [(r["iteration"], r["eval/weights_version"]) for r in evaluated] == [(1, 2.0), (3, 4.0)]
+    assert all(r["eval/num_samples"] == r["eval/num_prompts"] * 4 > 0 for r in evaluated)
+    faulted = [(e["kind"], e["replaced"]) for e in events if e["event"] == "ActorFaulted"]
+    assert faulted == [("died", True), ("timeout", True)] and summary["actor_restarts"] == 2
+    assert summary["minibatches_reissued"] == 0  # the actor held no minibatch while decoding
+    assert summary["gu_calls"]["actor.decode_held_out"] == 4  # 2 evaluations x (failed + retried)
+
+
 def test_a_minibatch_failing_every_attempt_stops_the_run_naming_it(tmp_path: Path) -> None:
     """``raise:0:0:*``: the one actor raises on every minibatch; after minibatch_max_attempts the
     run ends with an error naming the minibatch and its prompts, not a hang or a cascade."""
