@@ -198,16 +198,14 @@ class AsyncCluster:
         """Wait for the decode of ``job_id``, then score it on the Training Unit."""
         import ray
 
-        from mindspeed_rl.runtime.faults import PipelineFailure
-
         start = time.perf_counter()
         while True:
             try:
                 decoded = ray.get(self.cu.wait_eval.remote(job_id, WAIT_SECONDS))
             except ray.exceptions.RayTaskError as err:
-                if isinstance(err.cause, PipelineFailure):
-                    self.kill()
-                    raise err.cause from None
+                # The run cannot go on (PipelineFailure) or the evaluation cannot be decoded: free
+                # the engines before the error ends it.
+                self.kill()
                 raise err.cause if err.cause is not None else err from None
             if decoded is not None:
                 break

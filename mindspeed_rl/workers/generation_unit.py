@@ -78,9 +78,8 @@ class GenerationUnit:
         self._cu = control
         self._policy = GuPolicy(gu_id=spec.gu_id, actor_ids=())
         self._handles: dict[int, Any] = {}
-        self._pending: dict[
-            Any, tuple[str, int]
-        ] = {}  # ref -> ("generate" | "reload" | "ready" | "eval", actor)
+        # ref -> ("generate" | "reload" | "ready" | "eval", actor)
+        self._pending: dict[Any, tuple[str, int]] = {}
         self._eval_failures: Counter[int] = Counter()  # job id -> actors lost while decoding it
         self._num_started: Counter[int] = Counter()  # per actor slot, across its replacements
         self._num_evals: Counter[int] = Counter()  # evaluation decodes, likewise
