@@ -7,9 +7,11 @@ Both trainers call it once, before any data work; it reads only the plan's ``Mod
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.models.tokenizer import load_tokenizer
 
@@ -18,6 +20,10 @@ if TYPE_CHECKING:
     from mindspeed_rl.plan.sections import WarmupSpec
 
 logger = logging.getLogger(__name__)
+# Written beside a model this module built: how it was built, so a later run can tell a reused
+# folder from the one its own config would build (a folder left by a run with other settings,
+# e.g. a short or no warm-up, trains visibly worse and would otherwise pass unnoticed).
+BUILD_RECORD = "mindspeed_rl_build.json"
 
 
 def prepare_policy_model(spec: ModelSpec, warmup: WarmupSpec | None) -> Path:
@@ -38,6 +44,7 @@ def prepare_policy_model(spec: ModelSpec, warmup: WarmupSpec | None) -> Path:
         return initial
     path = Path(spec.path)
     if path.exists():
+        _warn_if_built_otherwise(path, _build_record(spec, warmup))
         return path
     if not spec.build_if_missing:
         raise ValueError(
@@ -50,7 +57,38 @@ def prepare_policy_model(spec: ModelSpec, warmup: WarmupSpec | None) -> Path:
     create_tiny_model(path, dict(spec.build_arch), seed=spec.build_seed)
     if warmup is not None:
         _run_warmup(warmup, path)
+    (path / BUILD_RECORD).write_text(json.dumps(_build_record(spec, warmup), indent=1, sort_keys=True))
     return path
+
+
+def _build_record(spec: ModelSpec, warmup: WarmupSpec | None) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "arch": dict(spec.build_arch),
+        "seed": spec.build_seed,
+        "warmup": None if warmup is None else dataclasses.asdict(warmup),
+    }
+
+
+def _warn_if_built_otherwise(path: Path, wanted: dict[str, Any]) -> None:
+    """A folder this module built under other settings is still used (never rebuilt behind the
+    user's back), but the run says so, naming what differs and how to rebuild."""
+    record = path / BUILD_RECORD
+    if not record.is_file():
+        return
+    built = json.loads(record.read_text())
+    differ = sorted(
+        k for k in wanted if json.dumps(built.get(k), sort_keys=True) != json.dumps(wanted[k], sort_keys=True)
+    )
+    if differ:
+        logger.warning(
+            "reusing the model at %s, built with other %s than this config asks for (built: %s; asked: %s); "
+            "delete the folder to build it as configured",
+            path,
+            " / ".join(differ),
+            {k: built.get(k) for k in differ},
+            {k: wanted[k] for k in differ},
+        )
 
 
 def _run_warmup(warm: WarmupSpec, path: Path) -> None:
