@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.models.tokenizer import load_tokenizer
+from mindspeed_rl.models.training.hf_folder import BUILD_RECORD
 
 if TYPE_CHECKING:
     from mindspeed_rl.plan.build import ModelSpec
     from mindspeed_rl.plan.sections import WarmupSpec
 
 logger = logging.getLogger(__name__)
-# Written beside a model this module built: how it was built, so a later run can tell a reused
-# folder from the one its own config would build (a folder left by a run with other settings,
-# e.g. a short or no warm-up, trains visibly worse and would otherwise pass unnoticed).
-BUILD_RECORD = "mindspeed_rl_build.json"
+# BUILD_RECORD is written beside a model this module built: how it was built, so a later run can
+# tell a reused folder from the one its own config would build (a folder left by a run with other
+# settings, e.g. a short or no warm-up, trains visibly worse and would otherwise pass unnoticed).
 
 
 def prepare_policy_model(spec: ModelSpec, warmup: WarmupSpec | None) -> Path:

@@ -31,13 +31,23 @@ if TYPE_CHECKING:
 NON_WEIGHT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
 
 
+# How a tiny model was built (``trainer/policy_model.py``): true of that folder only, never of a
+# checkpoint or final model trained from it, so it is not copied along.
+BUILD_RECORD = "mindspeed_rl_build.json"
+
+
 def copy_non_weight_files(source: Path, target: Path) -> None:
     """Copy ``source``'s non-weight files into ``target``; a file ``target`` already holds (the
     writer's own config or shard index) is kept, and a folder is never copied onto itself."""
     if target.resolve() == source.resolve():
         return
     for f in source.iterdir():
-        copyable = f.is_file() and f.suffix in NON_WEIGHT_SUFFIXES and ".safetensors" not in f.name
+        copyable = (
+            f.is_file()
+            and f.suffix in NON_WEIGHT_SUFFIXES
+            and ".safetensors" not in f.name
+            and f.name != BUILD_RECORD
+        )
         if copyable and not (target / f.name).exists():
             shutil.copy2(f, target / f.name)
 

@@ -10,7 +10,8 @@ import pytest
 
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.plan.build import build_run_plan
-from mindspeed_rl.trainer.policy_model import BUILD_RECORD, prepare_policy_model
+from mindspeed_rl.models.training.hf_folder import BUILD_RECORD, copy_non_weight_files
+from mindspeed_rl.trainer.policy_model import prepare_policy_model
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -58,6 +59,10 @@ def test_a_reused_model_built_with_other_settings_is_named_in_a_warning(
     (record,) = caplog.records
     assert "built with other warmup" in record.getMessage() and "delete the folder" in record.getMessage()
     caplog.clear()
+    out = tmp_path / "final_model"  # a model trained from it: the record is not true of it
+    out.mkdir()
+    copy_non_weight_files(folder, out)
+    assert (out / "config.json").is_file() and not (out / BUILD_RECORD).exists()
     (folder / BUILD_RECORD).unlink()  # a folder from elsewhere: nothing to compare
     prepare_policy_model(plan.model, plan.warmup)
     assert not caplog.records
