@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mindspeed_rl.config_cls import load_config_from_files
-from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.models.training.hf_folder import BUILD_RECORD, copy_non_weight_files
+from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.trainer.policy_model import prepare_policy_model
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
