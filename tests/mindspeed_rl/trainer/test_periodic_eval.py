@@ -60,6 +60,8 @@ def test_eval_every_interval_scores_only_held_out_prompts(tmp_path: Path) -> Non
     assert num_eval >= 4
     evaluated = [r for r in records if "eval/accuracy" in r]
     assert [r["iteration"] for r in evaluated] == [2, 5]
+    # Decoded by the rollout engine right after each push: the weights of that iteration.
+    assert [r["eval/weights_version"] for r in evaluated] == [3, 6]
     for r in evaluated:
         assert 0.0 <= r["eval/accuracy"] <= 1.0
         assert r["eval/num_prompts"] == num_eval
