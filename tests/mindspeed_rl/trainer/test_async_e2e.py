@@ -175,8 +175,9 @@ def test_async_run_with_vllm_meets_the_pipeline_invariants(tmp_path: Path) -> No
 FAULTS = {
     # A generation actor killed during its first minibatch: its GU carries on with actor 1.
     "actor": dict(layout=(1, 2), faults="actor:0:0:1", reason="actor_failed", gu_id=0, actor_id=0),
-    # A whole GU killed after forwarding one completion: the other GU takes over its work.
-    "gu": dict(layout=(2, 1), faults="gu:1:1", reason="gu_failed", gu_id=1, actor_id=None),
+    # A whole GU killed after forwarding one completion: the other GU takes over its work, and the
+    # evaluations the dead GU was given (GU 0 gets each first).
+    "gu": dict(layout=(2, 1), faults="gu:0:1", reason="gu_failed", gu_id=0, actor_id=None),
     # The only actor hangs in its third minibatch: killed at the timeout, replaced, re-issued.
     "hang": dict(layout=(1, 1), faults="hang:0:0:3", reason="actor_timeout", gu_id=0, actor_id=0),
     # The only actor raises in its third minibatch: replaced, the minibatch re-issued.
@@ -184,6 +185,8 @@ FAULTS = {
 }
 # A hang is detected in seconds here; the stall detector stays well above it.
 FAULT_TIMEOUTS = ("async_config.minibatch_timeout_s=20", "async_config.stall_timeout_s=120")
+# An evaluation after every iteration: the faults must not lose one either.
+EVAL_EVERY_STEP = ("megatron_training.eval_interval=1", "megatron_training.eval_iters=1")
 
 
 @pytest.mark.parametrize("kind", sorted(FAULTS))
@@ -196,10 +199,12 @@ def test_killed_unit_loses_and_duplicates_nothing(tmp_path: Path, kind: str) -> 
         f"async_config.num_generation_units={gus}",
         f"async_config.actors_per_unit={actors}",
         *FAULT_TIMEOUTS,
+        *EVAL_EVERY_STEP,
         faults=fault["faults"],
     )
-    summary, _, events = load_run(run_dir)
+    summary, records, events = load_run(run_dir)
     check_exactly_once(summary)
+    assert [r.get("eval/weights_version") for r in records] == [1.0, 2.0, 3.0, 4.0]
     assert summary["minibatches_reissued"] >= 1
     requeued = [e for e in events if e["event"] == "MinibatchRequeued"]
     assert requeued and all(e["reason"] == fault["reason"] and e["gu_id"] == fault["gu_id"] for e in requeued)
@@ -208,7 +213,7 @@ def test_killed_unit_loses_and_duplicates_nothing(tmp_path: Path, kind: str) -> 
     assert len(accepted) == len(received) == 8  # every minibatch once, the re-issued one included
     assert {e["minibatch_id"] for e in requeued} <= accepted
     if kind == "gu":
-        assert sum(e["gu_id"] == 1 for e in received) == 1  # exactly what GU 1 forwarded before dying
+        assert sum(e["gu_id"] == 0 for e in received) == 1  # exactly what GU 0 forwarded before dying
     else:
         assert all(e["actor_id"] == 0 for e in requeued)
         faulted = [e for e in events if e["event"] == "ActorFaulted"]
