@@ -51,7 +51,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from mindspeed_rl.runtime import events as ev
@@ -142,9 +142,7 @@ class ControlUnit:
         # Signalled whenever some GU's news counter moved or one of its actors went idle.
         self._news_moved = threading.Condition(self._lock)
         self._signals = self._loop.gu_signals()
-        self._evals = EvalDesk()
-        # Signalled whenever an evaluation got its result.
-        self._eval_ready = threading.Condition(self._lock)
+        self._evals = EvalDesk(self._lock)
         self._cpu_at_start = time.process_time()
         self._online = online
         self._started = False
@@ -335,11 +333,13 @@ class ControlUnit:
 
     def _reassign_evals(self, gu_id: int) -> None:
         """A failed GU's evaluations go to a live one (lock held)."""
-        told = self._evals.reassign(gu_id, self._live_gus())
-        if told:
+        self._tell_urgent(self._evals.reassign(gu_id, self._live_gus()))
+
+    def _tell_urgent(self, gu_ids: Iterable[int]) -> None:
+        """News ``gu_ids`` must hear even while paused or busy (lock held)."""
+        if told := set(gu_ids):
             self._mail.tell(told, urgent=True)
             self._news_moved.notify_all()
-        self._eval_ready.notify_all()  # none left: the job's error result is ready
 
     # ---- evaluations ---------------------------------------------------------------------------
     @_counted
@@ -347,10 +347,7 @@ class ControlUnit:
         """Hand an evaluation to one GU (the lowest live one); returns it, None if none is left."""
         with self._lock:
             gu_id = self._evals.submit(job, self._live_gus())
-            if gu_id is not None:
-                self._mail.tell([gu_id], urgent=True)  # even a paused or busy GU must hear it
-                self._news_moved.notify_all()
-            self._eval_ready.notify_all()
+            self._tell_urgent([] if gu_id is None else [gu_id])
             return gu_id
 
     @_counted
@@ -363,26 +360,13 @@ class ControlUnit:
             if error is not None:
                 logger.error("GU %d could not decode evaluation %d: %s", gu_id, job_id, error)
             if self._gus_done():  # the last evaluation of a finished run: the GUs may stop now
-                self._mail.tell(self._mail.every_gu(), urgent=True)
-                self._news_moved.notify_all()
-            self._eval_ready.notify_all()
+                self._tell_urgent(self._mail.every_gu())
 
     @_counted
     def wait_eval(self, job_id: int, timeout_s: float) -> HeldOutDecode | None:
-        """An evaluation's decode, blocking up to ``timeout_s`` (None on timeout). Raises the
-        GU's reason when it could not decode, and the run's failure if it cannot go on."""
-        deadline = time.monotonic() + timeout_s
-        with self._eval_ready:
-            while (outcome := self._evals.result(job_id)) is None:
-                if (fatal := self._loop.fatal) is not None:
-                    raise fatal
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._eval_ready.wait(remaining)
-            if outcome.decoded is None:
-                raise RuntimeError(f"evaluation {job_id} could not be decoded: {outcome.error}")
-            return outcome.decoded
+        """An evaluation's decode, blocking up to ``timeout_s`` (None on timeout); raises the GU's
+        reason when it could not decode, and the run's failure if it cannot go on."""
+        return self._evals.wait(job_id, timeout_s, fatal=lambda: self._loop.fatal)
 
     def _changed(self, *, everyone: bool = False) -> int:
         """Dispatch and tell the GUs whose view moved; returns the number of new assignments.

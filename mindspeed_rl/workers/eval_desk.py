@@ -10,12 +10,15 @@ An evaluation is one actor's work, so one GU gets it; the rest keep generating. 
 no result the run is not over for the GUs (``pending``): the last step's evaluation needs them
 after every prompt has been consumed.
 
-Pure bookkeeping, no lock: every method is called with the Control Unit's lock held.
+Every method but ``wait`` is called with the Control Unit's lock held; ``wait`` takes it through
+``ready``, a Condition on that lock that every result (or failure to get one) signals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mindspeed_rl.workers.evaluator import EvalJob, HeldOutDecode
@@ -28,7 +31,8 @@ class EvalOutcome:
 
 
 class EvalDesk:
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.RLock) -> None:
+        self.ready = threading.Condition(lock)
         self._owner: dict[int, int] = {}  # job id -> GU, while the job has no result
         self._jobs: dict[int, EvalJob] = {}
         self._outbox: dict[int, list[EvalJob]] = {}
@@ -44,7 +48,7 @@ class EvalDesk:
 
     def _give(self, job: EvalJob, live: list[int]) -> int | None:
         if not live:
-            self.done(job.job_id, None, "no Generation Unit is left to decode it")
+            self.done(job.job_id, None, "no Generation Unit is left to decode it")  # signals ready
             return None
         self._owner[job.job_id] = live[0]
         self._outbox.setdefault(live[0], []).append(job)
@@ -65,6 +69,7 @@ class EvalDesk:
         self._owner.pop(job_id, None)
         self._jobs.pop(job_id, None)
         self._results[job_id] = EvalOutcome(decoded, error)
+        self.ready.notify_all()
         return True
 
     def reassign(self, failed_gu: int, live_gus: Iterable[int]) -> list[int]:
@@ -74,9 +79,23 @@ class EvalDesk:
         moved = [self._jobs[j] for j, g in self._owner.items() if g == failed_gu]
         return [g for job in moved if (g := self._give(job, live)) is not None]
 
-    def result(self, job_id: int) -> EvalOutcome | None:
-        """A job's result, handed out once (the driver reads each result once)."""
-        return self._results.pop(job_id, None)
+    def wait(
+        self, job_id: int, timeout_s: float, fatal: Callable[[], BaseException | None]
+    ) -> HeldOutDecode | None:
+        """A job's decode, handed out once, blocking up to ``timeout_s`` (None on timeout). Raises
+        the GU's reason when it could not decode, and ``fatal()`` once the run cannot go on."""
+        deadline = time.monotonic() + timeout_s
+        with self.ready:
+            while (outcome := self._results.pop(job_id, None)) is None:
+                if (failure := fatal()) is not None:
+                    raise failure
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self.ready.wait(remaining)
+        if outcome.decoded is None:
+            raise RuntimeError(f"evaluation {job_id} could not be decoded: {outcome.error}")
+        return outcome.decoded
 
     @property
     def pending(self) -> bool:

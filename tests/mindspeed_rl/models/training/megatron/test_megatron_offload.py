@@ -1,4 +1,4 @@
-"""The colocated hybrid's offload on megatron's DDP (one gloo rank, a real engine): the contiguous
+"""The colocated hybrid's offload on megatron's DDP (gloo ranks, a real engine): the contiguous
 gradient buffer every ``main_grad`` views is freed, and under the distributed optimizer the
 parameter buffer every parameter views goes to host and back, the views staying views.
 
@@ -52,7 +52,7 @@ def _weights(engine: Any) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in engine.model.module.named_parameters()}
 
 
-def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
+def _worker(rank: int, world: int, ep: int, port: int, model_dir: str, out: str) -> None:
     import torch.distributed as dist
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
@@ -61,18 +61,20 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
     from mindspeed_rl.models.training.megatron.layout import MegatronLayout
     from mindspeed_rl.workers.colocation import grad_buffers, offload_train_state, onload_train_state
 
-    init_gloo(rank, 1, port)
+    init_gloo(rank, world, port)
+    layout = MegatronLayout(expert_model_parallel_size=ep)
     report: dict[str, Any] = {}
     try:
         # 1. The engine as the colocated worker drives it: step, offload everything, onload, step.
-        plain = MegatronTrainingEngine(model_dir, _config(), MegatronLayout())
-        cycled = MegatronTrainingEngine(model_dir, _config(), MegatronLayout())
+        plain = MegatronTrainingEngine(model_dir, _config(), layout)
+        cycled = MegatronTrainingEngine(model_dir, _config(), layout)
         first, second = _batch(plain.dims.vocab_size, 0), _batch(plain.dims.vocab_size, 1)
         for engine in (plain, cycled):
             engine.update(first, 1.0)
         buffers = grad_buffers(cycled.model)
         main_grads = [p.main_grad for p in cycled.model.module.parameters() if p.requires_grad]
         report["num_buffers"] = len(buffers)
+        report["num_expert_buffers"] = len(cycled.model.expert_parallel_buffers)
         report["grad_bytes_before"] = sum(b.grad_data.untyped_storage().nbytes() for b in buffers)
         offload_train_state(cycled.model, cycled.optimizer, ALL_PARTS)
         report["grad_bytes_offloaded"] = sum(b.grad_data.untyped_storage().nbytes() for b in buffers)
@@ -88,7 +90,7 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
         # 2. The distributed optimizer's layout: every parameter is a view into param_data.
         from mindspeed_rl.models.training.megatron.reference import load_model_in_dtype
 
-        module = load_model_in_dtype(model_dir, plain.dims, MegatronLayout(), "float32")
+        module = load_model_in_dtype(model_dir, plain.dims, layout, "float32")
         ddp = DistributedDataParallel(
             config=module.config,
             ddp_config=DistributedDataParallelConfig(
@@ -96,42 +98,49 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
             ),
             module=module,
         )
-        (buffer,) = grad_buffers(ddp)
+        dist_buffers = grad_buffers(ddp)
         params = [p for p in ddp.module.parameters() if p.requires_grad]
         before = {id(p): p.detach().clone() for p in params}
         optimizer = torch.optim.AdamW(params, lr=1e-3)
         offload_train_state(ddp, optimizer, ("param", "grad"))
         report["dist_param_bytes_offloaded"] = sum(p.untyped_storage().nbytes() for p in params)
-        report["dist_buffer_bytes_offloaded"] = (
-            buffer.param_data.untyped_storage().nbytes() + buffer.grad_data.untyped_storage().nbytes()
+        report["dist_buffer_bytes_offloaded"] = sum(
+            b.param_data.untyped_storage().nbytes() + b.grad_data.untyped_storage().nbytes()
+            for b in dist_buffers
         )
         onload_train_state(ddp, optimizer, ("param", "grad"), "cpu")
         report["dist_params_restored"] = all(torch.equal(p, before[id(p)]) for p in params)
-        base = buffer.param_data.untyped_storage().data_ptr()
-        report["dist_params_still_views"] = all(p.untyped_storage().data_ptr() == base for p in params)
-        torch.save(report, out)
+        bases = {b.param_data.untyped_storage().data_ptr() for b in dist_buffers}
+        report["dist_params_still_views"] = all(p.untyped_storage().data_ptr() in bases for p in params)
+        if rank == 0:
+            torch.save(report, out)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture(scope="module", params=[("qwen2", 1), ("qwen3_moe", 2)], ids=["dense", "moe-ep2"])
+def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Dense (QKV bias) on one rank; MoE at EP2 on two, where the experts live in megatron's
+    separate expert-parallel buffers."""
     import torch.multiprocessing as mp
 
     from benchmarks.parity.engine import free_port
     from benchmarks.parity.models import build_parity_model
 
     root = tmp_path_factory.mktemp("offload")
-    model_dir = build_parity_model(root / "model", "qwen2")
+    family, ep = request.param
+    model_dir = build_parity_model(root / "model", family)
     out = root / "report.pt"
-    mp.start_processes(_worker, args=(free_port(), str(model_dir), str(out)), nprocs=1, start_method="spawn")
-    return torch.load(out, weights_only=False)
+    args = (ep, ep, free_port(), str(model_dir), str(out))
+    mp.start_processes(_worker, args=args, nprocs=ep, start_method="spawn")
+    return {**torch.load(out, weights_only=False), "model": family}
 
 
 def test_the_gradient_buffer_is_freed_and_comes_back_zeroed_under_the_same_views(
     report: dict[str, Any],
 ) -> None:
     assert report["num_buffers"] >= 1 and report["grad_bytes_before"] > 0
+    assert report["model"] != "qwen3_moe" or report["num_expert_buffers"] >= 1
     assert report["grad_bytes_offloaded"] == 0 and report["main_grad_bytes_offloaded"] == 0
     assert report["main_grads_same_objects"] and report["main_grads_zero"]
 
