@@ -49,11 +49,16 @@ def copy_tensors(tensors: Sequence[torch.Tensor], *, num_threads: int | None = N
 
 
 def copy_into(target: torch.Tensor, source: torch.Tensor) -> None:
-    """``target[...] = source`` for CPU tensors of one dtype and shape (``target`` may be a strided view)."""
+    """``target[...] = source`` for tensors of one dtype and shape (``target`` may be a strided
+    view): on the host through numpy (the GIL released), on a device by the device's own copy
+    (the colocated push merges on the device, ``megatron/colocated_push.py``)."""
     if target.dtype != source.dtype or target.shape != source.shape:
         raise ValueError(
             f"cannot copy a {source.dtype}{list(source.shape)} tensor into a {target.dtype}{list(target.shape)} one"
         )
+    if target.device.type != "cpu" or source.device.type != "cpu":
+        target.copy_(source)
+        return
     np.copyto(_as_numpy(target), _as_numpy(source))
 
 

@@ -61,7 +61,7 @@ class TrainSide(Protocol):
 
     def onload(self, parts: Sequence[OffloadPart]) -> None: ...
 
-    def inference_weights(self) -> Iterable[tuple[str, Any]]: ...
+    def weight_stream(self) -> Iterable[tuple[str, Any]]: ...
 
 
 class RolloutSide(Protocol):
@@ -108,7 +108,7 @@ class ColocatedPhases:
         if first := self._offload.before_push():
             self._trainer.offload(first)
         self._rollout.wake_up(WEIGHT_TAGS)
-        self._rollout.load_weights(self._trainer.inference_weights(), version)
+        self._rollout.load_weights(self._trainer.weight_stream(), version)
         if then := self._offload.after_push():
             self._trainer.offload(then)
         self._rollout.wake_up(KV_CACHE_TAGS)

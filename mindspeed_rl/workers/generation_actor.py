@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from mindspeed_rl.models.rollout.host_weights import HostWeights
+from mindspeed_rl.models.rollout.weight_stream import WeightStream
 from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
 from mindspeed_rl.workers.forced_lengths import LengthPlan, as_length_plan, check_lengths
 from mindspeed_rl.workers.gu_messages import GenerationReceipt
@@ -365,6 +366,8 @@ class GenerationActor:
         if slots is not None:
             if isinstance(items, HostWeights):
                 shapes = [(name, array.shape) for name, array in items.arrays]
+            elif isinstance(items, WeightStream):
+                shapes = list(items.shapes)  # announced: a stream is consumed once, by the engine
             else:
                 items = list(items)  # iterated twice: shapes first, then the engine
                 shapes = [(name, tensor.shape) for name, tensor in items]

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rewards import RewardResult
     from mindspeed_rl.models.rollout.host_weights import HostWeights
+    from mindspeed_rl.models.rollout.weight_stream import WeightStream
     from mindspeed_rl.models.training.batch import TrainBatch
     from mindspeed_rl.weights.export import ExportResult, SnapshotWriter
     from mindspeed_rl.weights.layout import TrainingLayout
@@ -266,6 +267,10 @@ class TrainingUnit:
         from mindspeed_rl.models.rollout.host_weights import HostWeights
 
         return HostWeights.from_tensors(self._engine.named_weights_for_inference())
+
+    def weight_stream(self) -> WeightStream:
+        """The colocated push's weights, on this process's device (``TrainingEngine.weight_stream``)."""
+        return self._engine.weight_stream()
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self._engine.named_weights_for_inference()

@@ -25,8 +25,9 @@ _VLLM_KEYS = {
     "enable_chunked_prefill": "enable_chunked_prefill",
     "num_threads": "num_threads",
     "cpu_kvcache_space_gib": "kv_cache_space_gib",
-    # Set by the colocated hybrid (workers/colocation.py), not by users' YAML.
+    # Set by the colocated hybrid (workers/colocation.py, colocated_rank.py), not by users' YAML.
     "enable_sleep_mode": "enable_sleep_mode",
+    "colocated_engines": "colocated_engines",
 }
 # Read elsewhere (sampling_config: by the trainer) or training-side offload switches that do not
 # concern the rollout engine. infer_expert_parallel_size is implied by vLLM (EP = TP x DP).

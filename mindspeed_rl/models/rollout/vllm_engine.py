@@ -36,6 +36,7 @@ from mindspeed_rl.models.rollout.base import (
     resolve_max_tokens,
 )
 from mindspeed_rl.models.rollout.vllm_reload import detect_vllm_install, weight_reloader
+from mindspeed_rl.models.rollout.weight_stream import WeightStream
 
 if TYPE_CHECKING:
     import torch
@@ -68,6 +69,11 @@ class VLLMOptions:
     """CPU only; None keeps VLLM_CPU_KVCACHE_SPACE (default 1 GiB)."""
     enable_sleep_mode: bool = False
     """vLLM's sleep / wake-up (colocated hybrid); GPU/NPU only: it needs their memory allocator."""
+    colocated_engines: int | None = None
+    """Set by the colocated hybrid's ranks (``workers/colocated_rank.py``), never by users: the
+    engine's workers are the trainer's rank processes (vLLM's ``external_launcher``), this many
+    engines of ``tensor_parallel_size`` ranks each over the trainer's process group (vLLM's data
+    parallel size). None: the engine's own workers (in-process at TP1, processes beside it above)."""
 
 
 class VLLMEngine:
@@ -93,7 +99,7 @@ class VLLMEngine:
             self._llm = LLM(**kwargs)
         # Only what this engine started is ours to stop (a test process may hold other children).
         self._processes = [proc for proc in _child_processes() if proc.pid not in before]
-        self.loads_from_path = sharded
+        self.loads_from_path = sharded and opts.colocated_engines is None
         """True when the workers are processes: a reload should name a folder, not send tensors."""
         self._asleep = False
         self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
@@ -144,6 +150,19 @@ class VLLMEngine:
         return [[_completion(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if isinstance(named_tensors, WeightStream):
+            # Announced names are checked, and the tensors stay a stream: each exists on the
+            # device only while its loader copies it (the colocated push, ``weight_stream.py``).
+            # Only an in-process worker can consume an iterator; a worker process would need it pickled.
+            if self.loads_from_path:
+                raise ValueError(
+                    "a streamed weight update needs the engine's worker in this process (the colocated "
+                    "hybrid's external launcher); this engine's TP workers are processes"
+                )
+            check_weight_names(named_tensors.names, self._weight_names)
+            self._reloader.from_tensors(self._llm, named_tensors)
+            self._after_reload()
+            return
         # Materialised first: the names are validated before any weight is touched.
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         check_weight_names((name for name, _ in weights), self._weight_names)
@@ -214,7 +233,13 @@ def engine_kwargs(opts: VLLMOptions, model_path: str, *, seed: int, on_cpu: bool
         "seed": seed,
         "use_tqdm_on_load": False,  # one bar per engine start and actor: console noise
     }
-    if sharded:
+    if opts.colocated_engines is not None:
+        # This process is one TP rank of one of ``colocated_engines`` engines spanning the
+        # trainer's process group (vllm 0.32 ``ParallelConfig``: world = TP x DP under this
+        # backend, each rank's DP index = RANK // TP, read from the env the rank group set).
+        kwargs["distributed_executor_backend"] = "external_launcher"
+        kwargs["data_parallel_size"] = opts.colocated_engines
+    elif sharded:
         # Worker processes of this actor, on the devices Ray gave it. Left to choose, vLLM picks
         # its Ray executor inside a placement group (vllm 0.32 ``ParallelConfig.__post_init__``),
         # whose workers would ask Ray for devices this actor and the trainer ranks already hold.

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from mindspeed_rl.models.rollout.weight_stream import WeightStream
     from mindspeed_rl.models.training.batch import TrainBatch
 
 
@@ -36,6 +37,11 @@ class TrainingEngine(LogProbModel, Protocol):
 
     def named_weights_for_inference(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named, detached CPU tensors: what a rollout engine reloads in place."""
+        ...
+
+    def weight_stream(self) -> WeightStream:
+        """The colocated push: the whole HF-named model on this rank's device, one tensor at a
+        time, for the rollout engine in the same process (collective on a rank group)."""
         ...
 
     def save_hf(self, path: str | os.PathLike[str]) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from mindspeed_rl.models.loss.kl_control import build_kl_controller
+from mindspeed_rl.models.rollout.weight_stream import WeightStream
 from mindspeed_rl.models.training.batch import TrainBatch, pad_batch
 from mindspeed_rl.models.training.device import resolve_device, torch_dtype
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
@@ -111,6 +112,16 @@ class TorchTrainingEngine:
         state = self.model.state_dict()
         for name, tensor in to_checkpoint_format(state.items(), tied=tied_targets(self.model)):
             yield name, tensor.detach().to(device="cpu", dtype=self._export_dtype).contiguous()
+
+    def weight_stream(self) -> WeightStream:
+        """The same weights as ``named_weights_for_inference``, left on the engine's device (the
+        colocated push: the engine in this process copies each into its own parameter)."""
+        state = self.model.state_dict()
+        named = list(to_checkpoint_format(state.items(), tied=tied_targets(self.model)))
+        return WeightStream(
+            shapes=tuple((name, tuple(t.shape)) for name, t in named),
+            tensors=((name, t.detach().to(dtype=self._export_dtype)) for name, t in named),
+        )
 
     def save_hf(self, path: str | os.PathLike[str], *, max_shard_size: str | int = "5GB") -> None:
         """An HF folder of the working parameters (bf16 runs write bf16, as HF releases do),

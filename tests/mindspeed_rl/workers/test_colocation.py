@@ -34,7 +34,7 @@ class _FakeTrainer:
     def onload(self, parts: Sequence[OffloadPart]) -> None:
         self.log.actions.append(("onload", tuple(parts)))
 
-    def inference_weights(self) -> list[tuple[str, Any]]:
+    def weight_stream(self) -> list[tuple[str, Any]]:
         self.log.actions.append(("weights", None))
         return [("w", 1)]
 

@@ -28,7 +28,7 @@ import os
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -75,6 +75,10 @@ from mindspeed_rl.models.training.update_loop import (
 )
 from mindspeed_rl.weights.megatron_dims import ShardCoords, load_dims
 
+if TYPE_CHECKING:
+    from mindspeed_rl.models.rollout.weight_stream import WeightStream
+    from mindspeed_rl.models.training.megatron.colocated_push import DeviceWeightBroadcast
+
 
 class MegatronTrainingEngine:
     """Implements :class:`~mindspeed_rl.models.training.base.TrainingEngine` on megatron-core.
@@ -113,6 +117,7 @@ class MegatronTrainingEngine:
         """Calls of ``update`` so far: seeds each update's mini-batch shuffle (checkpointed)."""
         self._step = _MegatronStep(self)
         self._collector: ShardCollector | None = None
+        self._broadcast: DeviceWeightBroadcast | None = None
 
     @property
     def device(self) -> torch.device:
@@ -163,6 +168,15 @@ class MegatronTrainingEngine:
         yield from gather_hf_weights(
             self.model.module, self.dims, self.layout, collector=self._shards()
         ).items()
+
+    def weight_stream(self) -> WeightStream:
+        """Collective: every rank gets the whole HF model on its device, group by group, for the
+        rollout engine rank in its process (``colocated_push``)."""
+        from mindspeed_rl.models.training.megatron.colocated_push import DeviceWeightBroadcast
+
+        if self._broadcast is None:
+            self._broadcast = DeviceWeightBroadcast(self.dims, self.layout)
+        return self._broadcast.stream(self.model.module)
 
     def save_hf(self, path: str | os.PathLike[str]) -> None:
         """An HF folder (one ``model.safetensors`` + the source's config and tokenizer), written by

@@ -101,7 +101,7 @@ class ShardCollector:
         """Per global rank: the layout rank whose shard it writes, or None (a DP replica)."""
         self.layout = snapshot_layout(dims, self._coords)
 
-    def _mine(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    def own_shard(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         rank = self.writers[dist.get_rank()]
         assert rank is not None
         exported = export_shard(weight_tensors(model), self._dims, self._coords)
@@ -115,7 +115,7 @@ class ShardCollector:
         me = dist.get_rank()
         if me != 0:
             if self.writers[me] is not None:
-                tensors = self._mine(model)
+                tensors = self.own_shard(model)
                 meta = [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
                 dist.send_object_list([meta], dst=0, group=host_group())
                 for t in tensors.values():
@@ -129,7 +129,7 @@ class ShardCollector:
             if rank is None:
                 continue
             if src == 0:
-                own = self._mine(model)
+                own = self.own_shard(model)
                 writer = RankShardWriter(folder, self.layout, rank, own)
                 for name, t in own.items():
                     writer.write(name, t.cpu())

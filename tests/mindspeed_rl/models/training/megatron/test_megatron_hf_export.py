@@ -1,7 +1,8 @@
 """The megatron engine's HF weights leave shard by shard: ``save_hf`` and the hybrid push
 (``named_weights_for_inference``) merge every rank's snapshot-format shard on rank 0's host with
 the GU's rules, and give exactly the tensors the whole-model gather gave (``hf_pieces`` of every
-rank, ``assemble_hf``); no weight goes through a Python-object collective."""
+rank, ``assemble_hf``); so does the colocated push (``weight_stream``: every rank gets the whole
+model, broadcast and merged group by group); no weight goes through a Python-object collective."""
 
 from __future__ import annotations
 
@@ -101,7 +102,18 @@ def _worker(rank: int, port: int, model_dir: str, layout_name: str, dtype: str, 
         engine.save_hf(out / "saved")
         pushed = dict(engine.named_weights_for_inference())
         old = _old_gather(engine)
+        # The colocated push: every rank streams the whole model, twice (the plan is cached).
+        for round_ in range(2):
+            stream = engine.weight_stream()
+            announced = stream.shapes
+            streamed = {name: t.clone() for name, t in stream}
+            assert tuple((n, tuple(t.shape)) for n, t in streamed.items()) == announced
+            save_file(streamed, str(out / f"streamed-{rank}-{round_}.safetensors"))
+            if round_ == 0:
+                engine.update(batch, 1.0)
+        old_after = _old_gather(engine)
         if rank == 0:
+            save_file({k: v.contiguous() for k, v in old_after.items()}, str(out / "old-after.safetensors"))
             save_file({k: v.contiguous() for k, v in old.items()}, str(out / "old.safetensors"))
             save_file({k: v.contiguous() for k, v in pushed.items()}, str(out / "pushed.safetensors"))
         else:
@@ -145,5 +157,14 @@ def test_hf_folder_and_push_are_the_gathered_weights(
             assert (got.dtype, got.shape) == (want.dtype, want.shape), name
             assert _raw(got) == _raw(want), name
     assert {t.dtype for t in saved.values()} == {getattr(torch, dtype)}
+    # Every rank's colocated stream: exactly the gathered weights, before and after a step.
+    after = load_file(str(out / "old-after.safetensors"))
+    for rank in range(2):
+        for round_, want_all in ((0, old), (1, after)):
+            streamed = load_file(str(out / f"streamed-{rank}-{round_}.safetensors"))
+            assert set(streamed) == set(pushed), (rank, round_)
+            for name, want in want_all.items():
+                assert _raw(streamed[name]) == _raw(want), (rank, round_, name)
+    assert any(_raw(after[n]) != _raw(old[n]) for n in old)  # the step moved the weights
     files = {p.name for p in (out / "saved").iterdir()}
     assert "config.json" in files and not any(name.startswith(".") for name in files), files
