@@ -3,7 +3,9 @@
 ::
 
     HybridCluster.start(run, prompts)  ─► CPU: TrainingUnit + GenerationActor (two processes)
-                                       ─► GPU/NPU: one ColocatedWorker holding both on the same devices
+                                       ─► GPU/NPU, torch engine: one ColocatedWorker holding both on the same devices
+                                       ─► GPU/NPU, megatron: a rank group, each rank a trainer rank
+                                          and one TP rank of a rollout engine (ColocatedGroup)
     iteration(i, prompt_ids)           ─► generate ─► train_step ─► push the new weights to the rollout
     evaluate(request)                  ─► the rollout decodes held-out prompts, the trainer scores them
     close(run_dir)                     ─► final_model, summary.json, release the placement
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.utils.placement import Placement
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
     from mindspeed_rl.workers.evaluator import EvalRequest
+    from mindspeed_rl.workers.training_group import GroupSpec
 
 
 class HybridCluster:
@@ -46,13 +49,13 @@ class HybridCluster:
 
     @staticmethod
     def check_placement(placement: Placement) -> None:
-        """The hybrid loop drives one rollout engine; refuse a placement with more."""
+        """Several rollout engines only colocated, in the trainer's rank processes (one trainer
+        rank per device, ``colocated_rank.py``); the two-process form drives one engine."""
         engines = len(placement.generation_actors)
-        if engines != 1:
+        if engines != 1 and not placement.request.colocated:
             raise ValueError(
-                f"pipeline: hybrid drives one rollout engine, but the colocated placement has {engines} "
-                "(the trainer's devices / generate_config infer TP x PP); multi-engine colocated hybrid "
-                "is not implemented: use pipeline: async, or make infer TP x PP equal the trainer's devices"
+                f"pipeline: hybrid without colocation drives one rollout engine, but the placement has "
+                f"{engines}; colocate them (on GPU/NPU the hybrid is colocated) or use pipeline: async"
             )
 
     @classmethod
@@ -76,8 +79,11 @@ class HybridCluster:
                 raise ValueError(
                     "resuming the colocated hybrid is not implemented; resume on the two-process form"
                 )
-            worker = ray.remote(ColocatedWorker).options(**reserved.trainer_rank_options(0, group))
-            both = worker.remote(plan.trainer, plan.rollout, run.policy_path, prompts, plan.offload)
+            if plan.trainer.megatron is None:
+                worker = ray.remote(ColocatedWorker).options(**reserved.trainer_rank_options(0, group))
+                both = worker.remote(plan.trainer, plan.rollout, run.policy_path, prompts, plan.offload)
+            else:
+                both = start_colocated_group(run, reserved, prompts)
             cluster = cls(both, both, reserved, plan.trainer)
         else:
             trainer = remote_training_unit(
@@ -175,6 +181,41 @@ class HybridCluster:
             training_layout=self._spec.layout_summary(),
             **self.summary_extra,
         )
+
+
+def colocated_group_spec(run: RunStart, reserved: ReservedPlacement) -> GroupSpec:
+    """The rank group of a colocated megatron hybrid: one rank per planned trainer slot, each
+    with its device's bundle (the engines' CPUs are in their first rank's bundle)."""
+    from mindspeed_rl.workers.training_group import GroupSpec, collective_backend
+
+    spec = run.plan.trainer
+    options = tuple(
+        reserved.trainer_rank_options(r, run.plan.trainer_resources) for r in range(spec.num_ranks)
+    )
+    return GroupSpec(
+        world_size=spec.num_ranks, backend=collective_backend(spec.engine.device), rank_options=options
+    )
+
+
+def start_colocated_group(
+    run: RunStart, reserved: ReservedPlacement, prompts: Mapping[str, PromptRecord], *, factory: Any = None
+) -> Any:
+    """The ``ColocatedGroup`` actor over :func:`colocated_group_spec`'s ranks; ``factory``
+    replaces each rank's ``ColocatedRank`` (placement tests start probes instead)."""
+    import functools
+
+    import ray
+
+    from mindspeed_rl.workers.colocated_rank import ColocatedGroup, ColocatedRank, EngineGrid
+
+    plan = run.plan
+    assert plan.offload is not None, "colocation is planned with its offload switches"
+    grid = EngineGrid.of(run.placement)
+    if factory is None:
+        factory = functools.partial(
+            ColocatedRank, plan.trainer, plan.rollout, run.policy_path, dict(prompts), plan.offload, grid
+        )
+    return ray.remote(ColocatedGroup).options(num_cpus=0).remote(colocated_group_spec(run, reserved), factory)
 
 
 def group_by_prompt(completed: CompletedMinibatch) -> tuple[PromptGroup, ...]:

@@ -261,6 +261,10 @@ class GroupedTrainingUnit:
         """Any other Training Unit method, on every rank; rank 0's result."""
         return self._group.call(method, *args, **kwargs)
 
+    def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Like :meth:`call`, every rank's result."""
+        return self._group.call_all(method, *args, **kwargs)
+
     def rank_pids(self) -> list[int]:
         return self._group.rank_pids()
 

@@ -239,6 +239,10 @@ def engine_kwargs(opts: VLLMOptions, model_path: str, *, seed: int, on_cpu: bool
         # backend, each rank's DP index = RANK // TP, read from the env the rank group set).
         kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs["data_parallel_size"] = opts.colocated_engines
+        # Each rank process sees only its own device (Ray's visible-devices setting), and vLLM's
+        # custom all-reduce maps its TP peers' buffers by device IPC; the library collective
+        # (NCCL / HCCL) works across such processes. verl's colocated rollout turns it off too.
+        kwargs["disable_custom_all_reduce"] = True
     elif sharded:
         # Worker processes of this actor, on the devices Ray gave it. Left to choose, vLLM picks
         # its Ray executor inside a placement group (vllm 0.32 ``ParallelConfig.__post_init__``),

