@@ -50,6 +50,12 @@ class RLConfig:
     pipeline: Literal["hybrid", "async"] = opt(
         "hybrid", "hybrid = upstream's alternating loop; async = ASP pipeline (asp_config, async_config)."
     )
+    colocate: bool = opt(
+        False,
+        "CPU hybrid: run the rollout engines inside the megatron trainer ranks' processes (one engine "
+        "rank per trainer rank, vLLM's external launcher, no sleep mode), the layout GPU/NPU hybrids "
+        "always use; false keeps trainer and rollout engine in two processes on CPU.",
+    )
     rollout_backend: Literal["vllm", "hf"] = opt("vllm", "Rollout engine: vLLM (CPU/GPU/NPU) or HF generate.")
     build_model_if_missing: bool = opt(
         False,

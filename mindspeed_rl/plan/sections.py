@@ -431,10 +431,28 @@ _OFFLOAD_KEYS = frozenset(
 
 
 def colocated_offload(config: GRPOConfig) -> OffloadSpec | None:
-    """The offload switches of upstream's colocated hybrid (GPU/NPU, ``pipeline: hybrid``); None
-    on CPU or in the async pipeline, where trainer and rollout never share a device."""
-    if config.rl_config.pipeline != "hybrid" or device_kind(config)[0] is None:
+    """The offload switches of upstream's colocated hybrid (GPU/NPU, ``pipeline: hybrid``, or CPU
+    with ``rl_config.colocate``); None in the async pipeline and the CPU two-process hybrid, where
+    trainer and rollout never share a process."""
+    if config.rl_config.pipeline != "hybrid":
+        if config.rl_config.colocate:
+            raise ValueError(
+                "rl_config.colocate: true is the hybrid loop's layout; the async pipeline gives its "
+                "generation actors their own devices: set rl_config.pipeline: hybrid or colocate: false"
+            )
         return None
+    if device_kind(config)[0] is None:
+        if not config.rl_config.colocate:
+            return None
+        if (
+            not config.actor_config.megatron_only.use_mcore_models
+            or config.rl_config.rollout_backend != "vllm"
+        ):
+            raise ValueError(
+                "rl_config.colocate: true puts a vLLM engine rank in each megatron trainer rank's process; "
+                "set megatron_training.use_mcore_models: true and rl_config.rollout_backend: vllm, or "
+                "leave colocate false (two processes)"
+            )
     g = config.generate_config
     return OffloadSpec(
         optimizer=g.offload_train_optimizer, grad=g.offload_train_grad, param=g.offload_train_param

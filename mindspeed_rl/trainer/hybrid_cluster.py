@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.trainer.startup import RunStart
     from mindspeed_rl.utils.placement import Placement
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
+    from mindspeed_rl.workers.colocated_rank import EngineGrid
     from mindspeed_rl.workers.evaluator import EvalRequest
     from mindspeed_rl.workers.training_group import GroupSpec
 
@@ -83,8 +84,10 @@ class HybridCluster:
                 worker = ray.remote(ColocatedWorker).options(**reserved.trainer_rank_options(0, group))
                 both = worker.remote(plan.trainer, plan.rollout, run.policy_path, prompts, plan.offload)
             else:
-                both = start_colocated_group(run, reserved, prompts)
+                both, grid = start_colocated_group(run, reserved, prompts)
             cluster = cls(both, both, reserved, plan.trainer)
+            engines, tp = (1, 1) if plan.trainer.megatron is None else (grid.engines, grid.tp)
+            cluster.summary_extra["colocated_engines"] = {"engines": engines, "tp": tp}
         else:
             trainer = remote_training_unit(
                 plan.trainer,
@@ -168,6 +171,8 @@ class HybridCluster:
         import ray
 
         ray.get(self.trainer.save_hf.remote(str(run_dir / "final_model")))
+        if "colocated_engines" in self.summary_extra and self._spec.megatron is not None:
+            ray.get(self.rollout.shutdown_engines.remote())  # every engine rank together
         self._reserved.release()
         write_summary(
             run_dir,
@@ -198,10 +203,9 @@ def colocated_group_spec(run: RunStart, reserved: ReservedPlacement) -> GroupSpe
 
 
 def start_colocated_group(
-    run: RunStart, reserved: ReservedPlacement, prompts: Mapping[str, PromptRecord], *, factory: Any = None
-) -> Any:
-    """The ``ColocatedGroup`` actor over :func:`colocated_group_spec`'s ranks; ``factory``
-    replaces each rank's ``ColocatedRank`` (placement tests start probes instead)."""
+    run: RunStart, reserved: ReservedPlacement, prompts: Mapping[str, PromptRecord]
+) -> tuple[Any, EngineGrid]:
+    """The ``ColocatedGroup`` actor over :func:`colocated_group_spec`'s ranks, and its engines."""
     import functools
 
     import ray
@@ -210,12 +214,15 @@ def start_colocated_group(
 
     plan = run.plan
     assert plan.offload is not None, "colocation is planned with its offload switches"
-    grid = EngineGrid.of(run.placement)
-    if factory is None:
-        factory = functools.partial(
-            ColocatedRank, plan.trainer, plan.rollout, run.policy_path, dict(prompts), plan.offload, grid
-        )
-    return ray.remote(ColocatedGroup).options(num_cpus=0).remote(colocated_group_spec(run, reserved), factory)
+    grid = EngineGrid.of(plan.trainer.num_ranks, plan.rollout)
+    grid.check_placement(run.placement)
+    factory = functools.partial(
+        ColocatedRank, plan.trainer, plan.rollout, run.policy_path, dict(prompts), plan.offload, grid
+    )
+    group = (
+        ray.remote(ColocatedGroup).options(num_cpus=0).remote(colocated_group_spec(run, reserved), factory)
+    )
+    return group, grid
 
 
 def group_by_prompt(completed: CompletedMinibatch) -> tuple[PromptGroup, ...]:

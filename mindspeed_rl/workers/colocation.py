@@ -78,9 +78,11 @@ class ColocatedPhases:
     """The TRAIN / GENERATE state machine; starts in GENERATE (the engine holds the initial weights)."""
 
     def __init__(
-        self, trainer: TrainSide, rollout: RolloutSide, offload: OffloadSpec, *, sleep_level: int = 2
+        self, trainer: TrainSide, rollout: RolloutSide, offload: OffloadSpec, *, sleep_level: int | None = 2
     ) -> None:
-        if sleep_level not in (1, 2):
+        """``sleep_level`` None: the engine never sleeps (a CPU host, whose vLLM has no sleep
+        mode: host memory is not the scarce resource there); every other step runs as on a device."""
+        if sleep_level not in (1, 2, None):
             raise ValueError(f"sleep_level={sleep_level}; vLLM has levels 1 (weights kept on host) and 2")
         self._trainer = trainer
         self._rollout = rollout
@@ -92,7 +94,8 @@ class ColocatedPhases:
     def to_train(self) -> None:
         """Free the devices from the engine and bring the training state back."""
         self._expect(Phase.GENERATE, "to_train")
-        self._rollout.sleep(self._sleep_level)
+        if self._sleep_level is not None:
+            self._rollout.sleep(self._sleep_level)
         parts = self._offload.all_parts()
         if parts:
             self._trainer.onload(parts)
@@ -107,11 +110,13 @@ class ColocatedPhases:
             )
         if first := self._offload.before_push():
             self._trainer.offload(first)
-        self._rollout.wake_up(WEIGHT_TAGS)
+        if self._sleep_level is not None:
+            self._rollout.wake_up(WEIGHT_TAGS)
         self._rollout.load_weights(self._trainer.weight_stream(), version)
         if then := self._offload.after_push():
             self._trainer.offload(then)
-        self._rollout.wake_up(KV_CACHE_TAGS)
+        if self._sleep_level is not None:
+            self._rollout.wake_up(KV_CACHE_TAGS)
         self.phase, self.version = Phase.GENERATE, version
 
     def _expect(self, phase: Phase, call: str) -> None:

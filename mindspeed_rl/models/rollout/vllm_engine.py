@@ -100,6 +100,7 @@ class VLLMEngine:
         # Only what this engine started is ours to stop (a test process may hold other children).
         self._processes = [proc for proc in _child_processes() if proc.pid not in before]
         self.loads_from_path = sharded and opts.colocated_engines is None
+        self._colocated_on_cpu = on_cpu and opts.colocated_engines is not None
         """True when the workers are processes: a reload should name a folder, not send tensors."""
         self._asleep = False
         self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
@@ -210,6 +211,10 @@ class VLLMEngine:
         # The engine's own shutdown asks its processes to exit; one that does not is killed here,
         # or it would outlive the actor holding its memory (and, on an accelerator, its device).
         _reap(self._processes, timeout_s=10.0)
+        if self._colocated_on_cpu:
+            from mindspeed_rl.utils.vllm_cpu_patches import release_cpu_shm
+
+            release_cpu_shm()
 
 
 def engine_kwargs(opts: VLLMOptions, model_path: str, *, seed: int, on_cpu: bool) -> dict[str, Any]:
@@ -273,6 +278,10 @@ def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> Non
             "enable_sleep_mode needs vLLM's CUDA/NPU memory allocator; on CPU the hybrid pipeline runs "
             "trainer and rollout as two processes instead (leave enable_sleep_mode off)"
         )
+    if opts.colocated_engines is not None:
+        # The rank group's rendezvous port (set by its RankWorker): unique per run on this host.
+        vllm_cpu_patches.scope_cpu_shm_names(f"mindspeed-{os.environ.get('MASTER_PORT', os.getpid())}")
+        sharded = False  # the engine's workers are the rank processes, not processes of its own
     vllm_cpu_patches.apply_cpu_env(opts.kv_cache_space_gib, worker_processes=sharded)
     vllm_cpu_patches.check_cpu_head_dim(_head_dim(model_path))
     vllm_cpu_patches.guard_kernel_scan()

@@ -89,7 +89,9 @@ def test_the_hybrid_accepts_the_7b_recipes_eight_colocated_engines_and_refuses_t
     plan = build_run_plan(load_config_from_files(CONFIGS, "grpo_qwen25_7b_A3", ()))
     placement = plan.check_fits(ClusterSpec.parse("2x8"))
     assert len(placement.trainer_ranks) == 16 and len(placement.generation_actors) == 8
-    assert EngineGrid.of(placement) == EngineGrid(engines=8, tp=2)
+    grid = EngineGrid.of(plan.trainer.num_ranks, plan.rollout)
+    assert grid == EngineGrid(engines=8, tp=2)
+    grid.check_placement(placement)
     HybridCluster.check_placement(placement)  # upstream's layout: accepted
     apart = dataclasses.replace(placement, request=dataclasses.replace(placement.request, colocated=False))
     with pytest.raises(
@@ -154,7 +156,8 @@ def test_the_7b_recipes_colocated_rank_group_starts_on_its_planned_npus() -> Non
             spec = colocated_group_spec(run, reserved)  # type: ignore[arg-type]
             assert spec.backend == "hccl" and spec.world_size == 4
             # Fake NPUs have no HCCL: the same ranks and options over gloo.
-            grid = EngineGrid.of(placement)
+            grid = EngineGrid.of(plan.trainer.num_ranks, plan.rollout)
+            grid.check_placement(placement)
             group = (
                 ray.remote(ColocatedGroup)
                 .options(num_cpus=0)
@@ -178,52 +181,67 @@ def test_the_7b_recipes_colocated_rank_group_starts_on_its_planned_npus() -> Non
     assert [slot.devices for slot in placement.generation_actors] == [(0, 1), (2, 3)]
 
 
-@pytest.mark.integration
-@pytest.mark.vllm
-@pytest.mark.timeout(600)
-def test_real_colocated_ranks_build_their_trainer_then_ask_vllm_for_an_external_launcher_engine(
-    tmp_path: Path,
-) -> None:
-    """The rank group as the hybrid trainer builds it on GPU/NPU, for real on two gloo ranks: each
-    rank builds its megatron trainer shard (TP2), then its engine rank with sleep mode, which the
-    CPU build refuses; and what each rank hands vLLM on an accelerator."""
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("vllm")
-    pytest.importorskip("megatron.core")
-    if ray.is_initialized():
-        pytest.skip("another test left Ray running in this process")
-    import functools
-
+def test_each_engine_rank_asks_vllm_for_an_external_launcher_engine_and_sleeps_only_on_devices() -> None:
+    """What every rank of the 7B recipe's engines hands vLLM on an accelerator (8 engines x TP2),
+    and on a CPU host (no sleep mode there)."""
     from mindspeed_rl.config_cls import load_config_from_files
-    from mindspeed_rl.contracts import OffloadSpec
     from mindspeed_rl.models.rollout.factory import vllm_options_from_generate_config
     from mindspeed_rl.models.rollout.vllm_engine import engine_kwargs
-    from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
     from mindspeed_rl.plan.build import build_run_plan
-    from mindspeed_rl.workers.colocated_rank import ColocatedGroup, ColocatedRank, engine_keys
-    from mindspeed_rl.workers.training_group import GroupSpec
+    from mindspeed_rl.workers.colocated_rank import engine_keys
 
-    model = create_tiny_model(tmp_path / "model", TINY_TEST_ARCH, seed=0)
-    config = load_config_from_files(
-        CONFIGS, "grpo_tiny_megatron",
-        (f"megatron_training.tokenizer_name_or_path={model}", "generate_config.max_model_len=256"),
-    )  # fmt: skip
-    plan = build_run_plan(config)
-    grid = EngineGrid(engines=1, tp=2)
-    offload = OffloadSpec(optimizer=True, grad=True, param=True)
-    factory = functools.partial(ColocatedRank, plan.trainer, plan.rollout, str(model), {}, offload, grid)
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        group = ray.remote(ColocatedGroup).options(num_cpus=0).remote(GroupSpec(world_size=2), factory)
-        with pytest.raises(ray.exceptions.RayActorError) as failed:
-            ray.get(group.__ray_ready__.remote(), timeout=500)
-    finally:
-        ray.shutdown()
-    assert "enable_sleep_mode needs vLLM's CUDA/NPU memory allocator" in str(failed.value)
-    assert "Training Unit rank" in str(failed.value)  # a rank's build failed, named by the group
-    # What every rank of the 7B recipe's engines hands vLLM on an accelerator (8 engines x TP2).
-    keys = engine_keys(plan.rollout, EngineGrid(engines=8, tp=2))
-    kwargs = engine_kwargs(vllm_options_from_generate_config(keys), str(model), seed=0, on_cpu=False)
+    plan = build_run_plan(load_config_from_files(CONFIGS, "grpo_qwen25_7b_A3", ()))
+    grid = EngineGrid.of(plan.trainer.num_ranks, plan.rollout)
+    keys = engine_keys(plan.rollout, grid, sleeps=True)
+    kwargs = engine_kwargs(vllm_options_from_generate_config(keys), "/model", seed=0, on_cpu=False)
     assert kwargs["distributed_executor_backend"] == "external_launcher"
     assert (kwargs["data_parallel_size"], kwargs["tensor_parallel_size"]) == (8, 2)
     assert kwargs["enable_sleep_mode"] is True and kwargs["disable_custom_all_reduce"] is True
+    on_cpu = engine_kwargs(
+        vllm_options_from_generate_config(engine_keys(plan.rollout, grid, sleeps=False)),
+        "/m",
+        seed=0,
+        on_cpu=True,
+    )
+    assert "enable_sleep_mode" not in on_cpu and on_cpu["distributed_executor_backend"] == "external_launcher"
+
+
+def test_a_rank_count_the_engines_do_not_divide_is_refused() -> None:
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.plan.build import build_run_plan
+
+    plan = build_run_plan(load_config_from_files(CONFIGS, "grpo_qwen25_7b_A3", ()))
+    with pytest.raises(
+        ValueError, match="cannot host rollout engines of generate_config.infer_tensor_parallel_size=2"
+    ):
+        EngineGrid.of(3, plan.rollout)
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "message"),
+    [
+        ("grpo_tiny_megatron", ("rl_config.colocate=true",), "colocate: true is the hybrid loop's layout"),
+        ("grpo_tiny_cpu", ("rl_config.colocate=true",), "set megatron_training.use_mcore_models: true"),
+    ],
+    ids=["async", "torch-engine"],
+)
+def test_cpu_colocation_outside_a_megatron_hybrid_is_refused_by_name(
+    config: str, overrides: tuple[str, ...], message: str
+) -> None:
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.plan.build import build_run_plan
+
+    with pytest.raises(ValueError, match=message):
+        build_run_plan(load_config_from_files(CONFIGS, config, overrides))
+
+
+def test_cpu_colocation_of_a_megatron_hybrid_plans_the_offload_switches() -> None:
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.plan.build import build_run_plan
+
+    keys = ("rl_config.pipeline=hybrid", "generate_config.offload_train_grad=true")
+    assert build_run_plan(load_config_from_files(CONFIGS, "grpo_tiny_megatron", keys)).offload is None
+    plan = build_run_plan(
+        load_config_from_files(CONFIGS, "grpo_tiny_megatron", (*keys, "rl_config.colocate=true"))
+    )
+    assert plan.offload is not None and plan.offload.grad and not plan.offload.optimizer

@@ -77,6 +77,26 @@ def test_full_offload_cycle_runs_the_actions_in_order() -> None:
     assert (phases.phase, phases.version) == (Phase.GENERATE, 1)
 
 
+def test_an_engine_that_cannot_sleep_runs_every_other_step() -> None:
+    """A CPU host (rl_config.colocate): no sleep or wake-up, the offload and push unchanged."""
+    log = _Recorder()
+    phases = ColocatedPhases(
+        _FakeTrainer(log),
+        _FakeRollout(log),
+        OffloadSpec(optimizer=True, grad=True, param=True),
+        sleep_level=None,
+    )
+    phases.to_train()
+    phases.to_generate(1)
+    assert log.actions == [
+        ("onload", ("param", "optimizer", "grad")),
+        ("offload", ("optimizer", "grad")),
+        ("weights", None),
+        ("load_weights", 1),
+        ("offload", ("param",)),
+    ]
+
+
 def test_only_the_configured_parts_move() -> None:
     phases, log = _machine(OffloadSpec(grad=True))
     phases.to_train()
