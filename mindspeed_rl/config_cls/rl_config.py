@@ -52,8 +52,8 @@ class RLConfig:
     )
     colocate: bool = opt(
         False,
-        "CPU hybrid: run the rollout engines inside the megatron trainer ranks' processes (one engine "
-        "rank per trainer rank, vLLM's external launcher, no sleep mode), the layout GPU/NPU hybrids "
+        "CPU hybrid: run the rollout engine inside the trainer's process (megatron: one engine rank "
+        "per trainer rank, vLLM's external launcher), without sleep mode, the layout GPU/NPU hybrids "
         "always use; false keeps trainer and rollout engine in two processes on CPU.",
     )
     rollout_backend: Literal["vllm", "hf"] = opt("vllm", "Rollout engine: vLLM (CPU/GPU/NPU) or HF generate.")

@@ -444,14 +444,10 @@ def colocated_offload(config: GRPOConfig) -> OffloadSpec | None:
     if device_kind(config)[0] is None:
         if not config.rl_config.colocate:
             return None
-        if (
-            not config.actor_config.megatron_only.use_mcore_models
-            or config.rl_config.rollout_backend != "vllm"
-        ):
+        if config.rl_config.rollout_backend != "vllm":
             raise ValueError(
-                "rl_config.colocate: true puts a vLLM engine rank in each megatron trainer rank's process; "
-                "set megatron_training.use_mcore_models: true and rl_config.rollout_backend: vllm, or "
-                "leave colocate false (two processes)"
+                "rl_config.colocate: true puts a vLLM engine (rank) in the trainer's (rank) processes; "
+                "set rl_config.rollout_backend: vllm, or leave colocate false (two processes)"
             )
     g = config.generate_config
     return OffloadSpec(

