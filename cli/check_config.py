@@ -125,7 +125,13 @@ def placement_dry_run(plan: RunPlan, fake: ClusterSpec | None) -> int:
     runtime_env = load_runtime_env(plan.runtime_env_path or REPO_RUNTIME_ENV)
     cluster = dry.fake_cluster(fake, kind, runtime_env) if fake else dry.connected_cluster(kind, runtime_env)
     with cluster as live:
-        result = dry.dry_run(plan.check_fits(live))
+        placement = plan.check_fits(live)
+        result = dry.dry_run(placement)
+        if plan.offload is not None and plan.trainer.megatron is not None:  # a colocated megatron hybrid
+            group = dry.rank_group(plan, placement)
+            result["rank_group"] = group
+            result["problems"] += group["problems"]
+            result["ok"] = result["ok"] and group["ok"]
     print(json.dumps(result, indent=2))
     for problem in result["problems"]:
         print(f"error: {problem}", file=sys.stderr)

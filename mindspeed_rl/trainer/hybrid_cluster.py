@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
     from mindspeed_rl.workers.colocated_rank import EngineGrid
     from mindspeed_rl.workers.evaluator import EvalRequest
-    from mindspeed_rl.workers.training_group import GroupSpec
 
 
 class HybridCluster:
@@ -188,29 +187,15 @@ class HybridCluster:
         )
 
 
-def colocated_group_spec(run: RunStart, reserved: ReservedPlacement) -> GroupSpec:
-    """The rank group of a colocated megatron hybrid: one rank per planned trainer slot, each
-    with its device's bundle (the engines' CPUs are in their first rank's bundle)."""
-    from mindspeed_rl.workers.training_group import GroupSpec, collective_backend
-
-    spec = run.plan.trainer
-    options = tuple(
-        reserved.trainer_rank_options(r, run.plan.trainer_resources) for r in range(spec.num_ranks)
-    )
-    return GroupSpec(
-        world_size=spec.num_ranks, backend=collective_backend(spec.engine.device), rank_options=options
-    )
-
-
 def start_colocated_group(
     run: RunStart, reserved: ReservedPlacement, prompts: Mapping[str, PromptRecord]
 ) -> tuple[Any, EngineGrid]:
-    """The ``ColocatedGroup`` actor over :func:`colocated_group_spec`'s ranks, and its engines."""
+    """The ``ColocatedGroup`` actor over the planned trainer ranks, and its engines."""
     import functools
 
     import ray
 
-    from mindspeed_rl.workers.colocated_rank import ColocatedGroup, ColocatedRank, EngineGrid
+    from mindspeed_rl.workers.colocated_rank import ColocatedGroup, ColocatedRank, EngineGrid, rank_group_spec
 
     plan = run.plan
     assert plan.offload is not None, "colocation is planned with its offload switches"
@@ -219,9 +204,7 @@ def start_colocated_group(
     factory = functools.partial(
         ColocatedRank, plan.trainer, plan.rollout, run.policy_path, dict(prompts), plan.offload, grid
     )
-    group = (
-        ray.remote(ColocatedGroup).options(num_cpus=0).remote(colocated_group_spec(run, reserved), factory)
-    )
+    group = ray.remote(ColocatedGroup).options(num_cpus=0).remote(rank_group_spec(plan, reserved), factory)
     return group, grid
 
 

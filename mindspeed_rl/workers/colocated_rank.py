@@ -32,13 +32,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime.records import CompletedMinibatch, ScheduledMinibatch
-from mindspeed_rl.workers.training_group import GroupedTrainingUnit
+from mindspeed_rl.workers.training_group import GroupedTrainingUnit, GroupSpec
 
 if TYPE_CHECKING:
     from mindspeed_rl.contracts import OffloadSpec, RolloutSpec, TrainerSpec
     from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.plan.build import RunPlan
     from mindspeed_rl.runtime.records import PromptGroup
     from mindspeed_rl.utils.placement import Placement
+    from mindspeed_rl.utils.ray_setup import ReservedPlacement
     from mindspeed_rl.workers.evaluator import EvalJob, HeldOutDecode
 
 
@@ -86,6 +88,18 @@ class EngineGrid:
         base, extra = divmod(len(items), self.engines)
         start = engine * base + min(engine, extra)
         return tuple(items[start : start + base + (engine < extra)])
+
+
+def rank_group_spec(plan: RunPlan, reserved: ReservedPlacement) -> GroupSpec:
+    """The rank group of a colocated megatron hybrid: one rank per planned trainer slot, each
+    with its device's bundle (the engines' CPUs are in their first rank's bundle)."""
+    from mindspeed_rl.workers.training_group import GroupSpec, collective_backend
+
+    spec = plan.trainer
+    options = tuple(reserved.trainer_rank_options(r, plan.trainer_resources) for r in range(spec.num_ranks))
+    return GroupSpec(
+        world_size=spec.num_ranks, backend=collective_backend(spec.engine.device), rank_options=options
+    )
 
 
 def engine_keys(rollout: RolloutSpec, grid: EngineGrid, *, sleeps: bool) -> dict[str, Any]:

@@ -51,3 +51,10 @@ def test_colocated_hybrid_engines_span_their_ranks_devices(capsys: pytest.Captur
     assert result["ok"], result["problems"]
     engines = [p for p in result["placeholders"] if p["role"] == "rollout_actor"]
     assert [p["visible_devices"] for p in engines] == [[0, 1], [2, 3]]
+    # The hybrid's own rank group (its group spec, ColocatedGroup, a gloo rendezvous): each rank
+    # on its planned NPU, in its engine, at its TP rank.
+    group = result["rank_group"]
+    assert group["ok"] and (group["engines"], group["tp"]) == (2, 2)
+    assert [(r["rank"], r["engine"], r["tp_rank"], r["visible_devices"]) for r in group["ranks"]] == [
+        (0, 0, 0, [0]), (1, 0, 1, [1]), (2, 1, 0, [2]), (3, 1, 1, [3])
+    ]  # fmt: skip

