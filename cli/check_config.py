@@ -128,7 +128,9 @@ def placement_dry_run(plan: RunPlan, fake: ClusterSpec | None) -> int:
         placement = plan.check_fits(live)
         result = dry.dry_run(placement)
         if plan.offload is not None and plan.trainer.megatron is not None:  # a colocated megatron hybrid
-            group = dry.rank_group(plan, placement)
+            from mindspeed_rl.workers.colocated_probe import rank_group
+
+            group = rank_group(plan.trainer, plan.trainer_resources, plan.rollout, placement)
             result["rank_group"] = group
             result["problems"] += group["problems"]
             result["ok"] = result["ok"] and group["ok"]

@@ -204,7 +204,11 @@ def start_colocated_group(
     factory = functools.partial(
         ColocatedRank, plan.trainer, plan.rollout, run.policy_path, dict(prompts), plan.offload, grid
     )
-    group = ray.remote(ColocatedGroup).options(num_cpus=0).remote(rank_group_spec(plan, reserved), factory)
+    group = (
+        ray.remote(ColocatedGroup)
+        .options(num_cpus=0)
+        .remote(rank_group_spec(plan.trainer, plan.trainer_resources, reserved), factory)
+    )
     return group, grid
 
 

@@ -9,9 +9,8 @@ devices Ray gives each one (with the production runtime_env) are the planned ids
 within a node, and the device index each would bind (``utils.devices``). Everything reserved is
 released before it returns. A colocated rollout engine lives in its trainer ranks' processes (one
 shard per rank), so its placeholder is one per device it spans, and its visible devices are
-their union. A colocated megatron hybrid also starts its real rank group (``rank_group``: the
-hybrid's own group spec and ``ColocatedGroup``, each rank a probe joined over gloo instead of a
-trainer and engine), which reports every rank's engine, TP rank, node and devices.
+their union. A colocated megatron hybrid also starts its real rank group
+(``workers.colocated_probe``).
 """
 
 from __future__ import annotations
@@ -41,66 +40,6 @@ class Placeholder:
             "visible_devices": list(binding.visible if binding.visible is not None else binding.assigned),
             "device_index": binding.index,
         }
-
-
-class RankProbe:
-    """A colocated rank group's stand-in target: where the rank landed and which engine it joins."""
-
-    def __init__(self, kind: str, grid: Any) -> None:
-        import torch.distributed as dist
-
-        self._kind, self._rank, self._world = kind, dist.get_rank(), dist.get_world_size()
-        self._engine = grid.of_rank(self._rank)
-
-    def report(self) -> dict[str, Any]:
-        entry = Placeholder().report(self._kind)
-        engine, tp_rank = self._engine
-        return {**entry, "rank": self._rank, "world_size": self._world, "engine": engine, "tp_rank": tp_rank}
-
-
-def rank_group(plan: Any, placement: Placement) -> dict[str, Any]:
-    """Reserve ``placement``, start the colocated hybrid's rank group with probe ranks (gloo: the
-    probes run no device collective), report every rank, release."""
-    import dataclasses
-    import functools
-
-    import ray
-
-    from mindspeed_rl.utils.ray_setup import reserve
-    from mindspeed_rl.workers.colocated_rank import ColocatedGroup, EngineGrid, rank_group_spec
-
-    kind = placement.request.device_kind
-    if kind is None:
-        raise ValueError("a CPU-only run has no device placement to dry-run")
-    grid = EngineGrid.of(plan.trainer.num_ranks, plan.rollout)
-    grid.check_placement(placement)
-    reserved = reserve(placement, timeout_s=READY_TIMEOUT_S)
-    try:
-        spec = dataclasses.replace(rank_group_spec(plan, reserved), backend="gloo")
-        actor: Any = ray.remote(ColocatedGroup)
-        group = actor.options(num_cpus=0).remote(spec, functools.partial(RankProbe, kind, grid))
-        try:
-            reports = ray.get(group.call_all.remote("report"), timeout=READY_TIMEOUT_S)
-        finally:
-            ray.get(group.shutdown.remote())
-            ray.kill(group)
-    finally:
-        reserved.release()
-    node_index = {n.node_id: i for i, n in enumerate(placement.cluster.nodes)}
-    ranks, problems = [], []
-    for slot, got in zip(placement.trainer_ranks, reports, strict=True):
-        entry = {"rank": got["rank"], "engine": got["engine"], "tp_rank": got["tp_rank"], "node": slot.node,
-                 "landed_node": node_index.get(got["node_id"], -1), "planned_devices": list(slot.devices),
-                 "visible_devices": [int(d) for d in got["visible_devices"]], "device_index": got["device_index"]}  # fmt: skip
-        if (entry["landed_node"], sorted(entry["visible_devices"])) != (slot.node, sorted(slot.devices)):
-            problems.append(f"rank {entry['rank']}: planned node {slot.node} devices {list(slot.devices)}, "
-                            f"landed on {entry['landed_node']} seeing {entry['visible_devices']}")  # fmt: skip
-        if got["world_size"] != grid.world_size:
-            problems.append(
-                f"rank {entry['rank']} joined a group of {got['world_size']}, not {grid.world_size}"
-            )
-        ranks.append(entry)
-    return {"engines": grid.engines, "tp": grid.tp, "ranks": ranks, "ok": not problems, "problems": problems}
 
 
 def dry_run(placement: Placement) -> dict[str, Any]:

@@ -35,9 +35,9 @@ from mindspeed_rl.runtime.records import CompletedMinibatch, ScheduledMinibatch
 from mindspeed_rl.workers.training_group import GroupedTrainingUnit, GroupSpec
 
 if TYPE_CHECKING:
+    from mindspeed_rl.config_cls import ActorResources
     from mindspeed_rl.contracts import OffloadSpec, RolloutSpec, TrainerSpec
     from mindspeed_rl.datasets import PromptRecord
-    from mindspeed_rl.plan.build import RunPlan
     from mindspeed_rl.runtime.records import PromptGroup
     from mindspeed_rl.utils.placement import Placement
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
@@ -90,13 +90,13 @@ class EngineGrid:
         return tuple(items[start : start + base + (engine < extra)])
 
 
-def rank_group_spec(plan: RunPlan, reserved: ReservedPlacement) -> GroupSpec:
+def rank_group_spec(spec: TrainerSpec, resources: ActorResources, reserved: ReservedPlacement) -> GroupSpec:
     """The rank group of a colocated megatron hybrid: one rank per planned trainer slot, each
-    with its device's bundle (the engines' CPUs are in their first rank's bundle)."""
+    with its device's bundle (the engines' CPUs are in their first rank's bundle). ``resources``:
+    the plan's ``trainer_resources`` (CPU-only runs)."""
     from mindspeed_rl.workers.training_group import GroupSpec, collective_backend
 
-    spec = plan.trainer
-    options = tuple(reserved.trainer_rank_options(r, plan.trainer_resources) for r in range(spec.num_ranks))
+    options = tuple(reserved.trainer_rank_options(r, resources) for r in range(spec.num_ranks))
     return GroupSpec(
         world_size=spec.num_ranks, backend=collective_backend(spec.engine.device), rank_options=options
     )
