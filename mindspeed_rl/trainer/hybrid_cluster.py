@@ -75,13 +75,18 @@ class HybridCluster:
         group = plan.trainer_resources  # hybrid: one request for the trainer and its rollout actor
         reserved = reserve(run.placement)
         if plan.offload is not None:
-            if run.rollout_path != run.policy_path:
-                raise ValueError(
-                    "resuming the colocated hybrid is not implemented; resume on the two-process form"
-                )
+            # The engine starts from the rollout path (a resumed checkpoint's weights), the trainer
+            # from the policy (the reference is the initial policy; its state is restored after).
             if plan.trainer.megatron is None:
                 worker = ray.remote(ColocatedWorker).options(**reserved.trainer_rank_options(0, group))
-                both = worker.remote(plan.trainer, plan.rollout, run.policy_path, prompts, plan.offload)
+                both = worker.remote(
+                    plan.trainer,
+                    plan.rollout,
+                    run.policy_path,
+                    prompts,
+                    plan.offload,
+                    rollout_path=run.rollout_path,
+                )
             else:
                 both, grid = start_colocated_group(run, reserved, prompts)
             cluster = cls(both, both, reserved, plan.trainer)
@@ -202,7 +207,14 @@ def start_colocated_group(
     grid = EngineGrid.of(plan.trainer.num_ranks, plan.rollout)
     grid.check_placement(run.placement)
     factory = functools.partial(
-        ColocatedRank, plan.trainer, plan.rollout, run.policy_path, dict(prompts), plan.offload, grid
+        ColocatedRank,
+        plan.trainer,
+        plan.rollout,
+        run.policy_path,
+        dict(prompts),
+        plan.offload,
+        grid,
+        rollout_path=run.rollout_path,
     )
     group = (
         ray.remote(ColocatedGroup)

@@ -125,7 +125,11 @@ class ColocatedRank:
         prompts: Mapping[str, PromptRecord],
         offload: OffloadSpec,
         grid: EngineGrid,
+        *,
+        rollout_path: str | None = None,
     ) -> None:
+        """``rollout_path``: the weights the engine starts from (a resumed run: its checkpoint's);
+        default the policy's."""
         import torch.distributed as dist
 
         from mindspeed_rl.workers.colocation import ColocatedPhases
@@ -144,7 +148,11 @@ class ColocatedRank:
         spec = dataclasses.replace(rollout_spec, engine_keys=engine_keys(rollout_spec, grid, sleeps=sleeps))
         # One seed per engine, the same on its TP ranks (they must sample identically).
         self.actor = GenerationActor(
-            spec, policy_path, prompts, actor_id=self.engine, seed=rollout_spec.seed + self.engine
+            spec,
+            rollout_path or policy_path,
+            prompts,
+            actor_id=self.engine,
+            seed=rollout_spec.seed + self.engine,
         )
         self.phases = ColocatedPhases(self.trainer, self.actor, offload, sleep_level=2 if sleeps else None)
 

@@ -305,7 +305,10 @@ class ColocatedWorker:
         policy_path: str,
         prompts: Mapping[str, PromptRecord],
         offload: OffloadSpec,
+        *,
+        rollout_path: str | None = None,
     ) -> None:
+        """``rollout_path``: the weights the engine starts from (a resumed run: its checkpoint's)."""
         import dataclasses
 
         from mindspeed_rl.workers.generation_actor import GenerationActor
@@ -315,7 +318,7 @@ class ColocatedWorker:
         sleeps = trainer_spec.engine.device != "cpu"  # a CPU host's vLLM has no sleep mode
         keys = {**rollout_spec.engine_keys, "enable_sleep_mode": sleeps}
         self.actor = GenerationActor(
-            dataclasses.replace(rollout_spec, engine_keys=keys), policy_path, prompts
+            dataclasses.replace(rollout_spec, engine_keys=keys), rollout_path or policy_path, prompts
         )
         self.phases = ColocatedPhases(self.trainer, self.actor, offload, sleep_level=2 if sleeps else None)
 

@@ -132,25 +132,34 @@ def test_megatron_tp2_colocated_hybrid_pushes_in_process(
 ) -> None:
     """``rl_config.colocate`` on CPU: each trainer rank's process hosts its engine rank (vLLM's
     external launcher over the rank group), weights streamed rank to rank; after every push the
-    engines' log-probs are the trainer's (fp32), and the evaluation decodes on the engines."""
-    run_dir = _run(
-        tmp_path, "grpo_tiny_megatron", "rl_config.pipeline=hybrid", "rl_config.colocate=true",
-        f"generate_config.infer_tensor_parallel_size={infer_tp}", *EVAL_AND_SAVE[:3],
+    engines' log-probs are the trainer's (fp32), and the evaluation decodes on the engines. A run
+    resumed from its checkpoint generates on the checkpoint's weights."""
+    keys = (
+        "rl_config.pipeline=hybrid", "rl_config.colocate=true",
+        f"generate_config.infer_tensor_parallel_size={infer_tp}", *EVAL_AND_SAVE,
         "rl_config.entropy_coeff=0.01",  # every step moves the weights, whatever the rewards
         *(f"generate_config.offload_train_{part}={offload}" for part in ("optimizer", "grad", "param")),
     )  # fmt: skip
+    run_dir = _run(tmp_path, "grpo_tiny_megatron", *keys, f"actor_config.save={tmp_path / 'save'}")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["colocated_engines"] == {"engines": engines, "tp": infer_tp}
     assert summary["prompts_consumed_total"] == summary["prompts_consumed_unique_total"] == 12
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3
     # Iterations 1 and 2 generated on pushed weights: a stale or misplaced weight would show here.
-    assert all(r["rollout_corr/kl_k3_behave_vs_train"] < 1e-9 for r in rows), [
-        r["rollout_corr/kl_k3_behave_vs_train"] for r in rows
-    ]
+    kl = "rollout_corr/kl_k3_behave_vs_train"
+    assert all(r[kl] < 1e-9 for r in rows), [r[kl] for r in rows]
     assert [r["actor/grad_norm"] > 0 for r in rows] == [True] * 3
     (evaluated,) = [r for r in rows if "eval/accuracy" in r]
     assert evaluated["eval/weights_version"] == 2 and evaluated["eval/num_samples"] > 0
+    if engines == 1:
+        return
+    # Resume after iteration 2: the engines start from the checkpoint's weights, not the policy's.
+    resumed = _run(tmp_path, "grpo_tiny_megatron", *keys, f"actor_config.load={tmp_path / 'save' / 'iter_0000002'}",
+                   runs="runs_resumed")  # fmt: skip
+    (row,) = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert row["iteration"] == 2 and row[kl] < 1e-9, row[kl]
+    assert json.loads((resumed / "summary.json").read_text())["prompts_consumed_unique_total"] == 12
 
 
 def test_megatron_moe_ep2_async_run(tmp_path: Path) -> None:
