@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime.records import CompletedMinibatch, ScheduledMinibatch
+from mindspeed_rl.workers.colocation import ColocatedPhases, ColocatedTrainerCalls
 from mindspeed_rl.workers.training_group import GroupedTrainingUnit, GroupSpec
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import ActorResources
     from mindspeed_rl.contracts import OffloadSpec, RolloutSpec, TrainerSpec
     from mindspeed_rl.datasets import PromptRecord
-    from mindspeed_rl.runtime.records import PromptGroup
     from mindspeed_rl.utils.placement import Placement
     from mindspeed_rl.utils.ray_setup import ReservedPlacement
     from mindspeed_rl.workers.evaluator import EvalJob, HeldOutDecode
@@ -113,7 +113,7 @@ def engine_keys(rollout: RolloutSpec, grid: EngineGrid, *, sleeps: bool) -> dict
     }
 
 
-class ColocatedRank:
+class ColocatedRank(ColocatedTrainerCalls):
     """One trainer rank and its engine rank in one process (a rank group's target, built after
     the group's process group exists)."""
 
@@ -132,7 +132,6 @@ class ColocatedRank:
         default the policy's."""
         import torch.distributed as dist
 
-        from mindspeed_rl.workers.colocation import ColocatedPhases
         from mindspeed_rl.workers.generation_actor import GenerationActor
         from mindspeed_rl.workers.training_unit import TrainingUnit
 
@@ -167,30 +166,10 @@ class ColocatedRank:
         done = self.actor.decode_held_out(dataclasses.replace(job, token_ids=token_ids))
         return done if self.engine_rank == 0 else None
 
-    def train_step(self, groups: Sequence[PromptGroup], records: Sequence[Any] = ()) -> dict[str, float]:
-        self.phases.to_train()
-        return self.trainer.train_step(groups, records)
-
-    def refresh(self, version: int) -> None:
-        self.phases.to_generate(version)
-
     def shutdown_engine(self) -> None:
         """End of the run: the engine rank leaves its groups and frees what it holds (on a CPU
         host its shared-memory segments, ``vllm_cpu_patches`` item 6)."""
         self.actor.shutdown()
-
-    # The Training Unit's other calls of the hybrid loop (scoring, saving, checkpoints).
-    def score_held_out(self, prompts: Any, decoded: Any) -> dict[str, float]:
-        return self.trainer.score_held_out(prompts, decoded)
-
-    def save_hf(self, path: str) -> None:
-        self.trainer.save_hf(path)
-
-    def save_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
-        self.trainer.save_state(path, optimizer=optimizer, rng=rng)
-
-    def load_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
-        self.trainer.load_state(path, optimizer=optimizer, rng=rng)
 
 
 class ColocatedGroup(GroupedTrainingUnit):

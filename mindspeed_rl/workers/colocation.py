@@ -291,7 +291,37 @@ def free_device_cache(device: str) -> None:
         torch.npu.empty_cache()  # type: ignore[attr-defined]  # torch_npu registers it
 
 
-class ColocatedWorker:
+class ColocatedTrainerCalls:
+    """The Training Unit's calls of the hybrid loop on a colocated worker, whole
+    (``ColocatedWorker``) or per rank (``colocated_rank.ColocatedRank``): a step first takes the
+    devices back from the engine, ``refresh`` hands them over with the new weights."""
+
+    trainer: Any
+    phases: ColocatedPhases
+
+    def train_step(self, groups: Sequence[PromptGroup], records: Sequence[Any] = ()) -> dict[str, float]:
+        self.phases.to_train()
+        result: dict[str, float] = self.trainer.train_step(groups, records)
+        return result
+
+    def refresh(self, version: int) -> None:
+        self.phases.to_generate(version)
+
+    def score_held_out(self, prompts: Any, decoded: Any) -> dict[str, float]:
+        result: dict[str, float] = self.trainer.score_held_out(prompts, decoded)
+        return result
+
+    def save_hf(self, path: str) -> None:
+        self.trainer.save_hf(path)
+
+    def save_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
+        self.trainer.save_state(path, optimizer=optimizer, rng=rng)
+
+    def load_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
+        self.trainer.load_state(path, optimizer=optimizer, rng=rng)
+
+
+class ColocatedWorker(ColocatedTrainerCalls):
     """One process holding the torch engine's Training Unit and the rollout engine (GPU/NPU, not
     run on one here: no accelerator with vLLM was available; on a CPU host with
     ``rl_config.colocate``, for real, without sleep mode). The hybrid trainer drives it through
@@ -325,25 +355,5 @@ class ColocatedWorker:
     def generate_minibatch(self, minibatch: ScheduledMinibatch) -> CompletedMinibatch:
         return self.actor.generate_minibatch(minibatch)
 
-    def train_step(self, groups: Sequence[PromptGroup]) -> dict[str, float]:
-        self.phases.to_train()
-        return self.trainer.train_step(groups)
-
-    def refresh(self, version: int) -> None:
-        self.phases.to_generate(version)
-
-    # The Training Unit's other calls (reporting, checkpointing), as on the two-actor form.
     def decode_held_out(self, job: Any) -> Any:
         return self.actor.decode_held_out(job)  # after ``refresh`` the engine is awake, current
-
-    def score_held_out(self, prompts: Any, decoded: Any) -> dict[str, float]:
-        return self.trainer.score_held_out(prompts, decoded)
-
-    def save_hf(self, path: str) -> None:
-        self.trainer.save_hf(path)
-
-    def save_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
-        self.trainer.save_state(path, optimizer=optimizer, rng=rng)
-
-    def load_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
-        self.trainer.load_state(path, optimizer=optimizer, rng=rng)
