@@ -18,7 +18,7 @@ from mindspeed_rl.config_cls.grpo_config import InertKey
 from mindspeed_rl.config_cls.inert import dedupe
 from mindspeed_rl.config_cls.model_arch import ModelArchitecture
 from mindspeed_rl.config_cls.resources import ActorResources
-from mindspeed_rl.contracts import EvalConfig, OffloadSpec
+from mindspeed_rl.contracts import EvalConfig
 from mindspeed_rl.models.loss.config import GRPOLossConfig
 from mindspeed_rl.models.rewards.registry import check_verifier_names
 from mindspeed_rl.models.rollout.base import SamplingConfig
@@ -26,7 +26,7 @@ from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.lr_schedule import LRSchedule
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout, check_trainable
 from mindspeed_rl.plan import correction
-from mindspeed_rl.plan.placement import device_kind
+from mindspeed_rl.plan.colocation import OFFLOAD_KEYS, colocated_offload
 from mindspeed_rl.utils.logging_config import LoggingConfig
 
 if TYPE_CHECKING:
@@ -421,38 +421,8 @@ def plan_inert_keys(config: GRPOConfig) -> tuple[InertKey, ...]:
         found.append(InertKey(section="critic_config", key="*", reason="GRPO has no critic"))
     if colocated_offload(config) is not None:
         # Colocated hybrid on GPU/NPU: the offload switches act (workers/colocation.py).
-        found = [k for k in found if (k.section, k.key) not in _OFFLOAD_KEYS]
+        found = [k for k in found if (k.section, k.key) not in OFFLOAD_KEYS]
     return dedupe(found)
-
-
-_OFFLOAD_KEYS = frozenset(
-    ("generate_config", f"offload_train_{part}") for part in ("optimizer", "grad", "param")
-)
-
-
-def colocated_offload(config: GRPOConfig) -> OffloadSpec | None:
-    """The offload switches of upstream's colocated hybrid (GPU/NPU, ``pipeline: hybrid``, or CPU
-    with ``rl_config.colocate``); None in the async pipeline and the CPU two-process hybrid, where
-    trainer and rollout never share a process."""
-    if config.rl_config.pipeline != "hybrid":
-        if config.rl_config.colocate:
-            raise ValueError(
-                "rl_config.colocate: true is the hybrid loop's layout; the async pipeline gives its "
-                "generation actors their own devices: set rl_config.pipeline: hybrid or colocate: false"
-            )
-        return None
-    if device_kind(config)[0] is None:
-        if not config.rl_config.colocate:
-            return None
-        if config.rl_config.rollout_backend != "vllm":
-            raise ValueError(
-                "rl_config.colocate: true puts a vLLM engine (rank) in the trainer's (rank) processes; "
-                "set rl_config.rollout_backend: vllm, or leave colocate false (two processes)"
-            )
-    g = config.generate_config
-    return OffloadSpec(
-        optimizer=g.offload_train_optimizer, grad=g.offload_train_grad, param=g.offload_train_param
-    )
 
 
 def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> RunPlan:

@@ -100,8 +100,8 @@ class VLLMEngine:
         # Only what this engine started is ours to stop (a test process may hold other children).
         self._processes = [proc for proc in _child_processes() if proc.pid not in before]
         self.loads_from_path = sharded and opts.colocated_engines is None
-        self._colocated_on_cpu = on_cpu and opts.colocated_engines is not None
         """True when the workers are processes: a reload should name a folder, not send tensors."""
+        self._colocated_on_cpu = on_cpu and opts.colocated_engines is not None
         self._asleep = False
         self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
         config = _hf_config(model_path)
@@ -246,7 +246,7 @@ def engine_kwargs(opts: VLLMOptions, model_path: str, *, seed: int, on_cpu: bool
         kwargs["data_parallel_size"] = opts.colocated_engines
         # Each rank process sees only its own device (Ray's visible-devices setting), and vLLM's
         # custom all-reduce maps its TP peers' buffers by device IPC; the library collective
-        # (NCCL / HCCL) works across such processes. verl's colocated rollout turns it off too.
+        # (NCCL / HCCL) works across such processes. Not run on a device here.
         kwargs["disable_custom_all_reduce"] = True
     elif sharded:
         # Worker processes of this actor, on the devices Ray gave it. Left to choose, vLLM picks
