@@ -108,19 +108,51 @@ class DriftModel:
             mu = np.log(params.growth) - np.log(np.mean(np.exp(s * z)))
             self._log_mean = mu
             self._log_rate = s * z[self._prompt_of_row]
+            # The part of the rate a run could know before the prompt is generated (its length).
+            self._log_rate_knowable = s * rho * standard[self._prompt_of_row]
         elif name == "noise2x":
             zeta = rng.standard_normal(len(workload.prompt_ids))
             self._log_mean = np.log(params.growth) - 0.5 * s * s
             self._log_rate = s * zeta
+            self._log_rate_knowable = np.zeros(len(workload.prompt_ids))
         else:
             self._log_mean = 0.0
             self._log_rate = np.zeros(len(workload.prompt_ids))
+            self._log_rate_knowable = self._log_rate
+        first_of: dict[str, int] = {}
+        for row, key in enumerate(keys):
+            first_of.setdefault(key, row)
+        self._first_row = np.array([first_of[k] for k in keys], dtype=np.int64)
 
     def _h(self, t: float) -> float:
         onset = self.params.onset
         if self.name != "hetero2x" or onset is None:
             return t
         return float(np.expm1(-t / onset) / np.expm1(-1.0 / onset))
+
+    def informed_estimates(self, rows: Sequence[int], progress: float) -> np.ndarray:
+        """An estimator better informed than any run can be, for bounding what online ASP can
+        reach (``simulate.py --online-bound``): each row's expected length at ``progress`` from
+        the model itself. A prompt's first generation knows its exact base length (a run has
+        only a noisy prediction of it) and the part of its drift its length predicts, not its own
+        difficulty ``xi_p``; a later generation knows the prompt's whole rate and the first
+        generation's base lengths (a run sees only one noisy, clipped sample of them), but not
+        the resampling (``resample_sigma``) nor, under ``noise2x``, the fresh draw. Factors shared
+        by every prompt cancel in a balance, but the cap clips long answers, so the mean growth is
+        applied and each of the first generation's samples clipped, as ``lengths`` does."""
+        index = np.asarray(list(rows), dtype=np.int64)
+        first = self._first_row[index]
+        repeat = first != index
+        base = self.workload.lengths[first].astype(np.float64)
+        rate = np.where(repeat, self._log_rate[index], self._log_rate_knowable[index])
+        if self.name == "noise2x":
+            rate = np.zeros(index.size)
+        t = min(max(progress, 0.0), 1.0)
+        log_factor = t * self._log_mean + self._h(t) * rate
+        if self.name == "hetero2x":  # the unknown own part's mean: E exp(a xi) = exp(a^2 / 2)
+            unknown = self._h(t) * self.params.spread * np.sqrt(1 - self.params.difficulty_length_corr**2)
+            log_factor = log_factor + np.where(repeat, 0.0, 0.5 * unknown**2)
+        return np.clip(base * np.exp(log_factor)[:, None], 1.0, self.params.max_tokens).mean(axis=1)
 
     def lengths(self, rows: Sequence[int], progress: float) -> np.ndarray:
         """``(len(rows), n)`` token counts of one generation at ``progress`` in [0, 1]."""

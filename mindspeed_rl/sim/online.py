@@ -17,7 +17,7 @@ groups, the CV is taken inside each block and averaged (``group_cv_mean``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,10 @@ class OnlineSettings:
     """Consecutive batch groups per CV block (see the module docstring)."""
 
 
+Estimator = Callable[[Sequence[str], float], np.ndarray]
+"""Planning estimates of item ids at run progress t in [0, 1] (``--online-bound``)."""
+
+
 class _Recorder:
     """The simulator's observer: measured loads always; feedback, refit, re-plan when online."""
 
@@ -55,8 +59,14 @@ class _Recorder:
         predictor: OnlinePredictor | None,
         params: ScheduleParams,
         settings: OnlineSettings,
+        *,
+        estimator: Estimator | None = None,
     ) -> None:
         self.predictor, self.params, self.settings = predictor, params, settings
+        self.estimator = estimator
+        self.num_steps = 1
+        """The run's trainer steps (set from the simulator): progress = steps done / this."""
+        self._progress = 0.0
         self.generated: list[tuple[ScheduledMinibatch, float]] = []
         self.refits: list[dict[str, Any]] = []
         self.replans: list[ReplanOutcome] = []
@@ -71,6 +81,7 @@ class _Recorder:
         if self.predictor is None:
             return
         done = step + 1
+        self._progress = done / self.num_steps
         if done % self.settings.refit_interval == 0:
             reports = self.predictor.refit()
             self.refits.append({"step": step, "sources": [r.as_dict() for r in reports]})
@@ -83,7 +94,10 @@ class _Recorder:
         from asp_scheduler.online import replan
 
         assert self.predictor is not None
-        estimates = self.predictor.estimates([prompt_key(p) for p in prompt_ids])
+        if self.estimator is not None:
+            estimates = self.estimator(prompt_ids, self._progress)
+        else:
+            estimates = self.predictor.estimates([prompt_key(p) for p in prompt_ids])
         plan = replan(estimates, self.params)
         return TailPlan(
             minibatches=tuple(tuple(int(i) for i in m) for m in plan.minibatches),
@@ -153,8 +167,11 @@ def run_condition(
     seed: int,
     drift_params: DriftParams,
     settings: OnlineSettings,
+    bound: bool = False,
 ) -> dict[str, Any]:
-    """One (schedule, drift, seed) run; returns its row of the comparison."""
+    """One (schedule, drift, seed) run; returns its row of the comparison. ``bound``: an online
+    run that plans on ``DriftModel.informed_estimates`` instead of the online predictor's (a
+    bound on what better estimates could reach, not a schedule a run can use)."""
     from asp_scheduler.online import OnlinePredictor
     from asp_scheduler.predictors.noisy_oracle import noisy_oracle_predictions
 
@@ -166,7 +183,15 @@ def run_condition(
     if online:
         prior = dict(zip(base.prompt_ids, oracle.predictions.tolist()))
         predictor = OnlinePredictor(prior, window=settings.recency_window)
-    recorder = _Recorder(predictor, params, settings)
+    length_model = DriftModel(drift, workload, drift_params, seed=seed)
+    estimator: Estimator | None = None
+    if bound:
+        row_of = {item: row for row, item in enumerate(workload.prompt_ids)}
+
+        def estimator(items: Sequence[str], progress: float) -> np.ndarray:
+            return length_model.informed_estimates([row_of[i] for i in items], progress)
+
+    recorder = _Recorder(predictor, params, settings, estimator=estimator)
     sim = Simulator(
         runtime=preset.runtime_config(workload.num_samples_per_prompt),
         cluster=preset.cluster,
@@ -175,18 +200,26 @@ def run_condition(
         schedule=schedule,
         seed=seed,
         label=f"C4 {'online' if online else 'offline'} {drift}",
-        length_model=DriftModel(drift, workload, drift_params, seed=seed),
+        length_model=length_model,
         observer=recorder,
     )
+    recorder.num_steps = sim.num_steps
     result = sim.run()
     cv = block_cv(recorder.generated, params.k, settings.cv_block)
+    by_epoch = [
+        block_cv(
+            [g for g in recorder.generated if epoch_of(g[0].prompt_ids[0]) == e], params.k, settings.cv_block
+        )
+        for e in range(2)
+    ]
     walls = [r.wall_seconds for r in recorder.replans if r.num_prompts]
     row: dict[str, Any] = {
-        "schedule": "online" if online else "offline",
+        "schedule": "bound" if bound else "online" if online else "offline",
         "drift": drift,
         "seed": seed,
         "group_cv_mean": cv["measured"],
         "group_cv_predicted_mean": cv["predicted"],
+        "group_cv_by_epoch": [c["measured"] for c in by_epoch],
         "num_full_groups": cv["num_groups"],
         "iteration_s_mean": result.table4b.mean_iteration_seconds,
         "num_iterations": result.table4b.num_iterations,
@@ -212,15 +245,20 @@ def compare_online(
     *,
     drift_params: DriftParams | None = None,
     settings: OnlineSettings | None = None,
+    with_bound: bool = False,
 ) -> dict[str, Any]:
-    """Every (schedule, drift, seed) of the comparison, drift ``none`` always included."""
+    """Every (schedule, drift, seed) of the comparison, drift ``none`` always included;
+    ``with_bound`` adds a ``bound`` run per (drift, seed) (see ``run_condition``)."""
     params, cfg = drift_params or DriftParams(), settings or OnlineSettings()
     names = ["none"] + [d for d in drifts if d != "none"]
+    runs = [(False, False), (True, False)] + ([(True, True)] if with_bound else [])
     conditions = [
-        run_condition(preset, base, drift=d, online=online, seed=s, drift_params=params, settings=cfg)
+        run_condition(
+            preset, base, drift=d, online=online, seed=s, drift_params=params, settings=cfg, bound=bound
+        )
         for d in names
         for s in seeds
-        for online in (False, True)
+        for online, bound in runs
     ]
     return {
         "preset": preset.name,
@@ -243,22 +281,28 @@ def aggregate(conditions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for drift in dict.fromkeys(c["drift"] for c in conditions):
         means = {}
-        for schedule in ("offline", "online"):
+        for schedule in ("offline", "online", "bound"):
             rows = [c for c in conditions if c["drift"] == drift and c["schedule"] == schedule]
+            if not rows:
+                continue
             means[schedule] = {
                 key: float(np.mean([r[key] for r in rows]))
                 for key in ("group_cv_mean", "group_cv_predicted_mean", "iteration_s_mean")
             }
-        off, on = means["offline"], means["online"]
-        out.append(
-            {
-                "drift": drift,
-                "offline": off,
-                "online": on,
-                "group_cv_ratio": on["group_cv_mean"] / off["group_cv_mean"]
-                if off["group_cv_mean"]
-                else None,
-                "iteration_ratio": on["iteration_s_mean"] / off["iteration_s_mean"],
-            }
-        )
+            if all("group_cv_by_epoch" in r for r in rows):  # the simulator's rows (replay's lack them)
+                for e in range(2):
+                    means[schedule][f"group_cv_epoch{e}"] = float(
+                        np.mean([r["group_cv_by_epoch"][e] for r in rows])
+                    )
+        off = means["offline"]
+        row: dict[str, Any] = {"drift": drift} | means
+        for schedule in ("online", "bound"):
+            if schedule not in means:
+                continue
+            prefix = "" if schedule == "online" else "bound_"
+            row[prefix + "group_cv_ratio"] = (
+                means[schedule]["group_cv_mean"] / off["group_cv_mean"] if off["group_cv_mean"] else None
+            )
+            row[prefix + "iteration_ratio"] = means[schedule]["iteration_s_mean"] / off["iteration_s_mean"]
+        out.append(row)
     return out

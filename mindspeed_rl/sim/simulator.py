@@ -130,6 +130,11 @@ class Simulator:
         self._generated: dict[int, np.ndarray] = {}
         self._num_steps = -(-workload.num_prompts // runtime.num_prompts_per_global_batch)
 
+    @property
+    def num_steps(self) -> int:
+        """Trainer steps of the run (progress of the drift model = policy version / this)."""
+        return self._num_steps
+
     # ---- main loop -------------------------------------------------------------------------
     def run(self) -> SimResult:
         for g, unit in enumerate(self._units):

@@ -93,3 +93,48 @@ def test_block_cv_uses_full_groups_within_blocks() -> None:
     assert cv["num_groups"] == 2
     assert cv["measured"] == pytest.approx(np.std([20, 60]) / 40)
     assert cv["predicted"] == pytest.approx(np.std([2, 4]) / 3)
+
+
+def test_informed_estimates_know_what_the_model_lets_a_run_know() -> None:
+    """A repeat's estimate knows the prompt's whole rate: it equals the drifted length up to the
+    factor every prompt shares; a first generation misses the prompt's own difficulty unless
+    difficulty is its length alone (rho = 1)."""
+    from mindspeed_rl.sim.drift import two_epochs
+    from mindspeed_rl.sim.workload import Workload
+
+    rng = np.random.default_rng(3)
+    base = Workload(
+        prompt_ids=tuple(f"p{i}" for i in range(40)),
+        lengths=rng.integers(50, 4000, size=(40, 4)),
+        source="test",
+    )
+    w = two_epochs(base, seed=0, resample_sigma=0.0)
+    first, repeat = list(range(40)), list(range(40, 80))
+    for t in (0.2, 0.7):
+        for rho, first_exact in ((0.5, False), (1.0, True)):
+            model = DriftModel("hetero2x", w, DriftParams(difficulty_length_corr=rho), seed=1)
+            shared = model.lengths(repeat, t).mean(axis=1) / model.informed_estimates(repeat, t)
+            assert np.ptp(np.log(shared)) < 0.01  # rounding only
+            own = model.lengths(first, t).mean(axis=1) / model.informed_estimates(first, t)
+            assert (np.ptp(np.log(own)) < 0.01) == first_exact
+    noise = DriftModel("noise2x", w, DriftParams(), seed=1)
+    ratio = noise.informed_estimates(repeat, 0.5) / w.lengths[first].mean(axis=1)
+    assert np.ptp(ratio) < 1e-9  # the fresh draw is unknowable: the base lengths, grown alike
+
+
+def test_compare_online_with_bound_adds_bound_rows() -> None:
+    preset = SimPreset.from_mapping(PRESET)
+    report = compare_online(
+        preset,
+        preset.load_workload(),
+        ["hetero2x"],
+        [0],
+        settings=OnlineSettings(cv_block=4),
+        with_bound=True,
+    )
+    bound = [c for c in report["conditions"] if c["schedule"] == "bound"]
+    assert {c["drift"] for c in bound} == {"none", "hetero2x"}
+    assert all(c["prompts_consumed"] == 192 and c["schedule_replans"] >= 1 for c in bound)
+    hetero = next(a for a in report["aggregate"] if a["drift"] == "hetero2x")
+    assert hetero["bound_group_cv_ratio"] > 0 and len(bound[0]["group_cv_by_epoch"]) == 2
+    assert "group_cv_epoch1" in hetero["online"]
