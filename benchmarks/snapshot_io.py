@@ -85,6 +85,14 @@ def parse_args() -> argparse.Namespace:
         help="the weight medium (async_config.weight_transport); in-memory ones: snapshot_io_memory.py",
     )
     p.add_argument("--bucket-mb", type=float, default=512.0, help="collective: MB per send bucket")
+    p.add_argument(
+        "--warm-versions",
+        type=int,
+        default=1,
+        help="in-memory transports: untimed versions exported and reloaded before the timed one "
+        "(3 = the steady state of a run: the timed version reuses store memory and buckets a "
+        "freed version used)",
+    )
     return p.parse_args()
 
 
@@ -265,7 +273,12 @@ def _max_rss_bytes() -> int:
 
 
 def memory_flow(
-    transport: str, case: str, model: dict[str, torch.Tensor], run: int, bucket_mb: float
+    transport: str,
+    case: str,
+    model: dict[str, torch.Tensor],
+    run: int,
+    bucket_mb: float,
+    warm_versions: int = 1,
 ) -> dict[str, Any]:
     """One repeat of an in-memory transport, with the same per-case keys as ``one_flow``."""
     import sys
@@ -274,16 +287,19 @@ def memory_flow(
     from benchmarks.snapshot_io_memory import collective_flow, object_store_flow
 
     if transport == "object_store":
-        stages = object_store_flow(case, model, run)
+        stages = object_store_flow(case, model, run, warm_versions)
     else:
-        stages = collective_flow(case, model, run, bucket_mb)
+        stages = collective_flow(case, model, run, bucket_mb, warm_versions)
     nbytes = sum(t.numel() * t.element_size() for t in model.values())
     end_to_end = sum(stages[k] for k in ("export_copy_s", "save_s", "convert_s", "reload_s"))
-    return stages | {
+    out = stages | {
         "end_to_end_s": end_to_end,
         "end_to_end_gb_per_s": nbytes / 1e9 / end_to_end,
         "raw_copy_gb_per_s": nbytes / 1e9 / stages["raw_copy_s"],
     }
+    if "raw_warm_copy_s" in stages:
+        out["raw_warm_copy_gb_per_s"] = nbytes / 1e9 / stages["raw_warm_copy_s"]
+    return out
 
 
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -297,6 +313,9 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["repeats_ratio"] = [round(x, 3) for x in ratios]
     out["repeats_end_to_end_gb_per_s"] = [round(r["end_to_end_gb_per_s"], 3) for r in runs]
     out["repeats_raw_copy_gb_per_s"] = [round(r["raw_copy_gb_per_s"], 3) for r in runs]
+    if "raw_warm_copy_gb_per_s" in runs[0]:
+        warm = [r["end_to_end_gb_per_s"] / r["raw_warm_copy_gb_per_s"] for r in runs]
+        out["ratio_end_to_end_to_raw_warm_copy"] = statistics.median(warm)
     if "end_to_end_tensors_gb_per_s" in runs[0]:
         out["repeats_end_to_end_tensors_gb_per_s"] = [
             round(r["end_to_end_tensors_gb_per_s"], 3) for r in runs
@@ -352,7 +371,7 @@ def main() -> None:
         runs = []
         for run in range(args.repeats):
             if args.transport != "shared_fs":
-                runs.append(memory_flow(args.transport, case, model, run, args.bucket_mb))
+                runs.append(memory_flow(args.transport, case, model, run, args.bucket_mb, args.warm_versions))
                 continue
             with tempfile.TemporaryDirectory(prefix="snapshot_io_", dir=args.dir) as tmp:
                 runs.append(one_flow(Path(tmp), case, model, threads))

@@ -80,6 +80,25 @@ def raw_memory_copy_seconds(model: dict[str, torch.Tensor]) -> float:
     return seconds
 
 
+def raw_warm_copy_seconds(model: dict[str, torch.Tensor]) -> float:
+    """The same copy into memory written once before (``np.copyto``): a copy's speed once its
+    target pages are mapped, beside the plain copy's fresh pages (reported, not the ratio's)."""
+    arrays = [t.view(torch.int32).numpy() if t.element_size() == 4 else t.numpy() for t in model.values()]
+    targets = [np.ones_like(a) for a in arrays]
+    started = time.perf_counter()
+    for target, array in zip(targets, arrays, strict=True):
+        np.copyto(target, array)
+    return time.perf_counter() - started
+
+
+class Reloader:
+    """A generation actor's stand-in: one long-lived process that reloads every version, as an
+    actor does over a run (its mappings of the store's shared memory persist between reloads)."""
+
+    def reload(self, handle: Any) -> dict[str, float]:
+        return reload_task(handle)
+
+
 def _export_all(
     exporters: list[Any], shards: list[dict[str, torch.Tensor]], layout: TrainingLayout, version: int
 ) -> list[Any]:
@@ -97,9 +116,13 @@ def _export_all(
     return [f.result() for f in futures]
 
 
-def object_store_flow(case: str, model: dict[str, torch.Tensor], run: int) -> dict[str, Any]:
-    """Version 0 first, untimed (the steady state of a run: the board actor exists and the store's
-    shared memory was touched once; a run pays that at its first refresh only), then version 1."""
+def object_store_flow(
+    case: str, model: dict[str, torch.Tensor], run: int, warm_versions: int = 1
+) -> dict[str, Any]:
+    """``warm_versions`` versions first, untimed, each reloaded by one long-lived reloader (the
+    board actor exists, and with 3 or more, ``keep_last + 1``, the timed version is put into
+    store memory a freed version used: the steady state of a run, whose first refreshes pay fresh
+    pages), then the next version, timed."""
     import ray
 
     from mindspeed_rl.weights.endpoints import GuWeights
@@ -109,11 +132,15 @@ def object_store_flow(case: str, model: dict[str, torch.Tensor], run: int) -> di
     ranks = 1 if case == "tp1" else 2
     layout = TrainingLayout() if ranks == 1 else TP2
     shards = [model] if ranks == 1 else [tp_shard(model, r) for r in range(2)]
-    exporters = [ObjectStoreExporter(keep_last=2, run_id=f"bench-{case}-{run}") for _ in range(ranks)]
-    warm = _export_all(exporters, shards, layout, 0)
-    ray.get(ray.remote(reload_task).options(num_cpus=0).remote(next(r.handle for r in warm if r.handle)))
-    del warm
-    results = _export_all(exporters, shards, layout, 1)
+    keep = 2
+    exporters = [ObjectStoreExporter(keep_last=keep, run_id=f"bench-{case}-{run}") for _ in range(ranks)]
+    reloader = ray.remote(Reloader).options(num_cpus=0).remote()
+    for version in range(warm_versions):
+        warm = _export_all(exporters, shards, layout, version)
+        ray.get(reloader.reload.remote(next(r.handle for r in warm if r.handle)))
+        del warm
+    timed = warm_versions
+    results = _export_all(exporters, shards, layout, timed)
     handle = next(r.handle for r in results if r.handle is not None)
     stages = {
         "export_copy_s": max(r.prepare_seconds for r in results),
@@ -121,16 +148,18 @@ def object_store_flow(case: str, model: dict[str, torch.Tensor], run: int) -> di
     }
     convert = GuWeights("object_store", Path("/nonexistent"))
     started = time.perf_counter()
-    convert.convert(1, memory_path(1), handle)
+    convert.convert(timed, memory_path(timed), handle)
     stages["convert_s"] = time.perf_counter() - started
-    reload = ray.get(ray.remote(reload_task).options(num_cpus=0).remote(handle))
+    reload = ray.get(reloader.reload.remote(handle))
     stages["reload_s"] = reload["seconds"]
     for e in exporters:
         e.close()
         e.release_all()
+    ray.kill(reloader)
     del handle, results, convert
     raw = raw_memory_copy_seconds(model)
-    return stages | {"raw_copy_s": raw, "reload_peak_rss_gb": reload["peak_rss_growth"] / 1e9,
+    return stages | {"raw_copy_s": raw, "raw_warm_copy_s": raw_warm_copy_seconds(model),
+                     "reload_peak_rss_gb": reload["peak_rss_growth"] / 1e9, "timed_version": timed,
                      "raw_medium": "in-memory copy (np.copy per tensor, 1 thread)"}  # fmt: skip
 
 
@@ -177,16 +206,24 @@ class BenchGu:
         self._joiner.start()
         return address
 
-    def recv_raw(self, sizes: list[int]) -> float:
-        from mindspeed_rl.weights.collective import recv_bucket
+    def recv_raw(self, sizes: list[int], reuse: bool = False) -> float:
+        """Receive ``sizes`` from the raw peer: into fresh buckets, or (``reuse``) into the ones
+        the previous call received into."""
+        from mindspeed_rl.weights.collective import BucketPool, recv_buckets
 
         self._joiner.join()
+        if not reuse or not hasattr(self, "_raw_pool"):
+            self._raw_pool = BucketPool()
+        pool = self._raw_pool
         for n in sizes:
-            recv_bucket(self._raw_group, 0, n)
+            (bucket,) = recv_buckets(self._raw_group, [(0, n)], pool=pool)
+            pool.give_back([bucket])
         return time.time()
 
 
-def collective_flow(case: str, model: dict[str, torch.Tensor], run: int, bucket_mb: float) -> dict[str, Any]:
+def collective_flow(
+    case: str, model: dict[str, torch.Tensor], run: int, bucket_mb: float, warm_versions: int = 1
+) -> dict[str, Any]:
     import ray
 
     from mindspeed_rl.weights.collective import CollectiveSender, join_group
@@ -197,19 +234,23 @@ def collective_flow(case: str, model: dict[str, torch.Tensor], run: int, bucket_
     senders = [CollectiveSender([address], bucket_mb=bucket_mb, run_id=f"bench-{run}") for _ in range(ranks)]
     layout = TrainingLayout() if ranks == 1 else TP2
     shards = [model] if ranks == 1 else [tp_shard(model, r) for r in range(2)]
-    # Version 0 untimed: the group's rendezvous happens once per run (at start), and the store's
-    # shared memory is touched once; a refresh of a running pipeline pays neither.
-    _export_all(senders, shards, layout, 0)
-    warm = ray.get(gu.wait_version.remote(0))
-    ray.get(ray.remote(reload_task).options(num_cpus=0).remote(warm["handle"]))
-    del warm
+    # Untimed versions first: the group's rendezvous happens once per run (at start), the store's
+    # shared memory and the senders' and receiver's buckets are touched once; a refresh of a
+    # running pipeline pays none of these. One long-lived reloader, as an actor.
+    reloader = ray.remote(Reloader).options(num_cpus=0).remote()
+    for version in range(warm_versions):
+        _export_all(senders, shards, layout, version)
+        warm = ray.get(gu.wait_version.remote(version))
+        ray.get(reloader.reload.remote(warm["handle"]))
+        del warm
+    timed = warm_versions
     ray.get(gu.mark.remote())
     started_unix = time.time()
-    results = _export_all(senders, shards, layout, 1)
-    done = ray.get(gu.wait_version.remote(1))
+    results = _export_all(senders, shards, layout, timed)
+    done = ray.get(gu.wait_version.remote(timed))
     received_s = done["done_unix"] - started_unix
     copy_s = max(r.prepare_seconds for r in results)
-    reload = ray.get(ray.remote(reload_task).options(num_cpus=0).remote(done["handle"]))
+    reload = ray.get(reloader.reload.remote(done["handle"]))
     stages = {
         "export_copy_s": copy_s,
         "save_s": max(0.0, received_s - copy_s),  # the sends, with the GU's per-bucket convert overlapped
@@ -230,18 +271,26 @@ def collective_flow(case: str, model: dict[str, torch.Tensor], run: int, bucket_
     sizes = [b[2] for nbytes in sent for b in bucket_table(nbytes, senders[0].bucket_bytes)]
     raw_address = ray.get(gu.open_raw.remote())
     raw_group = join_group(raw_address, 0)
-    payload = [torch.empty(n, dtype=torch.uint8) for n in sizes]
-    waiting = gu.recv_raw.remote(sizes)
-    raw_started = time.time()
-    for tensor in payload:
-        raw_group.send([tensor], 1, 0).wait()
-    raw_s = ray.get(waiting) - raw_started
+    payload = [torch.ones(n, dtype=torch.uint8) for n in sizes]  # written pages, as a model's are
+
+    def raw_send(reuse: bool) -> float:
+        waiting = gu.recv_raw.remote(sizes, reuse)
+        started = time.time()
+        for tensor in payload:
+            raw_group.send([tensor], 1, 0).wait()
+        return ray.get(waiting) - started
+
+    raw_s = raw_send(False)  # received into fresh memory (the figure of the earlier tables)
+    raw_warm_s = raw_send(True)  # received into the same buckets again
     for s in senders:
         s.close()
     ray.kill(gu)
-    del payload
+    ray.kill(reloader)
+    payload.clear()
     return stages | {
         "raw_copy_s": raw_s,
+        "raw_warm_copy_s": raw_warm_s,
+        "timed_version": timed,
         "reload_peak_rss_gb": reload["peak_rss_growth"] / 1e9,
         "receive_peak_rss_gb": done["peak_rss_growth"] / 1e9,
         "bucket_mb": bucket_mb,

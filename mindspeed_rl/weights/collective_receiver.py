@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mindspeed_rl.weights.collective import (
+    BucketPool,
     ChannelAddress,
     Header,
     aligned,
@@ -76,6 +77,7 @@ class CollectiveReceiver:
         self._device = bucket_device(address.backend)
         self.bytes_received = 0
         self._arena = Arena()  # the merged tensors of one round, reused by every round and version
+        self._buckets = BucketPool()  # received buckets, reused once every piece in them is converted
         self._thread = threading.Thread(target=self._run, name=f"weights-recv-gu{address.gu_id}", daemon=True)
 
     def start(self) -> None:
@@ -119,14 +121,16 @@ class CollectiveReceiver:
     def _receive_and_convert(self, headers: list[Header]) -> MemorySnapshot:
         """Receive round k + 1 while round k is converted and put (one digest thread): the socket
         copy and the object-store copy overlap, and host memory holds two rounds of buckets."""
-        digest = _Digest(headers, self.layout, self._put, self._arena)
+        digest = _Digest(headers, self.layout, self._put, self._arena, self._buckets)
         rounds = max(len(h.buckets) for h in headers)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-digest") as pool:
             previous: Future[None] | None = None
             for k in range(rounds):
                 sending = [h for h in headers if k < len(h.buckets)]
                 sources = [(r, h.buckets[k][2]) for r, h in enumerate(headers) if k < len(h.buckets)]
-                arrived = list(zip(sending, recv_buckets(self.group, sources, self._device), strict=True))
+                buckets = recv_buckets(self.group, sources, self._device, self._buckets)
+                arrived = list(zip(sending, buckets, strict=True))
+                del buckets
                 self.bytes_received += sum(n for _, n in sources)
                 if previous is not None:
                     previous.result()  # at most one round digesting while the next is received
@@ -144,7 +148,12 @@ class _Digest:
     raised by ``finish``."""
 
     def __init__(
-        self, headers: list[Header], layout: InferenceLayout, put: Callable[[Any], Any], arena: Arena
+        self,
+        headers: list[Header],
+        layout: InferenceLayout,
+        put: Callable[[Any], Any],
+        arena: Arena,
+        buckets: BucketPool | None = None,
     ) -> None:
         from mindspeed_rl.weights.convert import is_identity
         from mindspeed_rl.weights.streaming_merge import plan_conversion
@@ -176,6 +185,9 @@ class _Digest:
         self.parts: list[Any] = []
         self.sizes: list[int] = []
         self.available: dict[tuple[str, str], torch.Tensor] = {}
+        self._buckets = buckets
+        self._held: list[tuple[np.ndarray, list[tuple[str, str]]]] = []
+        """Received buckets not yet given back, with the keys of the pieces still read from them."""
 
     def round(self, k: int, arrived_buckets: list[tuple[Header, np.ndarray]]) -> None:
         from mindspeed_rl.weights.streaming_merge import convert_group_in_memory, group_keys
@@ -185,9 +197,12 @@ class _Digest:
         arrived: list[tuple[str, torch.Tensor]] = []
         for h, bucket in arrived_buckets:
             first, end, _ = h.buckets[k]
+            keys = []
             for entry, tensor in _unpack(bucket, h.entries[first:end]):
                 self.available[(entry.shard_file, entry.name)] = tensor
                 arrived.append((entry.name, tensor))
+                keys.append((entry.shard_file, entry.name))
+            self._held.append((bucket, keys))
         out: list[tuple[str, torch.Tensor]] = []
         self._arena.reset()  # the previous round's merged tensors were put (copied) and dropped
         if self.identity:
@@ -214,6 +229,17 @@ class _Digest:
             self.entries.extend(entry_for(n, t, key=self.key, layout=self.layout) for n, t in out)
             self.parts.append(self._put([host_array(t) for _, t in out]))
             self.sizes.append(len(out))
+        del out, arrived
+        self._give_back_done()
+
+    def _give_back_done(self) -> None:
+        """Buckets none of whose pieces is still waiting for its group go back to the pool: what
+        was read from them has been merged into the arena or put (copied) by now."""
+        if self._buckets is None:
+            return
+        done = [b for b, keys in self._held if not any(k in self.available for k in keys)]
+        self._held = [(b, keys) for b, keys in self._held if any(k in self.available for k in keys)]
+        self._buckets.give_back(done)
 
     def finish(self) -> MemorySnapshot:
         if self.error is not None:

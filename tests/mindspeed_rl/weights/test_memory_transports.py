@@ -150,7 +150,7 @@ def _collective_pair(layout_ranks: int, bucket_mb: float):
 
 def test_collective_identity_in_small_buckets_delivers_every_tensor(ray_local, model_factory) -> None:
     receiver, received, (sender,) = _collective_pair(1, bucket_mb=0.0002)  # ~200 bytes: many buckets
-    for version in (1, 2):
+    for version in (1, 2, 3):
         model = model_factory(version)
         result = sender.export(version, model.items(), TrainingLayout()).result(timeout=60)
         assert result.handle is not None and result.handle.medium == "collective"
@@ -160,7 +160,12 @@ def test_collective_identity_in_small_buckets_delivers_every_tensor(ray_local, m
         got = loaded(got_handle)
         for name, tensor in model.items():
             assert torch.equal(got[name], tensor), name
-    assert sender.stats()["collective_groups_created"] == 1.0, "one group, reused for every refresh"
+    stats = sender.stats()
+    assert stats["collective_groups_created"] == 1.0, "one group, reused for every refresh"
+    # Versions 2 and 3 were packed into version 1's buckets and received into buckets freed by
+    # earlier rounds: every tensor above still matched its own version.
+    assert stats["collective_send_buckets_reused"] >= 2 * stats["collective_send_buckets_allocated"]
+    assert receiver._buckets.reused > 0
     sender.close()
 
 
@@ -171,7 +176,7 @@ def test_collective_merge_per_bucket_matches_the_file_converter(
     round into memory it reuses (``hostcopy.Arena``), so a tensor of one round or version that
     still pointed into it would show the next one's bytes."""
     receiver, received, senders = _collective_pair(2, bucket_mb=0.0003)
-    for version in (1, 2):
+    for version in (1, 2, 3):
         model = model_factory(version)
         futures: list = []
 
@@ -194,6 +199,7 @@ def test_collective_merge_per_bucket_matches_the_file_converter(
         for f in futures:
             f.result(timeout=60)
     assert receiver._arena.nbytes > 0, "the merges ran in the reused memory"
+    assert receiver._buckets.reused > 0 and all(s.buckets.reused > 0 for s in senders)
 
 
 def test_probe_refuses_shared_fs_where_the_folder_is_not_shared(tmp_path: Path) -> None:
@@ -215,3 +221,54 @@ def test_puts_are_cut_in_order_into_chunks_of_about_equal_bytes() -> None:
     assert [sum(a.nbytes for a in c) for c in chunks] == [8, 8]
     assert _contiguous_chunks(arrays[:1], 4) == [arrays[:1]]
     assert len(_contiguous_chunks(arrays, 10)) <= 6
+
+
+def test_bucket_pool_reuses_by_size_and_keeps_at_most_its_limit() -> None:
+    from mindspeed_rl.weights.collective import BucketPool
+
+    pool = BucketPool(limit_bytes=300)
+    a, b, c = pool.take(100), pool.take(100), pool.take(200)
+    assert pool.allocated == 3 and pool.reused == 0
+    pool.give_back([a, b, c])  # 400 bytes offered, 300 kept: the 200-byte one does not fit
+    assert pool.held_bytes == 200
+    assert pool.take(100) is b and pool.take(100) is a and pool.reused == 2
+    assert pool.take(200) is not c and pool.allocated == 4 and pool.held_bytes == 0
+
+
+def test_collective_sender_never_reuses_buckets_a_send_still_reads(model_factory) -> None:
+    """The trainer exports v2 while v1 is still being sent: v2 must be packed into other memory
+    (v1's buckets return to the pool only once their sends are done), or v1's GU would receive
+    v2's bytes under v1's header, and no checksum would tell."""
+    import time
+
+    from mindspeed_rl.weights.collective_receiver import _unpack
+
+    release, sent = threading.Event(), {}
+    address = ChannelAddress(gu_id=0, host="127.0.0.1", port=1, world_size=2)
+    sender = CollectiveSender([address], bucket_mb=0.0005, run_id="slow")
+
+    def slow_send(address, rank, packed) -> None:
+        release.wait(30)
+        header = packed.header
+        sent[header.version] = {
+            entry.name: tensor.clone()
+            for (first, end, _), bucket in zip(header.buckets, packed.buckets, strict=True)
+            for entry, tensor in _unpack(bucket, header.entries[first:end])
+        }
+
+    sender._send_one = slow_send  # type: ignore[method-assign]
+    models = {v: model_factory(v) for v in (1, 2)}
+    first = sender.export(1, models[1].items(), TrainingLayout())
+    deadline = time.monotonic() + 30
+    while sender._queue and time.monotonic() < deadline:  # v1 taken by the publisher: its send waits
+        time.sleep(0.01)
+    second = sender.export(2, models[2].items(), TrainingLayout())
+    release.set()
+    first.result(timeout=30)
+    second.result(timeout=30)
+    sender.close()
+    assert set(sent) == {1, 2}
+    for version, model in models.items():
+        for name, tensor in model.items():
+            assert torch.equal(sent[version][name], tensor), f"v{version} {name} was overwritten"
+    assert sender.buckets.allocated > 0
