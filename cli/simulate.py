@@ -7,7 +7,9 @@
 
 ``--compare-online`` runs C4 offline vs C4 online (feedback, refit, re-plan of the unsent tail)
 over two epochs under each ``--length-drift`` model and no drift (``mindspeed_rl/sim/drift.py``
-documents the models; their parameters are written into the JSON).
+documents the models; their parameters are written into the JSON). ``--online-bound`` adds a
+run per (drift, seed) that plans on the drift model's own better-informed estimates, a bound on
+what online estimates could reach (``DriftModel.informed_estimates``).
 
 Every condition uses the same prompts, predictions (a τ-controlled noisy oracle), cluster and
 timing profile; only the dispatch order differs. The real ``ControlLoop`` (dispatch, Training
