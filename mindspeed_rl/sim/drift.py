@@ -142,16 +142,15 @@ class DriftModel:
         applied and each of the first generation's samples clipped, as ``lengths`` does."""
         index = np.asarray(list(rows), dtype=np.int64)
         first = self._first_row[index]
-        repeat = first != index
         base = self.workload.lengths[first].astype(np.float64)
-        rate = np.where(repeat, self._log_rate[index], self._log_rate_knowable[index])
-        if self.name == "noise2x":
-            rate = np.zeros(index.size)
+        # A repeat knows the whole rate only where it is the prompt's (hetero2x), not a fresh draw.
+        own_known = (first != index) & (self.name == "hetero2x")
+        rate = np.where(own_known, self._log_rate[index], self._log_rate_knowable[index])
         t = min(max(progress, 0.0), 1.0)
         log_factor = t * self._log_mean + self._h(t) * rate
         if self.name == "hetero2x":  # the unknown own part's mean: E exp(a xi) = exp(a^2 / 2)
             unknown = self._h(t) * self.params.spread * np.sqrt(1 - self.params.difficulty_length_corr**2)
-            log_factor = log_factor + np.where(repeat, 0.0, 0.5 * unknown**2)
+            log_factor = log_factor + np.where(own_known, 0.0, 0.5 * unknown**2)
         return np.clip(base * np.exp(log_factor)[:, None], 1.0, self.params.max_tokens).mean(axis=1)
 
     def lengths(self, rows: Sequence[int], progress: float) -> np.ndarray:

@@ -204,10 +204,11 @@ def bucket_table(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int, in
 
 
 class BucketPool:
-    """Send buckets kept from one export for the next: every refresh of a run packs the same
-    bucket sizes, and copying into pages written before ran at ~12 GB/s here against ~4.5 into
-    fresh ones (``hostcopy.Arena``). Holds at most ``limit_bytes`` (one shard: the export's copy,
-    which a sender holds during every send anyway, is kept between sends instead of freed)."""
+    """Buckets kept from one refresh for the next, by size: every refresh of a run packs and
+    receives the same bucket sizes, and copying into pages written before ran at ~12 GB/s here
+    against ~4.5 into fresh ones (``hostcopy.Arena``). A sender's pool holds at most
+    ``limit_bytes`` (one shard: the export's copy, which it holds during every send anyway, is
+    kept between sends instead of freed); a receiver's, the rounds it had in flight at once."""
 
     def __init__(self, limit_bytes: int | None = None) -> None:
         self.limit_bytes = limit_bytes

@@ -25,14 +25,9 @@ Delivery is pull-based: every dispatch lands in a per-GU outbox that the GU drai
 assignments are simply discarded (the ControlLoop re-queues them when the GU is declared failed).
 The outboxes and what each GU has been told live in ``workers/gu_mailbox.py``.
 
-``poll`` is a long-poll: it blocks until there is something the GU has not been told and would
-act on now (or ``wait_s`` passes). A new snapshot, the end of the run and failures always count
-(the GU converts while its actors generate); new assignments, a pause flip or a trainer step only
-while one of the GU's actors runs no granted minibatch, because a busy GU hears them anyway in the
-``exchange`` answer to its next completion, and while paused only the resume counts. Every answer records what it told the GU, so news an
-``exchange`` answer delivered does not wake the GU's outstanding poll a second time. Polling
-instead costs CPU that, on a small host, the rollout engines are using, and rounds every wait up
-to its period.
+``poll`` is a long-poll: it blocks until there is news the GU would act on now, or ``wait_s``
+passes (which news counts, and when, is ``gu_mailbox``'s bookkeeping). Polling instead would cost
+CPU the rollout engines use on a small host, and round every wait up to its period.
 
 Departure from the paper: the Training Queue is not a separate actor. It lives here, inside
 the ControlLoop, because backpressure and the lag gate read its depth synchronously at every
@@ -46,15 +41,13 @@ hold it); the ControlLoop is built inside the actor because it holds a lock and 
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.runtime.controller import ControlLoop
 from mindspeed_rl.runtime.faults import FaultKind
@@ -68,7 +61,8 @@ from mindspeed_rl.runtime.records import (
     StartDecision,
 )
 from mindspeed_rl.runtime.replan import OnlineHook
-from mindspeed_rl.runtime.step_metrics import MetricsCursor, step_metrics
+from mindspeed_rl.workers.call_counts import counted
+from mindspeed_rl.workers.cu_events import EventStream
 from mindspeed_rl.workers.eval_desk import EvalDesk
 from mindspeed_rl.workers.evaluator import EvalJob, HeldOutDecode
 from mindspeed_rl.workers.gu_mailbox import GuMailboxes
@@ -80,22 +74,6 @@ from mindspeed_rl.workers.gu_messages import (
 from mindspeed_rl.workers.prompt_book import PromptBook
 
 logger = logging.getLogger(__name__)
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _counted(method: Callable[Concatenate[ControlUnit, P], R]) -> Callable[Concatenate[ControlUnit, P], R]:
-    """Count the calls of a method other processes make (``summary()['cu_calls']``): the control
-    plane's CPU goes with the number of calls, so this is its breakdown."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(self: ControlUnit, *args: P.args, **kwargs: P.kwargs) -> R:
-        with self._lock:
-            self.calls[name] += 1
-        return method(self, *args, **kwargs)
-
-    return wrapper
 
 
 class ControlUnit:
@@ -117,12 +95,11 @@ class ControlUnit:
         ``close_events``), so the event log never crosses one giant RPC nor grows with the run.
         ``group_filter`` / ``steps_total``: DAPO's dynamic sampling (``runtime.group_filter``)."""
         self._config = config
-        self._events = ev.EventLog()
-        self._events_file = open(events_path, "a", encoding="utf-8") if events_path else None  # noqa: SIM115
+        self._events = EventStream(events_path)
         self._loop = ControlLoop(
             config=config,
             schedule=schedule,
-            events=self._events,
+            events=self._events.log,
             sampling=None
             if group_filter is None or steps_total is None
             else DynamicSampling(
@@ -132,7 +109,6 @@ class ControlUnit:
         )
         self._book = PromptBook() if streaming else None
         self._mail = GuMailboxes()
-        self._cursor = MetricsCursor()
         self.snapshots_superseded = 0
         self.calls: Counter[str] = Counter()
         # Held around dispatch + outbox append so two threads cannot reorder one GU's assignments.
@@ -166,7 +142,7 @@ class ControlUnit:
                 self._online.on_scheduled(self._loop.database.schedule_now(), self._loop.clock.now())
             return self._changed()
 
-    @_counted
+    @counted
     def extend_schedule(self, more: Sequence[ScheduledMinibatch], records: Sequence[Any], close: bool) -> int:
         """A streaming window's next chunk and its prompts' records (``close``: the last chunk);
         returns the number of new assignments."""
@@ -182,7 +158,7 @@ class ControlUnit:
             self._batch_may_be_ready.notify_all()  # closing may complete a short last batch
             return dispatched
 
-    @_counted
+    @counted
     def poll(self, gu_id: int, wait_s: float = 0.0) -> GuPoll:
         """What is new for ``gu_id``; blocks up to ``wait_s`` while nothing it would act on is new."""
         if not wait_s >= 0:
@@ -197,7 +173,7 @@ class ControlUnit:
                 self._news_moved.wait(remaining)
             return self._answer(gu_id)
 
-    @_counted
+    @counted
     def exchange(self, report: GuReport, *completions: CompletedMinibatch) -> GuPoll:
         """Take a GU's completions and reports, then its start request; answer with all its news.
 
@@ -225,7 +201,7 @@ class ControlUnit:
                 self._batch_may_be_ready.notify_all()
             return self._answer(g, decision)
 
-    @_counted
+    @counted
     def request_start(
         self, minibatch_id: int, *, attempt: int, gu_id: int, actor_id: int, policy_version: int
     ) -> StartDecision:
@@ -238,7 +214,7 @@ class ControlUnit:
                 self._changed()
             return decision
 
-    @_counted
+    @counted
     def on_minibatch_completed(self, completed: CompletedMinibatch) -> str:
         """One completion on its own (``exchange`` carries them in production)."""
         with self._lock:
@@ -249,35 +225,36 @@ class ControlUnit:
             self._batch_may_be_ready.notify_all()
             return outcome.value
 
-    @_counted
+    @counted
     def on_actor_failed(self, gu_id: int, actor_id: int) -> list[int]:
         with self._lock:
             requeued = self._loop.on_actor_failed(gu_id, actor_id)
-            if not self._loop.has_gu(gu_id):  # it was the GU's last actor
-                self._mail.forget(gu_id)
-                self._reassign_evals(gu_id)
             logger.warning("GU %d actor %d failed; re-queued minibatches %s", gu_id, actor_id, requeued)
-            self._changed(everyone=True)  # released lag reservations may admit other GUs' starts
-            self._batch_may_be_ready.notify_all()
-            return requeued
+            return self._after_actor_loss(gu_id, requeued)
 
-    @_counted
+    @counted
     def on_actor_fault(self, gu_id: int, actor_id: int, kind: str, detail: str, retire: bool) -> list[int]:
         """An actor raised (``kind="error"``), hung (``"timeout"``) or died (``"died"``); its GU
         replaces it unless ``retire``. Its minibatch is re-issued, or the run fails if poison."""
         with self._lock:
             requeued = self._loop.on_actor_fault(gu_id, actor_id, FaultKind(kind), detail, retire=retire)
-            if not self._loop.has_gu(gu_id):  # it was the GU's last actor
-                self._mail.forget(gu_id)
-                self._reassign_evals(gu_id)
             logger.warning(
                 "GU %d actor %d %s (%s); re-queued minibatches %s", gu_id, actor_id, kind, detail, requeued
             )
-            self._changed(everyone=True)  # released lag reservations may admit other GUs' starts
-            self._batch_may_be_ready.notify_all()  # a poison minibatch fails the driver's wait
-            return requeued
+            return self._after_actor_loss(gu_id, requeued)
 
-    @_counted
+    def _after_actor_loss(self, gu_id: int, requeued: list[int]) -> list[int]:
+        """After an actor is lost (lock held): a GU left without actors is gone, its evaluations
+        go elsewhere; released lag reservations may admit other GUs' starts, and a poison
+        minibatch fails the driver's wait."""
+        if not self._loop.has_gu(gu_id):
+            self._mail.forget(gu_id)
+            self._reassign_evals(gu_id)
+        self._changed(everyone=True)
+        self._batch_may_be_ready.notify_all()
+        return requeued
+
+    @counted
     def on_gu_failed(self, gu_id: int) -> list[int]:
         with self._lock:
             if not self._mail.forget(gu_id):
@@ -289,7 +266,7 @@ class ControlUnit:
             self._batch_may_be_ready.notify_all()
             return requeued
 
-    @_counted
+    @counted
     def on_gu_stopped(self, gu_id: int) -> None:
         """A GU's loop ended after the run was over: an evaluation it was given but never
         decoded goes to another GU (or fails by name), instead of waiting forever."""
@@ -342,7 +319,7 @@ class ControlUnit:
             self._news_moved.notify_all()
 
     # ---- evaluations ---------------------------------------------------------------------------
-    @_counted
+    @counted
     def submit_eval(self, job: EvalJob) -> int | None:
         """Hand an evaluation to one GU (the lowest live one); returns it, None if none is left."""
         with self._lock:
@@ -350,7 +327,7 @@ class ControlUnit:
             self._tell_urgent([] if gu_id is None else [gu_id])
             return gu_id
 
-    @_counted
+    @counted
     def on_eval_done(self, gu_id: int, job_id: int, decoded: HeldOutDecode | None, error: str | None) -> None:
         """A GU's result for an evaluation: the decode, or why none could be made."""
         with self._lock:
@@ -362,7 +339,7 @@ class ControlUnit:
             if self._gus_done():  # the last evaluation of a finished run: the GUs may stop now
                 self._tell_urgent(self._mail.every_gu())
 
-    @_counted
+    @counted
     def wait_eval(self, job_id: int, timeout_s: float) -> HeldOutDecode | None:
         """An evaluation's decode, blocking up to ``timeout_s`` (None on timeout); raises the GU's
         reason when it could not decode, and the run's failure if it cannot go on."""
@@ -389,7 +366,7 @@ class ControlUnit:
         return len(assignments)
 
     # ---- weight flow ---------------------------------------------------------------------------
-    @_counted
+    @counted
     def on_snapshot_published(self, snapshot: SnapshotInfo, save_seconds: float | None = None) -> bool:
         """Record a published snapshot; returns False if a newer one was announced first.
 
@@ -406,12 +383,7 @@ class ControlUnit:
             self._changed()
             return True
 
-    @_counted
-    def on_snapshot_converted(self, gu_id: int, version: int, seconds: float) -> None:
-        with self._lock:
-            self._loop.on_snapshot_converted(gu_id, version, seconds)
-
-    @_counted
+    @counted
     def on_weights_loaded(
         self, gu_id: int, actor_id: int, version: int, seconds: float, started_at: float | None = None
     ) -> None:
@@ -419,7 +391,7 @@ class ControlUnit:
             self._loop.on_weights_loaded(gu_id, actor_id, version, seconds, started_at=started_at)
 
     # ---- training side -------------------------------------------------------------------------
-    @_counted
+    @counted
     def pop_global_batch(self, step: int) -> GlobalBatch | None:
         with self._lock:
             batch = self._loop.pop_global_batch(step)
@@ -427,7 +399,7 @@ class ControlUnit:
                 self._changed()
             return self._with_records(batch)
 
-    @_counted
+    @counted
     def wait_global_batch(self, step: int, timeout_s: float) -> GlobalBatch | None:
         """``pop_global_batch``, blocking up to ``timeout_s`` for the batch to become ready.
 
@@ -454,7 +426,7 @@ class ControlUnit:
     def _with_records(self, batch: GlobalBatch | None) -> GlobalBatch | None:
         return batch if batch is None or self._book is None else self._book.take(batch)
 
-    @_counted
+    @counted
     def on_train_step_done(self, step: int) -> dict[str, float]:
         """Record the trained step and return the pipeline digest since the previous step (one
         round trip per step: the driver needs both)."""
@@ -464,10 +436,10 @@ class ControlUnit:
             digest = self._digest()
             if self._online is not None:
                 digest.update(self._online.after_step(step, self._loop.replan_unsent))
-            self._stream_events()
+            self._events.flush(self._loop)
             return digest
 
-    @_counted
+    @counted
     def schedule_now(self) -> tuple[ScheduledMinibatch, ...]:
         """The schedule as it stands (online ASP re-plans it), for the next checkpoint."""
         with self._lock:
@@ -485,33 +457,19 @@ class ControlUnit:
         idle = self._loop.clock.now() - self._loop.last_progress
         return max(0.05, stall - idle + 0.05)
 
-    def _stream_events(self) -> None:
-        """Append the new events to events.jsonl and forget what the digest has read too."""
-        if self._events_file is not None:
-            self._events.write_new(self._events_file)
-            self._events.trim(self._cursor.num_events)
-        self._loop.trim_history(arrivals=self._cursor.num_arrivals, lag_steps=self._cursor.num_lag_steps)
-
     def close_events(self) -> int:
         """Write the events not written yet and close events.jsonl; returns the events logged."""
         with self._lock:
-            if self._events_file is not None:
-                self._events.write_new(self._events_file)
-                self._events_file.close()
-                self._events_file = None
-            return len(self._events)
+            return self._events.close()
 
-    @_counted
+    @counted
     def step_metrics(self) -> dict[str, float]:
         """Observability digest since the previous digest."""
         with self._lock:
             return self._digest()
 
     def _digest(self) -> dict[str, float]:
-        seen = self._loop.observe(
-            arrivals_since=self._cursor.num_arrivals, lag_steps_since=self._cursor.num_lag_steps
-        )
-        return step_metrics(seen, self._events, self._cursor)
+        return self._events.digest(self._loop)
 
     # ---- state -------------------------------------------------------------------------------
     def is_finished(self) -> bool:
@@ -540,4 +498,4 @@ class ControlUnit:
     def event_records(self) -> list[dict[str, Any]]:
         """The events still held as JSON-ready dicts (all of them unless streamed to a file)."""
         with self._lock:
-            return [ev.EventLog.to_json_dict(e) for e in self._events]
+            return self._events.records()

@@ -46,7 +46,6 @@ import os
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from mindspeed_rl.runtime.faults import FaultKind
@@ -62,6 +61,7 @@ from mindspeed_rl.workers.gu_messages import (
     StartRequest,
 )
 from mindspeed_rl.workers.gu_spec import ConversionDone, GuSpec
+from mindspeed_rl.workers.gu_weights import GuWeightSide
 
 if TYPE_CHECKING:
     from mindspeed_rl.workers.evaluator import EvalJob
@@ -95,7 +95,7 @@ class GenerationUnit:
         # version -> answer time of the poll it was chosen on: it was the newest published then.
         self._conversion_chosen_at: dict[int, float] = {}
         self._stop = threading.Event()
-        self._converter: Any = None
+        self._weights = GuWeightSide(spec)
         self._paused = False
         self._answered_at = 0.0
         self._seq = 0  # of the newest CU answer applied
@@ -110,23 +110,15 @@ class GenerationUnit:
         self.calls: Counter[str] = Counter()
         """Calls the control loop made (CU, actors, ``ray.wait``): the breakdown of its CPU."""
         self._cpu_at_start = time.process_time()
-        self._convert_cpu = 0.0
 
     def start_actors(self) -> int:
         """Create the actors, wait until their engines are up, register with the CU."""
         import ray
 
-        from mindspeed_rl.weights.endpoints import GuWeights
-        from mindspeed_rl.weights.layout import InferenceLayout
-
-        s = self.spec
-        for a in range(s.num_actors):
+        for a in range(self.spec.num_actors):
             self._handles[a] = self._new_actor(a)
         ray.get([handle.__ray_ready__.remote() for handle in self._handles.values()])
         self._policy = GuPolicy(gu_id=self.gu_id, actor_ids=self._handles)
-        # The torch backend's inference layout is one full replica per actor (TP = EP = 1).
-        if self._converter is None:
-            self._converter = GuWeights(s.weight_transport, Path(s.cache_dir), InferenceLayout())
         self._faults = ray.get(self._cu.register_gu.remote(self.gu_id, len(self._handles)))
         self._running = RunningMinibatches(self._faults.deadlines)
         return len(self._handles)
@@ -165,7 +157,8 @@ class GenerationUnit:
 
         me = ray.get_runtime_context().current_actor
         # Engine start-up (actors, imports) is not control-plane work: count from here.
-        self._cpu_at_start, self._convert_cpu = time.process_time(), 0.0
+        self._cpu_at_start = time.process_time()
+        self._weights.reset_cpu()
         poll_ref = self._cu.poll.remote(self.gu_id)
         converting: Any = None
         # Beyond the long-poll's own wait: only reached if the CU stops answering.
@@ -213,14 +206,14 @@ class GenerationUnit:
     def cpu_seconds(self) -> float:
         """CPU of the control loop since ``run`` began: this process (all threads, Ray's
         included) less the conversion thread's share (``convert_cpu_seconds``)."""
-        return time.process_time() - self._cpu_at_start - self._convert_cpu
+        return time.process_time() - self._cpu_at_start - self._weights.convert_cpu_seconds
 
     def call_counts(self) -> dict[str, int]:
         return dict(self.calls)
 
     def convert_cpu_seconds(self) -> float:
         """CPU the snapshot conversions used since ``run`` began (weight flow, not control)."""
-        return self._convert_cpu
+        return self._weights.convert_cpu_seconds
 
     def shutdown(self) -> None:
         import ray
@@ -232,46 +225,16 @@ class GenerationUnit:
 
     # ---- weight flow -----------------------------------------------------------------------------
     def check_probe(self, probe: Any) -> str:
-        """Start of the run, before any model work: does this node see the TU's snapshot folder?
-        Raises ``SharedPathError`` for shared_fs where it does not; returns this node's name."""
-        import socket
-
-        from mindspeed_rl.weights.transport import check_probe
-
-        # The GU's own path to the snapshot root: its cache folder's parent (``gu_specs``).
-        folder = Path(self.spec.cache_dir).parent
-        seen = check_probe(
-            probe, self.spec.weight_transport, folder=folder, where=f"Generation Unit {self.gu_id}"
-        )
-        return f"{socket.gethostname()} (probe {'seen' if seen else 'not seen'})"
+        """Start of the run, before any model work (``gu_weights.GuWeightSide.check_probe``)."""
+        return self._weights.check_probe(probe)
 
     def open_weight_channel(self, world_size: int) -> Any:
         """collective: this GU's one process group, opened once at start (``weights.endpoints``)."""
-        from mindspeed_rl.weights.endpoints import GuWeights
-        from mindspeed_rl.weights.layout import InferenceLayout
-
-        if self._converter is None:
-            self._converter = GuWeights(
-                self.spec.weight_transport, Path(self.spec.cache_dir), InferenceLayout()
-            )
-        return self._converter.open_channel(self.gu_id, world_size)
+        return self._weights.open_channel(world_size)
 
     def convert_snapshot(self, version: int, path: str, handle: Any = None) -> ConversionDone:
         """Convert one published snapshot (called on another thread of this actor by ``run``)."""
-        from mindspeed_rl.weights.manifest import SnapshotError
-
-        started, cpu_started = time.perf_counter(), time.thread_time()
-        try:
-            result = self._converter.convert(version, path, handle)
-        except SnapshotError as err:  # GuConverter has logged it; actors keep their weights
-            logger.error(
-                "GU %d: snapshot v%d rejected (%s); actors keep their weights", self.gu_id, version, err
-            )
-            return ConversionDone(version=version, path=None, seconds=time.perf_counter() - started)
-        finally:
-            # Only this thread's CPU: the converter's own reader threads (num_threads=1 here) aside.
-            self._convert_cpu += time.thread_time() - cpu_started
-        return ConversionDone(version=version, path=result.path, seconds=result.seconds)
+        return self._weights.convert(version, path, handle)
 
     def _on_converted(self, done: ConversionDone) -> None:
         self._policy.on_converted(done.version, path=done.path)
@@ -287,7 +250,7 @@ class GenerationUnit:
         target = self._policy.converted
         if target is None or target.version <= held_version:
             return None
-        return target.path, target.version, self._converter.reload_handle(target.path)
+        return target.path, target.version, self._weights.reload_handle(target.path)
 
     def _apply(self, poll: GuPoll) -> bool:
         """Take in one CU answer; returns whether it brought something an idle actor may act on."""
@@ -322,7 +285,7 @@ class GenerationUnit:
         for action in actions:
             if isinstance(action, Reload):
                 handle = self._handles[action.actor_id]
-                memory = self._converter.reload_handle(action.path)  # None: a folder (shared_fs)
+                memory = self._weights.reload_handle(action.path)  # None: a folder (shared_fs)
                 self._pending[handle.reload.remote(action.path, action.version, memory)] = (
                     "reload",
                     action.actor_id,
