@@ -1,5 +1,5 @@
 """A Generation Unit's side of the weight flow: its transport's endpoint (``weights.endpoints.
-GuWeights``, made once, at the first use), the start-of-run probe, and each snapshot's conversion
+GuWeights``, made once), the start-of-run probe, and each snapshot's conversion
 with the CPU it costs. The GU's control loop only schedules these (``generation_unit.py``); the
 CPU is kept apart because the summary reports the control plane's CPU without the conversions'."""
 
@@ -17,21 +17,16 @@ logger = logging.getLogger(__name__)
 
 class GuWeightSide:
     def __init__(self, spec: GuSpec) -> None:
+        from mindspeed_rl.weights.endpoints import GuWeights
+        from mindspeed_rl.weights.layout import InferenceLayout
+
         self.spec = spec
-        self._endpoint: Any = None
+        # Made here, once: the GU's threads (its loop, conversions, actors' mid-decode questions)
+        # all read the same endpoint, whose memory handles a second one would not know. The torch
+        # backend's inference layout is one full replica per actor (TP = EP = 1).
+        self.endpoint = GuWeights(spec.weight_transport, Path(spec.cache_dir), InferenceLayout())
         self.convert_cpu_seconds = 0.0
         """CPU of the conversion threads since ``reset_cpu`` (weight flow, not control)."""
-
-    @property
-    def endpoint(self) -> Any:
-        if self._endpoint is None:
-            from mindspeed_rl.weights.endpoints import GuWeights
-            from mindspeed_rl.weights.layout import InferenceLayout
-
-            # The torch backend's inference layout is one full replica per actor (TP = EP = 1).
-            s = self.spec
-            self._endpoint = GuWeights(s.weight_transport, Path(s.cache_dir), InferenceLayout())
-        return self._endpoint
 
     def reset_cpu(self) -> None:
         self.convert_cpu_seconds = 0.0
