@@ -26,8 +26,9 @@ import hydra
 import yaml
 from omegaconf import DictConfig
 
-from mindspeed_rl.config_cls import ConfigError, GRPOConfig, load_config
+from mindspeed_rl.config_cls import ConfigError, GRPOConfig, InertKey, inert, load_config
 from mindspeed_rl.config_cls.loader import SELF_WARNING, schema_overrides
+from mindspeed_rl.plan.sections import plan_inert_keys
 from mindspeed_rl.utils import quiet_logs, ray_setup
 
 if __package__ in (None, ""):  # run as a script: make `cli` importable
@@ -125,6 +126,15 @@ def dapo_parts(config: GRPOConfig) -> str:
     return ", ".join(f"{name}={'on' if on else 'off'}" for name, on in parts.items())
 
 
+def warn_inert_keys(keys: Sequence[InertKey]) -> None:
+    """The keys the user set that have no effect, once per run at start-up: one line per section,
+    each reason the one of the engine and pipeline that run (``check_config`` lists them too)."""
+    if keys:
+        logger.warning("%d given key(s) have no effect here (check_config lists them):", len(keys))
+    for line in inert.grouped_lines(keys):
+        logger.warning("  %s", line)
+
+
 def run(cfg: DictConfig, config_name: str | None, entry: str = "grpo") -> int:
     """Validate, prepare the run directory, start Ray, hand over to the trainer. Returns an exit code."""
     if not config_name:
@@ -133,14 +143,14 @@ def run(cfg: DictConfig, config_name: str | None, entry: str = "grpo") -> int:
     try:
         config = load_config(cfg)
         trainer = resolve_trainer(config.rl_config.pipeline)
+        inert_keys = plan_inert_keys(config)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_TRAINER
-    for key in config.inert_keys:
-        logger.info("no effect here: %s", key)
+    warn_inert_keys(inert_keys)
     if entry == "dapo":
         logger.info("DAPO: %s", dapo_parts(config))
     run_dir = create_run_dir(config, config_name)

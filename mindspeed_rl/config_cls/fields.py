@@ -5,6 +5,9 @@ as ``check_config`` can read the docs back.
 Two kinds of "no effect" marker, because they are checked differently:
 
 * ``inert``: no engine reads the key; the run-plan coverage test never asks for a read of it.
+  The reason is one sentence true on both training engines, or a ``ByEngine`` pair when the
+  engines ignore the key for different reasons: a megatron user told "the torch backend ignores
+  it" reads a bug, so ``inert_reason(f, engine)`` gives the reason of the engine that runs.
 * ``inert_on_torch``: only the megatron engine reads it (``use_mcore_models: true``). The coverage
   test requires the plan to read it, and the loader lists it as inert only when the run trains
   on the torch engine (``inert.megatron_inert_keys``).
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 # runtime.config documents the control knobs it shares with AsyncConfig under this key.
 from mindspeed_rl.runtime.config import DOC
@@ -34,10 +38,37 @@ INERT_ON_TORCH = "inert_on_torch"
 REFUSED = "refused"
 ACCEPTS = "accepts"
 
-# Reasons reused by many keys; a per-key note is still attached to each field.
+Engine = Literal["torch", "megatron"]
+ENGINES: tuple[Engine, ...] = ("torch", "megatron")
+
+
+@dataclass(frozen=True, slots=True)
+class ByEngine:
+    """Why an inert key has no effect, per training engine (``use_mcore_models`` picks one)."""
+
+    torch: str
+    megatron: str
+
+    def __str__(self) -> str:
+        return f"torch engine: {self.torch}; megatron engine: {self.megatron}"
+
+
+# Reasons reused by many keys; a per-key note is still attached to each field. The first two are
+# torch-engine reasons of keys the megatron engine reads (``inert_on_torch``).
 MEGATRON_ONLY = "Megatron/NPU only; the torch backend uses plain HF modules and ignores it"
 PARALLEL_ONLY = "Megatron parallel layout; the torch backend trains one unsharded replica"
-NPU_TOOL = "Ascend profiling/debug tooling; not available on the torch backend"
+TORCH_HF = "the torch engine trains plain HF modules, which have no such switch"
+TORCH_ONE_REPLICA = "the torch engine trains one unsharded replica"
+NPU_TOOL = "upstream's Ascend profiling/debug tooling; neither training engine calls it"
+
+
+def megatron_reason(megatron: str, torch: str = TORCH_HF) -> ByEngine:
+    """The reasons of a Megatron/MindSpeed switch that neither engine reads: ``torch`` (by default,
+    HF modules have no such switch) and what the megatron engine does instead."""
+    return ByEngine(torch=torch, megatron=megatron)
+
+
+InertReason = str | ByEngine
 
 
 Accepts = tuple[Any, ...] | Callable[[Any, Any], bool]
@@ -45,7 +76,7 @@ Accepts = tuple[Any, ...] | Callable[[Any, Any], bool]
 
 def _metadata(
     doc: str,
-    inert: str | None,
+    inert: InertReason | None,
     inert_on_torch: str | None,
     refused: str | None = None,
     accepts: Accepts = (),
@@ -72,7 +103,7 @@ def opt(
     default: Any,
     doc: str,
     *,
-    inert: str | None = None,
+    inert: InertReason | None = None,
     inert_on_torch: str | None = None,
     refused: str | None = None,
     accepts: Accepts = (),
@@ -95,10 +126,21 @@ def field_doc(f: dataclasses.Field[Any]) -> str:
     return str(f.metadata.get(DOC, ""))
 
 
-def inert_reason(f: dataclasses.Field[Any]) -> str | None:
-    """Why the key has no effect on any engine, or None when something reads it."""
+def inert_reason(f: dataclasses.Field[Any], engine: Engine | None = None) -> str | None:
+    """Why the key has no effect on any engine, or None when something reads it: the reason on
+    ``engine`` when given, else both engines' reasons."""
     reason = f.metadata.get(INERT)
-    return None if reason is None else str(reason)
+    if reason is None:
+        return None
+    if isinstance(reason, ByEngine) and engine is not None:
+        return reason.torch if engine == "torch" else reason.megatron
+    return str(reason)
+
+
+def inert_reasons(f: dataclasses.Field[Any]) -> InertReason | None:
+    """The inert marker as declared: one reason for both engines, or a ``ByEngine`` pair."""
+    reason = f.metadata.get(INERT)
+    return reason if reason is None or isinstance(reason, ByEngine) else str(reason)
 
 
 def torch_inert_reason(f: dataclasses.Field[Any]) -> str | None:

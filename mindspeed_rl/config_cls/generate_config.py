@@ -11,7 +11,9 @@ _HYBRID_OFFLOAD = (
     "acts only in the colocated hybrid (pipeline: hybrid on GPU/NPU, workers/colocation.py); on CPU "
     "and in the async pipeline trainer and rollout are separate processes, so there is nothing to free"
 )
-_ASCEND = "vllm-ascend option; ignored by vLLM on CPU/GPU"
+_ASCEND = (
+    "vllm-ascend option; not passed to the rollout engine (vLLM and vllm-ascend start with their defaults)"
+)
 _EPLB = "vllm-ascend expert load balancing (placement only, same results); not passed to the rollout engine"
 _MULTIMODAL = "multimodal models are not supported: the policy is a text-only Qwen model"
 

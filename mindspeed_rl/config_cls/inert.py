@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mindspeed_rl.config_cls.fields import inert_reason, torch_inert_reason
+from mindspeed_rl.config_cls.fields import Engine, inert_reason, torch_inert_reason
 from mindspeed_rl.config_cls.grpo_config import InertKey
 from mindspeed_rl.config_cls.megatron_config import MEGATRON_FIELDS
 from mindspeed_rl.config_cls.tool_configs import ProfilerRoleConfig
@@ -28,12 +28,13 @@ def megatron_inert_keys(origins: Mapping[str, str], *, megatron_engine: bool) ->
     ``megatron_engine`` is the run's engine choice, ``actor_config``'s ``use_mcore_models`` (as in
     ``plan.sections.megatron_layout``). On it, the engine-dependent keys act when they reach the
     actor (from the model file, megatron_training or actor_config); set in another role's section
-    they still have no effect.
+    they still have no effect. Keys no engine reads give the reason of the engine that runs.
     """
+    engine: Engine = "megatron" if megatron_engine else "torch"
     out = []
     for key, section in origins.items():
         field = MEGATRON_FIELDS[key]
-        reason = inert_reason(field)
+        reason = inert_reason(field, engine)
         if reason is None and torch_inert_reason(field) is not None:
             if not megatron_engine:
                 reason = torch_inert_reason(field)
@@ -44,8 +45,9 @@ def megatron_inert_keys(origins: Mapping[str, str], *, megatron_engine: bool) ->
     return out
 
 
-def section_inert_keys(cls: type, raw: Any, where: str) -> list[InertKey]:
-    """Inert keys among those given in ``raw`` for dataclass ``cls`` (recursing into sections)."""
+def section_inert_keys(cls: type, raw: Any, where: str, engine: Engine) -> list[InertKey]:
+    """Inert keys among those given in ``raw`` for dataclass ``cls`` (recursing into sections),
+    with the reason on the training ``engine`` that runs."""
     if not isinstance(raw, Mapping):
         return []
     hints = typing.get_type_hints(cls)
@@ -53,20 +55,20 @@ def section_inert_keys(cls: type, raw: Any, where: str) -> list[InertKey]:
     for f in dataclasses.fields(cls):
         if f.name not in raw:
             continue
-        reason = inert_reason(f)
+        reason = inert_reason(f, engine)
         if reason is not None:
             out.append(InertKey(section=where, key=f.name, reason=reason))
         elif dataclasses.is_dataclass(hints[f.name]):
-            out += section_inert_keys(hints[f.name], raw[f.name], f"{where}.{f.name}")
+            out += section_inert_keys(hints[f.name], raw[f.name], f"{where}.{f.name}", engine)
     return out
 
 
-def profiler_inert_keys(raw: Any) -> list[InertKey]:
+def profiler_inert_keys(raw: Any, engine: Engine) -> list[InertKey]:
     if not isinstance(raw, Mapping):
         return []
     out = []
     for role, role_raw in raw.items():
-        out += section_inert_keys(ProfilerRoleConfig, role_raw, f"profiler_config.{role}")
+        out += section_inert_keys(ProfilerRoleConfig, role_raw, f"profiler_config.{role}", engine)
     return out
 
 
@@ -93,3 +95,15 @@ def dedupe(keys: list[InertKey]) -> tuple[InertKey, ...]:
     for k in keys:
         seen.setdefault((k.section, k.key), k)
     return tuple(sorted(seen.values(), key=lambda k: (k.section, k.key)))
+
+
+def grouped_lines(keys: Sequence[InertKey]) -> list[str]:
+    """One line per section for the run's start-up warning: its keys, those sharing a reason
+    together, e.g. ``megatron_training: a, b: why | c: why``. Sections and keys keep their order."""
+    by_section: dict[str, dict[str, list[str]]] = {}
+    for k in keys:
+        by_section.setdefault(k.section, {}).setdefault(k.reason, []).append(k.key)
+    return [
+        f"{section}: " + " | ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
+        for section, reasons in by_section.items()
+    ]

@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from mindspeed_rl.config_cls import inert, refusals
 from mindspeed_rl.config_cls.asp_config import ASPConfig
 from mindspeed_rl.config_cls.async_config import AsyncConfig
+from mindspeed_rl.config_cls.fields import Engine
 from mindspeed_rl.config_cls.generate_config import GenerateConfig
 from mindspeed_rl.config_cls.grpo_config import GRPOConfig
 from mindspeed_rl.config_cls.megatron_config import MegatronConfig, build_megatron_config
@@ -70,7 +71,7 @@ def load_config(cfg: DictConfig | Mapping[str, Any]) -> GRPOConfig:
         problems.add("run_dir", f"expected a folder path string, got {run_dir!r}")
         run_dir = "runs"
     problems.raise_if_any()
-    inert_found += _section_inert_keys(raw, sections["rl_config"].pipeline)
+    inert_found += _section_inert_keys(raw, sections["rl_config"].pipeline, megatron_engine)
     config = GRPOConfig(
         model_name=model_name,
         megatron_training=megatron,
@@ -238,14 +239,15 @@ def _refuse(
         refusals.section_refusals(section, f"profiler_config.{role}", problems)
 
 
-def _section_inert_keys(raw: Mapping[str, Any], pipeline: str) -> list[Any]:
-    found = inert.profiler_inert_keys(raw.get("profiler_config"))
+def _section_inert_keys(raw: Mapping[str, Any], pipeline: str, megatron_engine: bool) -> list[Any]:
+    engine: Engine = "megatron" if megatron_engine else "torch"
+    found = inert.profiler_inert_keys(raw.get("profiler_config"), engine)
     for name, cls in (
         ("rl_config", RLConfig),
         ("generate_config", GenerateConfig),
         ("msprobe_config", MsprobeConfig),
     ):
-        found += inert.section_inert_keys(cls, raw.get(name), name)
+        found += inert.section_inert_keys(cls, raw.get(name), name, engine)
     return found + inert.pipeline_inert_keys(raw, pipeline)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mindspeed_rl.config_cls.fields import MEGATRON_ONLY, opt
+from mindspeed_rl.config_cls.fields import ByEngine, opt
 from mindspeed_rl.config_cls.megatron_only import MegatronOnlyKeys, ParallelKeys
 from mindspeed_rl.config_cls.megatron_upstream import (
     UnsupportedArchitectureKeys,
@@ -30,7 +30,9 @@ class TrainingKeys:
 
     model: str | None = opt(None, "Name of the architecture in `model:` (configs/model/<name>.yaml).")
     tokenizer_type: str = opt(
-        "PretrainedFromHF", "Tokenizer kind.", inert="the torch backend always loads the HF tokenizer"
+        "PretrainedFromHF",
+        "Tokenizer kind.",
+        inert="both engines load the HF tokenizer of tokenizer_name_or_path",
     )
     tokenizer_name_or_path: str | None = opt(
         None,
@@ -42,9 +44,17 @@ class TrainingKeys:
     seq_length: int = opt(
         0,
         "Megatron's padded sequence length.",
-        inert="the torch backend pads each micro-batch to its longest",
+        inert="both engines pad each micro-batch to its own longest sample",
     )
-    variable_seq_lengths: bool = opt(False, "Megatron variable-length batches.", inert=MEGATRON_ONLY)
+    variable_seq_lengths: bool = opt(
+        False,
+        "Megatron variable-length batches.",
+        inert=ByEngine(
+            torch="the torch engine pads each micro-batch to its own longest sample",
+            megatron="the megatron engine sets it itself: on with pipeline stages (PP > 1), so each "
+            "micro-batch keeps its own width",
+        ),
+    )
     train_iters: int = opt(0, "Training iterations (one global batch each).")
     save_interval: int | None = opt(None, "Iterations between checkpoints; null = only at the end.")
     eval_interval: int | None = opt(None, "Iterations between evaluations; null = none.")

@@ -10,9 +10,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mindspeed_rl.config_cls.fields import MEGATRON_ONLY, PARALLEL_ONLY, opt
+from mindspeed_rl.config_cls.fields import (
+    MEGATRON_ONLY,
+    PARALLEL_ONLY,
+    TORCH_ONE_REPLICA,
+    ByEngine,
+    megatron_reason,
+    opt,
+)
 
 _RECOMPUTE = "Megatron activation recomputation; the torch backend keeps activations"
+# What the megatron engine does instead (models/training/megatron/model.py, optimizer.py,
+# workers/training_group.py), so a megatron user reads why, not "the torch backend ignores it".
+_NO_OVERLAP = megatron_reason(
+    "the megatron engine does not overlap data-parallel communication with compute (same results)",
+    torch=TORCH_ONE_REPLICA,
+)
+_FUSED_OFF = "the megatron engine keeps this fusion off on every device"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,22 +40,42 @@ class ParallelKeys:
         1, "Context-parallel ranks (the megatron engine implements 1 only).", inert_on_torch=PARALLEL_ONLY
     )
     num_layers_per_virtual_pipeline_stage: int | None = opt(
-        None, "Interleaved pipeline chunk size.", inert=PARALLEL_ONLY
+        None,
+        "Interleaved pipeline chunk size.",
+        inert=megatron_reason(
+            "the megatron engine runs the non-interleaved pipeline schedule (same results)",
+            torch=TORCH_ONE_REPLICA,
+        ),
     )
     sequence_parallel: bool = opt(
         False,
         "Shard activations along the sequence over the TP group (TP > 1).",
         inert_on_torch=PARALLEL_ONLY,
     )
-    moe_tp_extend_ep: bool = opt(False, "Reuse TP ranks as extra EP ranks.", inert=PARALLEL_ONLY)
+    moe_tp_extend_ep: bool = opt(
+        False,
+        "Reuse TP ranks as extra EP ranks.",
+        inert=megatron_reason(
+            "the megatron engine splits experts over expert_model_parallel_size only",
+            torch=TORCH_ONE_REPLICA,
+        ),
+    )
     use_distributed_optimizer: bool = opt(
         False,
         "Shard fp32 masters and Adam moments over data parallel (megatron, GPU/NPU).",
         inert_on_torch=PARALLEL_ONLY,
     )
-    overlap_grad_reduce: bool = opt(False, "Overlap DP gradient reduce.", inert=PARALLEL_ONLY)
-    overlap_param_gather: bool = opt(False, "Overlap DP parameter gather.", inert=PARALLEL_ONLY)
-    distributed_backend: str = opt("nccl", "Collective backend (nccl/hccl/gloo).", inert=PARALLEL_ONLY)
+    overlap_grad_reduce: bool = opt(False, "Overlap DP gradient reduce.", inert=_NO_OVERLAP)
+    overlap_param_gather: bool = opt(False, "Overlap DP parameter gather.", inert=_NO_OVERLAP)
+    distributed_backend: str = opt(
+        "nccl",
+        "Collective backend (nccl/hccl/gloo).",
+        inert=megatron_reason(
+            "the megatron engine picks the backend from the trainer's device: gloo on CPU, nccl on "
+            "GPU, hccl on NPU",
+            torch=TORCH_ONE_REPLICA,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,30 +90,100 @@ class MegatronOnlyKeys:
     )
     use_fused_swiglu: bool = opt(False, "Fused SwiGLU kernel.", inert_on_torch=MEGATRON_ONLY)
     use_fused_rotary_pos_emb: bool = opt(False, "Fused RoPE kernel.", inert_on_torch=MEGATRON_ONLY)
-    use_rotary_position_embeddings: bool = opt(False, "Legacy RoPE switch.", inert=MEGATRON_ONLY)
+    use_rotary_position_embeddings: bool = opt(
+        False,
+        "Legacy RoPE switch.",
+        inert="legacy switch: position_embedding_type (rope) chooses the positions in both engines",
+    )
     use_flash_attn: bool = opt(
         False, "Flash attention (TransformerEngine on CUDA, MindSpeed on NPU).", inert_on_torch=MEGATRON_ONLY
     )
-    use_fused_moe_token_permute_and_unpermute: bool = opt(False, "Fused MoE permute.", inert=MEGATRON_ONLY)
-    no_masked_softmax_fusion: bool = opt(False, "Disable fused masked softmax.", inert=MEGATRON_ONLY)
-    no_bias_dropout_fusion: bool = opt(False, "Disable fused bias-dropout.", inert=MEGATRON_ONLY)
-    no_rope_fusion: bool = opt(False, "Disable fused RoPE.", inert=MEGATRON_ONLY)
-    attention_softmax_in_fp32: bool = opt(False, "Softmax in fp32 under bf16.", inert=MEGATRON_ONLY)
-    no_gradient_accumulation_fusion: bool = opt(False, "Disable fused grad accum.", inert=MEGATRON_ONLY)
-    gemm_gradient_accumulation_fusion: bool = opt(False, "Fused GEMM grad accum.", inert=MEGATRON_ONLY)
-    reuse_fp32_param: bool = opt(False, "Share fp32 master weights memory.", inert=MEGATRON_ONLY)
-    use_cpu_initialization: bool = opt(False, "Initialise weights on CPU.", inert=MEGATRON_ONLY)
-    use_mc2: bool = opt(False, "Ascend MC2 fused communication.", inert=MEGATRON_ONLY)
+    use_fused_moe_token_permute_and_unpermute: bool = opt(
+        False,
+        "Fused MoE permute.",
+        inert=megatron_reason("the megatron engine keeps megatron-core's unfused MoE token permutation"),
+    )
+    no_masked_softmax_fusion: bool = opt(
+        False,
+        "Disable fused masked softmax.",
+        inert=megatron_reason(
+            "the megatron engine always passes an explicit causal mask, so masked-softmax fusion is off"
+        ),
+    )
+    no_bias_dropout_fusion: bool = opt(
+        False, "Disable fused bias-dropout.", inert=megatron_reason(_FUSED_OFF + " (no bias, no dropout)")
+    )
+    no_rope_fusion: bool = opt(
+        False,
+        "Disable fused RoPE.",
+        inert=megatron_reason("in the megatron engine use_fused_rotary_pos_emb alone decides RoPE fusion"),
+    )
+    attention_softmax_in_fp32: bool = opt(
+        False,
+        "Softmax in fp32 under bf16.",
+        inert=megatron_reason("the megatron engine leaves it at megatron-core's default"),
+    )
+    no_gradient_accumulation_fusion: bool = opt(
+        False, "Disable fused grad accum.", inert=megatron_reason(_FUSED_OFF)
+    )
+    gemm_gradient_accumulation_fusion: bool = opt(
+        False, "Fused GEMM grad accum.", inert=megatron_reason(_FUSED_OFF)
+    )
+    reuse_fp32_param: bool = opt(
+        False,
+        "Share fp32 master weights memory.",
+        inert=megatron_reason("the megatron engine keeps separate fp32 master weights (same results)"),
+    )
+    use_cpu_initialization: bool = opt(
+        False,
+        "Initialise weights on CPU.",
+        inert=ByEngine(
+            torch="the torch engine loads the HF folder as it is",
+            megatron="the megatron engine always builds the model on the host uninitialised, then loads "
+            "its slice of the HF weights",
+        ),
+    )
+    use_mc2: bool = opt(
+        False,
+        "Ascend MC2 fused communication.",
+        inert=megatron_reason("the megatron engine does not enable MindSpeed's MC2 (same results)"),
+    )
     recompute_granularity: str | None = opt(None, "full or selective.", inert_on_torch=_RECOMPUTE)
     recompute_method: str | None = opt(None, "uniform or block (with full).", inert_on_torch=_RECOMPUTE)
     recompute_num_layers: int | None = opt(
         None, "Layers per recomputed chunk (full).", inert_on_torch=_RECOMPUTE
     )
-    swap_attention: bool = opt(False, "Swap attention activations to host.", inert=_RECOMPUTE)
-    no_shared_storage: bool = opt(False, "Nodes do not share a file system.", inert=MEGATRON_ONLY)
-    load_checkpoint_loosely: bool = opt(False, "Allow missing keys on load.", inert=MEGATRON_ONLY)
-    ckpt_format: str = opt("torch", "Megatron checkpoint format.", inert=MEGATRON_ONLY)
-    initial_loss_scale: float = opt(4294967296.0, "fp16 dynamic loss scale start.", inert=MEGATRON_ONLY)
+    swap_attention: bool = opt(
+        False,
+        "Swap attention activations to host.",
+        inert=megatron_reason(
+            "the megatron engine keeps activations on the device (the recompute_* keys save memory)",
+            torch=_RECOMPUTE,
+        ),
+    )
+    no_shared_storage: bool = opt(
+        False,
+        "Nodes do not share a file system.",
+        inert="checkpoints are written to one folder every rank must see (save on shared storage)",
+    )
+    load_checkpoint_loosely: bool = opt(
+        False,
+        "Allow missing keys on load.",
+        inert="checkpoints load strictly: resuming a different setup is refused, naming what differs",
+    )
+    ckpt_format: str = opt(
+        "torch",
+        "Megatron checkpoint format.",
+        inert=ByEngine(
+            torch="the torch engine writes an HF folder and trainer_state.pt",
+            megatron="the megatron engine writes megatron's dist_checkpointing (torch_dist) and an HF folder",
+        ),
+    )
+    initial_loss_scale: float = opt(
+        4294967296.0,
+        "fp16 dynamic loss scale start.",
+        inert="fp16 training is refused and bf16 needs no loss scaling",
+    )
     accumulate_allreduce_grads_in_fp32: bool = opt(
         False,
         "Accumulate and all-reduce gradients in fp32 under bf16 (megatron's grad buffer).",

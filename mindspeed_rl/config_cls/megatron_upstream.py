@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mindspeed_rl.config_cls.fields import MEGATRON_ONLY, opt
+from mindspeed_rl.config_cls.fields import TORCH_ONE_REPLICA, megatron_reason, opt
 
 _MLA = (
     "multi-latent attention (DeepSeek) is not supported: both engines build Qwen2.5/Qwen3(-MoE) "
@@ -43,6 +43,9 @@ _MULTIMODAL = "multimodal models are not supported: the policy is a text-only Qw
 _CP_ONLY = "context-parallel tuning; context_parallel_size must be 1 here, so there is nothing to split"
 _PADDING = "the engines pad each micro-batch to its own longest sequence and never pack sequences together"
 _ROLLOUT = "rollouts run on the rollout engine (vLLM / HF generate, generate_config), not the trainer"
+_NO_COC = megatron_reason(
+    "the megatron engine does not enable Ascend compute-communication overlap (same results)"
+)
 
 # Upstream's Qwen3 layer spec (MindSpeed-LLM), as its model files write it: the layers the engines
 # already build from qk_layernorm and the other architecture keys.
@@ -140,7 +143,9 @@ class UnsupportedArchitectureKeys:
             "num_layers / pipeline_model_parallel_size layers; remove num_layer_list or list that split"
         ),
         accepts=_is_even_split,
-        inert="lists the even split the megatron engine makes anyway",
+        inert=megatron_reason(
+            "lists the even split the megatron engine makes anyway", torch=TORCH_ONE_REPLICA
+        ),
     )
     attention_mask_type: str = opt(
         "causal",
@@ -216,16 +221,20 @@ class UnsupportedTrainingKeys:
 class UpstreamInertKeys:
     """Upstream kernel, memory, communication and data-loader switches with no effect here."""
 
-    shape_order: str = opt("SBH", "Tensor layout of MindSpeed's fused attention.", inert=MEGATRON_ONLY)
+    shape_order: str = opt(
+        "SBH",
+        "Tensor layout of MindSpeed's fused attention.",
+        inert=megatron_reason("the megatron engine keeps megatron-core's attention layout"),
+    )
     swap_optimizer: bool = opt(
         False,
         "Swap optimizer state to host memory (MindSpeed).",
         inert="MindSpeed memory swapping; results are the same without it",
     )
-    use_ascend_coc: bool = opt(False, "Ascend compute-communication overlap.", inert=MEGATRON_ONLY)
-    coc_mode: int = opt(-1, "CoC mode.", inert=MEGATRON_ONLY)
-    coc_parallel_num: int = opt(1, "CoC parallel chunks.", inert=MEGATRON_ONLY)
-    coc_fused_kernel: bool = opt(False, "CoC fused kernel.", inert=MEGATRON_ONLY)
+    use_ascend_coc: bool = opt(False, "Ascend compute-communication overlap.", inert=_NO_COC)
+    coc_mode: int = opt(-1, "CoC mode.", inert=_NO_COC)
+    coc_parallel_num: int = opt(1, "CoC parallel chunks.", inert=_NO_COC)
+    coc_fused_kernel: bool = opt(False, "CoC fused kernel.", inert=_NO_COC)
     recompute_activation_function: bool = opt(
         False,
         "Recompute the MLP activation.",
@@ -237,7 +246,10 @@ class UpstreamInertKeys:
     ddp_bucket_size: int | None = opt(
         None,
         "Gradient bucket size of data-parallel reduction.",
-        inert="communication tuning; the megatron engine keeps megatron-core's bucketing",
+        inert=megatron_reason(
+            "communication tuning; the megatron engine keeps megatron-core's bucketing",
+            torch=TORCH_ONE_REPLICA,
+        ),
     )
     no_check_for_nan_in_loss_and_grad: bool = opt(
         False,
@@ -247,13 +259,20 @@ class UpstreamInertKeys:
     use_tp_pp_dp_mapping: bool = opt(
         False,
         "Rank order tp-pp-dp instead of tp-dp-pp.",
-        inert="rank ordering; the megatron engine keeps megatron-core's default order",
+        inert=megatron_reason(
+            "rank ordering; the megatron engine keeps megatron-core's default order",
+            torch=TORCH_ONE_REPLICA,
+        ),
     )
-    npu_deterministic: bool = opt(False, "Deterministic NPU kernels.", inert=MEGATRON_ONLY)
+    npu_deterministic: bool = opt(
+        False,
+        "Deterministic NPU kernels.",
+        inert=megatron_reason("the megatron engine does not pass MindSpeed's deterministic-kernel switch"),
+    )
     transformer_impl: str = opt(
         "local",
         "Megatron layer implementation.",
-        inert=(
+        inert=megatron_reason(
             "the megatron engine picks the implementation per device: TransformerEngine on CUDA when "
             "installed, local on NPU and CPU"
         ),

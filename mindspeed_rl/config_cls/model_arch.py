@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mindspeed_rl.config_cls.fields import MEGATRON_ONLY, opt
+from mindspeed_rl.config_cls.fields import ByEngine, megatron_reason, opt
+
+# MindSpeed communication overlaps the megatron engine does not switch on (models/training/megatron/model.py).
+_MOE_OVERLAP = megatron_reason(
+    "the megatron engine does not enable this MoE communication overlap (same results)"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,12 +54,29 @@ class ModelArchitecture:
     moe_router_load_balancing_type: str = opt(
         "aux_loss",
         "MoE: balancing scheme.",
-        inert="Megatron router option; the torch backend uses HF's router",
+        inert=ByEngine(
+            torch="the torch engine trains HF's Qwen3-MoE router",
+            megatron="the megatron engine sets megatron's balancing to none: the GRPO objective has no "
+            "balancing term",
+        ),
     )
-    moe_grouped_gemm: bool = opt(False, "MoE: grouped GEMM kernel.", inert=MEGATRON_ONLY)
-    moe_token_dispatcher_type: str = opt("allgather", "MoE: token dispatcher.", inert=MEGATRON_ONLY)
-    moe_permutation_async_comm: bool = opt(False, "MoE: async permutation comm.", inert=MEGATRON_ONLY)
-    moe_alltoall_overlap_comm: bool = opt(False, "MoE: overlap all-to-all.", inert=MEGATRON_ONLY)
+    moe_grouped_gemm: bool = opt(
+        False,
+        "MoE: grouped GEMM kernel.",
+        inert=megatron_reason(
+            "the megatron engine's layer spec decides: TransformerEngine's grouped GEMM on CUDA, one MLP "
+            "per expert on CPU and NPU"
+        ),
+    )
+    moe_token_dispatcher_type: str = opt(
+        "allgather",
+        "MoE: token dispatcher.",
+        inert=megatron_reason(
+            "the megatron engine picks the dispatcher per device: allgather on CPU, alltoall on GPU and NPU"
+        ),
+    )
+    moe_permutation_async_comm: bool = opt(False, "MoE: async permutation comm.", inert=_MOE_OVERLAP)
+    moe_alltoall_overlap_comm: bool = opt(False, "MoE: overlap all-to-all.", inert=_MOE_OVERLAP)
     moe_layer_freq: int = opt(1, "MoE: every n-th layer is MoE (1 = all).")
     first_k_dense_replace: int = opt(0, "MoE: leading dense layers.")
     n_shared_experts: int | None = opt(None, "MoE: shared experts (none in Qwen3).")

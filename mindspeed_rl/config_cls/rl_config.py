@@ -9,7 +9,9 @@ from mindspeed_rl.config_cls.fields import opt, section
 from mindspeed_rl.config_cls.resources import ActorResources
 
 _NOT_IMPLEMENTED = "accepted for upstream compatibility; not implemented by this framework (no effect)"
-_PERF_ONLY = "upstream performance switch; the torch backend pads per micro-batch (same results)"
+_PERF_ONLY = (
+    "upstream performance switch; both engines pad each micro-batch to its own longest sample (same results)"
+)
 _GROUP_NORM = "group_norm advantages are (r - group mean) / group std per prompt; GAE keys do not apply"
 _NO_CRITIC = "GRPO has no critic"
 _UPSTREAM_WORKERS = "upstream worker-layout switch; this framework's pipelines decide the layout"

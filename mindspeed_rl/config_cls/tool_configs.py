@@ -1,6 +1,6 @@
 """``profiler_config`` and ``msprobe_config``: upstream's Ascend profiling and debug tools.
 
-Accepted and typed for upstream compatibility; every key is inert on the torch backend.
+Accepted and typed for upstream compatibility; every key is inert on both training engines.
 """
 
 from __future__ import annotations

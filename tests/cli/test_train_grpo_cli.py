@@ -6,6 +6,7 @@ The trainers and Ray are replaced by recorders: this tests the entry point, not 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import types
@@ -168,3 +169,21 @@ def test_test_hooks_come_from_the_environment_and_production_gets_none(tmp_path:
     hybrid = load_config_from_files(REPO_CONFIGS, "grpo_tiny_cpu", [f"run_dir={tmp_path}"])
     with pytest.raises(ValueError, match="pipeline=async only"):
         train_grpo.run_hooks(hybrid, {DELAY_ENV: "1"})
+
+
+def test_inert_keys_warn_once_at_start_one_line_per_section_with_the_engines_reason(
+    calls: list[tuple[str, GRPOConfig, Path]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="train_grpo"):
+        assert _main(["--config-name", "grpo_qwen3_30b_a3b_asp_A3", f"+run_dir={tmp_path}"]) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "train_grpo"]
+    header, *sections = lines
+    assert header.startswith("13 given key(s) have no effect here")
+    assert sorted(line.split(":")[0].strip() for line in sections) == [
+        "actor_config", "megatron_training", "model.qwen3_30b_a3b",
+    ]  # fmt: skip
+    [megatron] = [line for line in sections if line.strip().startswith("megatron_training:")]
+    assert (
+        "| distributed_backend: the megatron engine picks the backend from the trainer's device" in megatron
+    )
+    assert not [line for line in lines if "torch" in line]  # the megatron engine runs: no torch reason
