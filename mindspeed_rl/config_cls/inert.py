@@ -15,6 +15,12 @@ from mindspeed_rl.config_cls.tool_configs import ProfilerRoleConfig
 
 _ASYNC_ONLY = "read only when rl_config.pipeline = async"
 _HYBRID_ONLY = "hybrid rollout layout; async actors use async_config.actor_*_parallel_size"
+# What the chosen pipeline leaves unread (also read by tools/gen_config_reference.py).
+ASYNC_ONLY_SECTIONS: dict[str, str] = {"asp_config": _ASYNC_ONLY, "async_config": _ASYNC_ONLY}
+HYBRID_ONLY_KEYS: dict[tuple[str, str], str] = {
+    ("generate_config", "infer_tensor_parallel_size"): _HYBRID_ONLY,
+    ("generate_config", "infer_expert_parallel_size"): _HYBRID_ONLY,
+}
 # Role sections the megatron engine never reads its layout from (every role trains like the actor).
 _OTHER_ROLES = ("ref_config", "reward_config", "critic_config")
 _SHARES_ACTOR_LAYOUT = (
@@ -76,16 +82,15 @@ def pipeline_inert_keys(raw: Mapping[str, Any], pipeline: str) -> list[InertKey]
     out = []
     if pipeline == "hybrid":
         out += [
-            InertKey(section=s, key="*", reason=_ASYNC_ONLY)
-            for s in ("asp_config", "async_config")
+            InertKey(section=s, key="*", reason=reason)
+            for s, reason in ASYNC_ONLY_SECTIONS.items()
             if raw.get(s)
         ]
     else:
-        given = raw.get("generate_config") or {}
         out += [
-            InertKey(section="generate_config", key=k, reason=_HYBRID_ONLY)
-            for k in ("infer_tensor_parallel_size", "infer_expert_parallel_size")
-            if k in given
+            InertKey(section=s, key=k, reason=reason)
+            for (s, k), reason in HYBRID_ONLY_KEYS.items()
+            if k in (raw.get(s) or {})
         ]
     return out
 
