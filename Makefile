@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-mcore012 lint format typecheck bench clean
+.PHONY: setup demo test test-mcore012 lint format typecheck bench docs clean
 
 # pip -qq: errors only. Its warnings here are per-index noise ("Location ... is ignored" for every
 # find-links entry that does not exist on this machine); `make setup PIP_QUIET=-q` shows them.
@@ -35,7 +35,7 @@ demo: setup
 	@echo "  $(PY) cli/check_config.py --config-name grpo_qwen3_30b_a3b_asp_A3 --cluster 8x8   # a 30B recipe, checked"
 	@echo "  bash examples/data/preprocess_data.sh deepscaler input=<your.jsonl> tokenizer_name_or_path=runs/models/tiny_qwen3"
 
-test: setup lint typecheck
+test: setup lint typecheck docs
 	$(PY) -m pytest -q --durations=15
 
 # The megatron engine against MindSpeed's megatron-core (MEGATRON_CORE_NPU in _pins.py, 0.12.1) on
@@ -65,6 +65,12 @@ format: setup
 
 typecheck: setup
 	$(VENV)/bin/mypy asp_scheduler mindspeed_rl cli benchmarks/parity
+
+# The documentation site (Sphinx + MyST, docs/conf.py): -W makes every warning, a broken link or a
+# page in no table of contents, an error; `make test` (hence CI) builds it.
+docs: setup
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
 
 bench: setup
 	$(PY) -m asp_scheduler bench --json runs/bench_scheduler.json

@@ -85,5 +85,9 @@ EXTRAS = {
         "pytest-timeout==2.4.0",
         # rl_config.use_wandb; the test of its offline mode is skipped without it
         "wandb==0.31.0",
+        # The documentation site (make docs). Sphinx 9.0.4 is the newest release that supports
+        # Python 3.11 (9.1 needs 3.12); MyST-Parser 5.2.0 reads the Markdown pages.
+        "sphinx==9.0.4",
+        "myst-parser==5.2.0",
     ],
 }

@@ -50,8 +50,8 @@ from mindspeed_rl.config_cls.grpo_config import GRPOConfig  # noqa: E402
 from mindspeed_rl.config_cls.inert import ASYNC_ONLY_SECTIONS, HYBRID_ONLY_KEYS  # noqa: E402
 from mindspeed_rl.config_cls.loader import ROLE_SECTIONS, TOP_LEVEL_KEYS  # noqa: E402
 from mindspeed_rl.config_cls.megatron_config import _GROUPS  # noqa: E402
-from mindspeed_rl.config_cls.rollout_correction import RolloutCorrectionSection  # noqa: E402
 from mindspeed_rl.config_cls.refusals import PPO_WITH_CRITIC  # noqa: E402
+from mindspeed_rl.config_cls.rollout_correction import RolloutCorrectionSection  # noqa: E402
 from mindspeed_rl.plan.colocation import OFFLOAD_KEYS  # noqa: E402
 
 OUT = ROOT / "docs" / "reference" / "config.md"
@@ -289,7 +289,13 @@ def top_level() -> list[str]:
         "run_dir": f"root folder of run directories (default `{show(_run_dir_default())}`); a run "
         "writes `<run_dir>/<timestamp>_<config-name>/`",
     }
-    out = ["## Top level", "", "| key | what |", "|---|---|", "| `defaults` | Hydra's defaults list: `- model: [<name>]` picks `configs/model/<name>.yaml` |"]
+    out = [
+        "## Top level",
+        "",
+        "| key | what |",
+        "|---|---|",
+        "| `defaults` | Hydra's defaults list: `- model: [<name>]` picks `configs/model/<name>.yaml` |",
+    ]
     headings = {path.split(".")[0]: path for path, _ in SECTIONS}
     for key in TOP_LEVEL_KEYS:
         text = where.get(key) or f"[`{headings[key]}`](#{_anchor(headings[key])})"
@@ -322,7 +328,9 @@ def render() -> str:
             body += [f"{level} `{sec.path}`", ""]
             notes = [_docstring(sec.cls), sec.note]
             if sec.path in ASYNC_ONLY_SECTIONS:
-                notes.append(f"The whole section is inert in the hybrid pipeline ({ASYNC_ONLY_SECTIONS[sec.path]}).")
+                notes.append(
+                    f"The whole section is inert in the hybrid pipeline ({ASYNC_ONLY_SECTIONS[sec.path]})."
+                )
             body += [line for note in notes if note for line in (note, "")]
             body += [*table(sec.rows), ""]
     counts = _counts(blocks)
