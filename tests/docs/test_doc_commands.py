@@ -388,3 +388,15 @@ def test_the_readmes_links_lead_to_files_that_exist() -> None:
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
     local = [t for t in targets if not t.startswith(("http://", "https://"))]
     assert local and not [t for t in local if not (ROOT / t).exists()]
+
+
+def test_the_readme_stays_a_front_door() -> None:
+    """At most 250 lines, the status table on the first screen, no measurement-log dates or hashes
+    (those belong to docs/benchmarks/)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250
+    assert any(line.startswith("## What runs where") for line in lines[:40])
+    dated = [
+        n for n, line in enumerate(lines, 1) if re.search(r"\b20\d\d-\d\d-\d\d\b|\b[0-9a-f]{7,40}\b", line)
+    ]
+    assert not dated, f"README lines with a date or a commit hash: {dated}"
