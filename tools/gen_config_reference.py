@@ -160,10 +160,12 @@ def show(value: Any) -> str:
     return repr(value)
 
 
-def status(f: dataclasses.Field[Any], pipeline_note: str | None = None) -> str:
+def status(f: dataclasses.Field[Any], pipeline_note: str | None = None, *, colocated: bool = False) -> str:
     reason = inert_reasons(f)
     refused = refusal(f)
     parts: list[str] = []
+    if colocated:  # the plan takes these off the inert list where colocated_offload gives a spec
+        return f"**honoured** in the colocated hybrid; inert elsewhere: {_reason_text(reason or '')}"
     if refused is not None:
         accepts = f.metadata.get(ACCEPTS, ())
         allowed = f"`{show(field_default(f))}`"
@@ -226,7 +228,7 @@ def section_rows(
                 key=key,
                 type=type_name(hints[f.name]),
                 default="(section)" if inner is not None else show(field_default(f)),
-                status=status(f, _pipeline_note(where, f.name)),
+                status=status(f, _pipeline_note(where, f.name), colocated=(where, f.name) in OFFLOAD_KEYS),
                 doc=field_doc(f),
             )
         )
@@ -253,11 +255,6 @@ def _section_type(hint: Any) -> type | None:
 def _pipeline_note(section: str, key: str) -> str | None:
     if (section, key) in HYBRID_ONLY_KEYS:
         return f"inert in the async pipeline ({HYBRID_ONLY_KEYS[section, key]})"
-    if (section, key) in OFFLOAD_KEYS:
-        return (
-            "acts only in the colocated hybrid (GPU/NPU `pipeline: hybrid`, or CPU with "
-            "`rl_config.colocate: true`); inert elsewhere"
-        )
     return None
 
 

@@ -8,8 +8,9 @@ from typing import Literal
 from mindspeed_rl.config_cls.fields import opt, section
 
 _HYBRID_OFFLOAD = (
-    "acts only in the colocated hybrid (pipeline: hybrid on GPU/NPU, workers/colocation.py); on CPU "
-    "and in the async pipeline trainer and rollout are separate processes, so there is nothing to free"
+    "acts only in the colocated hybrid (pipeline: hybrid on GPU/NPU, or on CPU with rl_config.colocate: "
+    "true; workers/colocation.py); elsewhere trainer and rollout are separate processes, so there is "
+    "nothing to free"
 )
 _ASCEND = (
     "vllm-ascend option; not passed to the rollout engine (vLLM and vllm-ascend start with their defaults)"
