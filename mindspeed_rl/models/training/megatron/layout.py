@@ -166,12 +166,18 @@ def check_trainable(
     problems += _recompute_problems(layout, None if num_layers is None else num_layers // pp)
     if layout.use_flash_attn and device_kind != "npu" and spec != "transformer_engine":
         where = "CPU" if device_kind == "cpu" else "CUDA without TransformerEngine"
-        problems.append(
-            f"actor_config.use_flash_attn: true has no kernel on {where} (the local spec's attention "
-            "is megatron's unfused one); set use_flash_attn: false"
-        )
+        problems.append(flash_attention_refusal(where))
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def flash_attention_refusal(where: str) -> str:
+    """Why ``use_flash_attn: true`` cannot train where the local spec runs without MindSpeed
+    (also raised by ``attention.attention_choice``, so the plan and the build say the same)."""
+    return (
+        f"actor_config.use_flash_attn: true has no kernel on {where} (the local spec's attention "
+        "is megatron's unfused one); set use_flash_attn: false"
+    )
 
 
 def _recompute_problems(layout: MegatronLayout, layers_per_stage: int | None) -> list[str]:
