@@ -84,8 +84,25 @@ class _ModelTraits(Protocol):
 
 
 def transformer_engine_importable() -> bool:
-    """Whether this process can import TransformerEngine (without importing it)."""
-    return importlib.util.find_spec("transformer_engine") is not None
+    """Whether this process can import TransformerEngine's PyTorch side (without importing it).
+
+    TE is two installs on the GPU stacks: the ``transformer-engine`` wheels (pure Python plus the
+    CUDA core) and its compiled torch extension ``transformer_engine_torch`` (source-only on
+    PyPI, built against the installed torch as a separate step). With the first alone,
+    ``transformer_engine.pytorch`` fails at import (TE 2.20.2 imports the extension throughout);
+    that half install is refused here with the missing step, not taken for "no TE".
+    """
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False
+    if importlib.util.find_spec("transformer_engine_torch") is None:
+        raise ValueError(
+            "TransformerEngine is installed without its PyTorch extension (the "
+            "transformer_engine_torch module), so the TE layer spec cannot be built; install it "
+            "against this torch: pip install --no-build-isolation transformer-engine-torch==<the "
+            "transformer-engine version> (stacks/gpu-trainer.txt, last step), or uninstall "
+            "transformer-engine to train with the local spec"
+        )
+    return True
 
 
 def spec_kind(device_kind: DeviceKind, *, transformer_engine: bool | None = None) -> SpecKind:
