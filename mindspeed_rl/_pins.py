@@ -104,7 +104,7 @@ EXTRAS = {
 # The async pipeline's Training Unit and Generation Units are separate Ray actors that exchange
 # safetensors snapshots, so each role can run in its own environment (issue #43). Each stack is
 # rendered to stacks/<name>.txt. Keys:
-#   role, python (one minor version: Ray wants the same one in every environment of a cluster),
+#   role, host, python (one minor version: Ray wants the same one in every environment of a cluster),
 #   platforms (platform_machine values; manylinux wheels up to glibc 2.35, Ubuntu 22.04's),
 #   index_urls (extra indexes the file names), requirements (the file's lines),
 #   before / after (what is built outside `pip install -r`: the requirement it provides and the
@@ -117,9 +117,12 @@ EXTRAS = {
 # transformers: 5.19.0, the version the trainer is written and tested against (MindSpeed asks
 # >=4.43.2 only). torch-npu: that table says "TorchNPU 26.1.0" (Ascend's release name) and the
 # install guide's example is 2.7.1.post4; this pins PyPI's newest 2.7.1 build, 2.7.1.post11 (which
-# Ascend release it is, was not verified).
+# Ascend release it is, was not verified). MindSpeed's guide also checks out Megatron-LM's
+# core_v0.12.1 source tree; the engine uses megatron.core only (the wheel), which MindSpeed's
+# megatron_basic feature handles (it skips its megatron.training patches when that is absent).
 ASCEND_TRAINER = {
     "role": "Training Unit on Ascend: megatron-core 0.12.1 + MindSpeed 26.1.0_core_r0.12.1 + torch-npu 2.7.1",
+    "host": "an Ascend host with CANN sourced (torch-npu's `import torch` fails without CANN: never on a CPU machine)",
     "python": "3.11",
     "platforms": ["aarch64", "x86_64"],
     "index_urls": [PYTORCH_CPU_INDEX],
@@ -158,6 +161,7 @@ ASCEND_TRAINER = {
 # 1.2.0, which this set pins too.
 ASCEND_ROLLOUT = {
     "role": "Generation Units on Ascend: vllm-ascend 0.23.0 on vLLM 0.23.0 + torch-npu 2.10.0",
+    "host": "an Ascend host with CANN sourced (torch-npu's `import torch` fails without CANN: never on a CPU machine)",
     "python": "3.11",
     "platforms": ["aarch64", "x86_64"],
     "index_urls": [PYTORCH_CPU_INDEX, ASCEND_INDEX],
@@ -204,14 +208,15 @@ GPU_TRAINER_AFTER = {
         f"pip install --no-build-isolation {TRANSFORMER_ENGINE_TORCH}",
     ],
     "why": (
-        "source-only on PyPI; it compiles against the installed torch (hence after it, without "
-        "build isolation), first trying NVIDIA's prebuilt wheel for this torch/CUDA/Python from "
-        "TransformerEngine's GitHub release; a compile needs g++ and the CUDA headers"
+        "source-only on PyPI. It builds against the installed torch, so after it and without build "
+        "isolation; its setup first fetches NVIDIA's prebuilt wheel for this torch, CUDA and Python "
+        "from TransformerEngine's GitHub release, else compiles with g++ and the CUDA headers"
     ),
 }
 
 GPU_TRAINER = {
     "role": "Training Unit on NVIDIA: megatron-core 0.19.2 + TransformerEngine 2.20.2 + torch 2.14.0 (CUDA 13), no vLLM",
+    "host": "an NVIDIA host whose driver runs CUDA 13 (PyPI's torch 2.14.0 is a CUDA 13 build)",
     "python": "3.12",
     "platforms": ["x86_64"],
     "index_urls": [],
@@ -222,6 +227,7 @@ GPU_TRAINER = {
 
 GPU_ROLLOUT = {
     "role": "Generation Units on NVIDIA: vllm 0.33.0 + the torch 2.14.0 it pins",
+    "host": "an NVIDIA host whose driver runs CUDA 13 (PyPI's torch 2.14.0 is a CUDA 13 build)",
     "python": "3.12",
     "platforms": ["x86_64"],
     "index_urls": [],
@@ -233,6 +239,7 @@ GPU_ROLLOUT = {
 STACKS = {
     "cpu": {
         "role": "The embedded CPU default, both roles in one environment (the `cpu` extra)",
+        "host": "any x86_64 Linux machine (what `make setup` builds in .venv, from the `cpu` extra)",
         "python": "3.11",
         "platforms": ["x86_64"],
         "index_urls": [PYTORCH_CPU_INDEX],
@@ -242,6 +249,7 @@ STACKS = {
     },
     "gpu": {
         "role": "NVIDIA, both roles in one environment (the colocated hybrid): the `gpu` and `megatron` extras",
+        "host": "an NVIDIA host whose driver runs CUDA 13 (PyPI's torch 2.14.0 is a CUDA 13 build)",
         "python": "3.12",
         "platforms": ["x86_64"],
         "index_urls": [],

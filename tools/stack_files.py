@@ -60,7 +60,7 @@ def render(name: str, stack: Mapping[str, Any], stand_ins: Mapping[str, Any]) ->
     out = [
         f"# stacks/{name}.txt: {stack['role']}.",
         "# GENERATED from mindspeed_rl/_pins.py by `python tools/check_stacks.py --write`: edit _pins.py.",
-        f"# Python {stack['python']} on Linux {' and '.join(stack['platforms'])} (manylinux, glibc >= 2.35).",
+        f"# Python {stack['python']} on Linux {' and '.join(stack['platforms'])} (manylinux, glibc >= 2.35), on {stack['host']}.",
         "# `make check-stacks` asks pip's resolver whether this set resolves for each platform (a dry run,",
         "# nothing installed); its last answer is in stacks/resolved.json.",
         "#",
@@ -74,7 +74,7 @@ def render(name: str, stack: Mapping[str, Any], stand_ins: Mapping[str, Any]) ->
     out.append(f"#   {step}. pip install -r stacks/{name}.txt")
     step += 1
     for after in stack["after"]:
-        out.append(f"#   {step}. {after['provides']} ({after['why']}):")
+        out.append(f"#   {step}. {after['provides']}: {after['why']}.")
         out += [f"#        {command}" for command in after["steps"]]
         step += 1
     out.append(
