@@ -77,3 +77,12 @@ bench: setup
 
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
+
+# Whether each per-role stack (STACKS in mindspeed_rl/_pins.py, rendered to stacks/*.txt) resolves
+# for its Python and platforms: pip's resolver in dry runs against the registry, nothing installed
+# (network; 2 minutes with a warm pip cache, about 12 cold). Prints a table and records the answer
+# in stacks/resolved.json, which tests/tools/test_stacks.py checks offline.
+# `$(PY) tools/check_stacks.py --write` re-renders the files after an edit of _pins.py.
+.PHONY: check-stacks
+check-stacks: setup
+	$(PY) tools/check_stacks.py

@@ -2,7 +2,8 @@
 
 The CPU stack is read from the installed distributions (offline). The GPU and Ascend engines are
 not installable here, so their metadata comes from the registry through pip (integration, skipped
-when the registry cannot be reached).
+when the registry cannot be reached). Whether each whole stack resolves is `make check-stacks`
+(tools/check_stacks.py); tests/tools/test_stacks.py checks its recorded answer offline.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import email.parser
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -25,17 +27,27 @@ from packaging.utils import canonicalize_name, parse_sdist_filename
 from packaging.version import Version
 
 from mindspeed_rl import _pins
+from tools.stack_resolver import pip_environment, platform_tags
 
 # Where the GPU and Ascend stacks run; markers of their requirements are evaluated for it.
 LINUX_X86 = {**default_environment(), "platform_machine": "x86_64", "sys_platform": "linux"}
 
 
-def pins_of(extra: str) -> dict[str, Requirement]:
-    return {canonicalize_name(r.name): r for r in map(Requirement, _pins.CORE + _pins.EXTRAS[extra])}
+def pins_of(name: str) -> dict[str, Requirement]:
+    """An extra's pins (with CORE), or a per-role stack's lines that apply on Linux x86_64
+    (direct references, which carry no version, left out)."""
+    if name in _pins.EXTRAS:
+        return {canonicalize_name(r.name): r for r in map(Requirement, _pins.CORE + _pins.EXTRAS[name])}
+    found = {}
+    for requirement in map(Requirement, _pins.STACKS[name]["requirements"]):
+        if requirement.url is None and (requirement.marker is None or requirement.marker.evaluate(LINUX_X86)):
+            requirement.marker = None
+            found[canonicalize_name(requirement.name)] = requirement
+    return found
 
 
 def pinned_version(extra: str, name: str) -> str:
-    requirement = {**pins_of(extra), **_engine_pins(extra)}[canonicalize_name(name)]
+    requirement = {**_engine_pins(extra), **pins_of(extra)}[canonicalize_name(name)]
     (spec,) = requirement.specifier
     assert spec.operator == "==", f"{requirement} is not an exact pin"
     return spec.version
@@ -114,9 +126,16 @@ def _requires_from_wheel(name: str, version: str, tmp_path: Path) -> list[str] |
     # pip reads a wheel's METADATA with HTTP range requests (fast-deps): a few hundred kB.
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "-q"]
-    cmd += ["--use-feature=fast-deps", "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64"]
+    cmd += ["--use-feature=fast-deps", "--only-binary=:all:"]
+    cmd += [arg for tag in platform_tags("x86_64") for arg in ("--platform", tag)]
     cmd += ["--python-version", "3.12", "--target", str(tmp_path / "t"), "--report", str(report)]
-    result = subprocess.run([*cmd, f"{name}=={version}"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [*cmd, f"{name}=={version}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=pip_environment(os.environ),
+    )
     if result.returncode != 0:
         if "No matching distribution" in result.stderr:
             return None
@@ -158,7 +177,15 @@ def _requires_from_sdist(name: str, version: str) -> list[str]:
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("extra", "distribution"),
-    [("gpu", "vllm"), ("npu", "vllm-ascend"), ("npu", "torch-npu"), ("npu", "transformers")],
+    [
+        ("gpu", "vllm"),
+        ("gpu-rollout", "vllm"),
+        ("ascend-rollout", "vllm-ascend"),
+        ("ascend-rollout", "torch-npu"),
+        ("ascend-rollout", "transformers"),
+        ("ascend-trainer", "torch-npu"),
+        ("ascend-trainer", "transformers"),
+    ],
 )
 def test_accelerator_pins_satisfy_the_engines_requirements(
     extra: str, distribution: str, tmp_path: Path

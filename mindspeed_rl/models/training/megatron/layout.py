@@ -84,8 +84,25 @@ class _ModelTraits(Protocol):
 
 
 def transformer_engine_importable() -> bool:
-    """Whether this process can import TransformerEngine (without importing it)."""
-    return importlib.util.find_spec("transformer_engine") is not None
+    """Whether this process can import TransformerEngine's PyTorch side (without importing it).
+
+    TE is two installs on the GPU stacks: the ``transformer-engine`` wheels (pure Python plus the
+    CUDA core) and its compiled torch extension ``transformer_engine_torch`` (source-only on
+    PyPI, built against the installed torch as a separate step). With the first alone,
+    ``transformer_engine.pytorch`` fails at import (TE 2.20.2 imports the extension throughout);
+    that half install is refused here with the missing step, not taken for "no TE".
+    """
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False
+    if importlib.util.find_spec("transformer_engine_torch") is None:
+        raise ValueError(
+            "TransformerEngine is installed without its PyTorch extension (the "
+            "transformer_engine_torch module), so the TE layer spec cannot be built; install it "
+            "against this torch: pip install --no-build-isolation transformer-engine-torch==<the "
+            "transformer-engine version> (stacks/gpu-trainer.txt, last step), or uninstall "
+            "transformer-engine to train with the local spec"
+        )
+    return True
 
 
 def spec_kind(device_kind: DeviceKind, *, transformer_engine: bool | None = None) -> SpecKind:
@@ -166,12 +183,18 @@ def check_trainable(
     problems += _recompute_problems(layout, None if num_layers is None else num_layers // pp)
     if layout.use_flash_attn and device_kind != "npu" and spec != "transformer_engine":
         where = "CPU" if device_kind == "cpu" else "CUDA without TransformerEngine"
-        problems.append(
-            f"actor_config.use_flash_attn: true has no kernel on {where} (the local spec's attention "
-            "is megatron's unfused one); set use_flash_attn: false"
-        )
+        problems.append(flash_attention_refusal(where))
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def flash_attention_refusal(where: str) -> str:
+    """Why ``use_flash_attn: true`` cannot train where the local spec runs without MindSpeed
+    (also raised by ``attention.attention_choice``, so the plan and the build say the same)."""
+    return (
+        f"actor_config.use_flash_attn: true has no kernel on {where} (the local spec's attention "
+        "is megatron's unfused one); set use_flash_attn: false"
+    )
 
 
 def _recompute_problems(layout: MegatronLayout, layers_per_stage: int | None) -> list[str]:

@@ -11,6 +11,7 @@ test's spawn); :func:`init_model_parallel` then sets up megatron's TP/PP/EP/DP g
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from mindspeed_rl.models.training.megatron import patches
+from mindspeed_rl.models.training.megatron.attention import attention_choice
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import SafetensorsSource, TensorSource
 from mindspeed_rl.models.training.megatron.layout import (
@@ -30,6 +32,8 @@ from mindspeed_rl.models.training.megatron.layout import (
 )
 from mindspeed_rl.models.training.megatron.param_names import is_weight_name
 from mindspeed_rl.weights.megatron_dims import GPTDims, ShardCoords
+
+_log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -158,6 +162,9 @@ def _kernel_settings(layout: MegatronLayout, device_kind: DeviceKind, spec: Spec
         "apply_rope_fusion": False,
         "gradient_accumulation_fusion": False,
     }
+    # Asked of megatron on every device: the GPTModel turns it into TransformerEngine's NVTE_*
+    # switches, so `local` where the local spec runs keeps them off (attention.py says why).
+    off["attention_backend"] = _attention_backend(layout, device_kind, spec)
     if device_kind == "cpu" or (device_kind == "cuda" and spec == "local"):
         return off
     # SwiGLU: megatron calls its bias_swiglu kernel only under bias_activation_fusion; MindSpeed
@@ -167,12 +174,19 @@ def _kernel_settings(layout: MegatronLayout, device_kind: DeviceKind, spec: Spec
     # stay off there (it would route to apex's CUDA kernel).
     settings = {**off, "bias_activation_fusion": layout.use_fused_swiglu}
     if device_kind == "cuda":
-        from megatron.core.transformer.enums import AttnBackend
-
         settings["apply_rope_fusion"] = layout.use_fused_rotary_pos_emb
-        # auto lets TransformerEngine pick among flash / fused / unfused; flash when asked for.
-        settings["attention_backend"] = AttnBackend.flash if layout.use_flash_attn else AttnBackend.auto
     return settings
+
+
+def _attention_backend(layout: MegatronLayout, device_kind: DeviceKind, spec: SpecKind) -> Any:
+    """megatron's AttnBackend member for this build (:func:`attention.attention_choice`), with a
+    log line naming the kernel, a warning when ``use_flash_attn`` is served by another one."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    choice = attention_choice(device_kind, spec, use_flash_attn=layout.use_flash_attn)
+    log = _log.warning if choice.substituted else _log.info
+    log("attention: AttnBackend.%s, %s", choice.backend, choice.kernel)
+    return getattr(AttnBackend, choice.backend)
 
 
 def transformer_config(

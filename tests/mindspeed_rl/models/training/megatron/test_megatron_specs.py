@@ -46,7 +46,7 @@ def _fake_transformer_engine(monkeypatch: pytest.MonkeyPatch, importable: bool) 
     real = importlib.util.find_spec
 
     def find_spec(name: str, package: str | None = None) -> importlib.machinery.ModuleSpec | None:
-        if name == "transformer_engine":
+        if name in ("transformer_engine", "transformer_engine_torch"):  # TE and its torch extension
             return importlib.machinery.ModuleSpec(name, None) if importable else None
         return real(name, package)
 
@@ -190,6 +190,22 @@ def test_trainable_layouts_pass(
 ) -> None:
     _fake_transformer_engine(monkeypatch, te)
     check_trainable(MOE, layout, device)
+
+
+def test_te_without_its_torch_extension_is_refused_with_the_missing_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> importlib.machinery.ModuleSpec | None:
+        if name == "transformer_engine":
+            return importlib.machinery.ModuleSpec(name, None)
+        return None if name == "transformer_engine_torch" else real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(ValueError, match="pip install --no-build-isolation transformer-engine-torch"):
+        model_module.layer_spec_choice(DENSE, "cuda")
+    assert model_module.layer_spec_choice(DENSE, "npu").builder == LOCAL  # only CUDA asks
 
 
 def test_the_te_answer_can_come_from_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
