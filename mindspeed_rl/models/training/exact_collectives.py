@@ -7,12 +7,12 @@ HcclReduce / HcclReduceScatter take no FP64 on Atlas A2 or A3, and torch_npu 2.1
 a float64 ``all_reduce`` before it reaches HCCL (``ProcessGroupHCCL.cpp``: ``checkSupportedDataType``
 in ``allreduce``, ``reduce``, ``reduce_scatter``). HcclAllGather does carry FP64 on both chips.
 
-So each rank's float64 vector is all-gathered (data movement: bit-exact on any backend) and every
-rank sums (or maxes) the ``[world, n]`` rows itself, in float64. That is as exact as a float64
-all-reduce (rounding only in the final float64 sum) and every rank gets bit-identical results,
-because each runs the same sum over the same gathered rows. The price is ``world x n`` float64
-values gathered instead of ``n`` reduced: a few dozen values per rank here (loss terms and
-correction statistics), so kilobytes per optimizer step even on a thousand ranks.
+So each rank's float64 vector is all-gathered (data movement: bit-exact on any backend) and
+every rank sums (or maxes) the ``[world, n]`` rows itself, in float64 on its host. That is as
+exact as a float64 all-reduce (rounding only in the float64 sum) and every rank gets bit-identical
+results, because each runs the same sum over the same gathered rows. The price is ``world x n``
+float64 values gathered instead of ``n`` reduced: 5 loss terms plus the correction statistics
+(tens of values) per rank, so some hundred kilobytes per optimizer step on a thousand ranks.
 
 Float32 pairs with compensated (Kahan) sums were the other option; an all-reduce of the high
 parts rounds in float32 at every hop, which the low parts do not capture, so they would not be
@@ -119,18 +119,20 @@ def hccl_refusal(function: str, dtype: torch.dtype, *, reduce_op: Any = None) ->
 
 
 def _gathered(values: torch.Tensor, group: Any) -> torch.Tensor:
-    """``[world, n]``: every rank's ``values`` (1-D), in group rank order."""
+    """``[world, n]`` on the host: every rank's ``values`` (1-D), in group rank order. Summed on
+    the host because the callers read the result there next anyway (one copy per step), and so
+    no float64 reduction kernel of the accelerator is relied on."""
     flat = values.reshape(-1).contiguous()
     world = dist.get_world_size(group)
     if world == 1:
-        return flat.unsqueeze(0)
+        return flat.unsqueeze(0).cpu()
     rows = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(rows, flat, group=group)
-    return torch.stack(rows)
+    return torch.stack(rows).cpu()
 
 
 def exact_sum(values: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """The sum of ``values`` (float64, 1-D) over ``group``'s ranks, in float64 on every rank."""
+    """The sum of ``values`` (float64, 1-D) over ``group``'s ranks, in float64 on every rank's host."""
     _check_float64(values)
     return _gathered(values, group).sum(dim=0)
 
@@ -138,12 +140,12 @@ def exact_sum(values: torch.Tensor, group: Any = None) -> torch.Tensor:
 def exact_sum_and_max(
     sums: torch.Tensor, maxes: torch.Tensor, group: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``exact_sum(sums)`` and the elementwise max of ``maxes`` over ``group``, in one gather."""
+    """``exact_sum(sums)`` and the elementwise max of ``maxes`` over ``group`` (one gather; host tensors)."""
     _check_float64(sums)
     _check_float64(maxes)
     rows = _gathered(torch.cat([sums.reshape(-1), maxes.reshape(-1)]), group)
     head = sums.numel()
-    out_max = rows[:, head:].amax(dim=0) if maxes.numel() else maxes.reshape(-1).clone()
+    out_max = rows[:, head:].amax(dim=0) if maxes.numel() else rows[0, head:].clone()
     return rows[:, :head].sum(dim=0), out_max
 
 

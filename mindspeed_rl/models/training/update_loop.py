@@ -151,8 +151,9 @@ class LossSums:
 
     def all_reduce(self, group: Any = None) -> None:
         """Sum over ``group``'s ranks (each rank having added the micro-batches it scored), the
-        maxima maxed. Through one all-gather and a float64 sum on every rank, not a float64
-        all-reduce: HCCL reduces no float64 on Atlas A2/A3 (``exact_collectives``)."""
+        maxima maxed, into host tensors (``totals`` reads them next). Through one all-gather and
+        a float64 sum on every rank, not a float64 all-reduce: HCCL reduces no float64 on Atlas
+        A2/A3 (``exact_collectives``)."""
         self.values, self.maxes = exact_sum_and_max(self.values, self.maxes, group)
 
     def totals(self) -> dict[str, float]:

@@ -36,6 +36,14 @@ TABLE: list[tuple[str, str | None, str]] = [
 ]
 
 
+def test_generation_actors_on_cpu_take_the_host_path() -> None:
+    """A device trainer beside CPU generation actors: no device for the GU to receive on."""
+    assert resolve_backend("auto", "GPU", actors_on_device=False) == "gloo"
+    assert resolve_backend("gloo", "NPU", actors_on_device=False) == "gloo"
+    with pytest.raises(ValueError, match=rf"{KEY}=hccl, but async_config.actor_resources asks no NPUs"):
+        resolve_backend("hccl", "NPU", actors_on_device=False)
+
+
 @pytest.mark.parametrize(("choice", "kind", "expected"), TABLE)
 def test_the_key_resolves_per_device_kind(choice: str, kind: Any, expected: str) -> None:
     if not expected.startswith("refused"):
@@ -65,6 +73,8 @@ def test_the_plan_carries_the_resolved_backend() -> None:
         _plan(npu, collective, "async_config.collective_backend=nccl")
     with pytest.raises(ValueError, match=rf"{KEY}=hccl on a CPU-only run .*set {KEY} to gloo or auto"):
         _plan("grpo_tiny_asp", collective, "async_config.collective_backend=hccl")
+    cpu_actors = ("async_config.actor_resources.num_npus=0", "async_config.actor_resources.num_cpus=4")
+    assert _plan(npu, collective, *cpu_actors).async_spec.collective_backend == "gloo"
 
 
 def test_check_config_refuses_a_device_backend_on_a_cpu_run(capsys: pytest.CaptureFixture[str]) -> None:
