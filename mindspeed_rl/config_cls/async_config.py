@@ -37,7 +37,15 @@ class AsyncConfig(ControlKnobs):
         "shared_fs",
         "shared_fs = snapshot files in snapshot_dir (every node must see it; checked at start); "
         "object_store = Ray's object store (no shared disk); collective = one process group per GU "
-        "(gloo on CPU), bucketed sends (no shared disk).",
+        "(its backend: collective_backend), bucketed sends (no shared disk).",
+    )
+    collective_backend: Literal["auto", "gloo", "nccl", "hccl"] = opt(
+        "auto",
+        "weight_transport=collective: the GU groups' backend. auto = by device kind (nccl on GPU runs, "
+        "hccl on NPU runs, gloo on CPU-only runs); gloo = host memory over TCP on any run; nccl / hccl "
+        "= from the TU ranks' devices to the device of each GU's first generation actor (that actor's "
+        "device then also holds one round of receive buckets: bucket_mb per sending TU rank). "
+        "nccl / hccl are refused on a run without that device kind.",
     )
     bucket_mb: float = opt(
         512.0,

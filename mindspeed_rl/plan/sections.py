@@ -28,6 +28,7 @@ from mindspeed_rl.models.training.megatron.layout import MegatronLayout, check_t
 from mindspeed_rl.plan import correction
 from mindspeed_rl.plan.colocation import OFFLOAD_KEYS, colocated_offload
 from mindspeed_rl.utils.logging_config import LoggingConfig
+from mindspeed_rl.weights.collective_backend import Backend, resolve_backend
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
@@ -72,6 +73,8 @@ class AsyncSpec:
     """shared_fs | object_store | collective (``weights/transport.py``)."""
     bucket_mb: float = 512.0
     """collective: MB per send bucket."""
+    collective_backend: Backend = "gloo"
+    """collective: the GU groups' backend, resolved for the run's device kind (``collective_backend.py``)."""
 
 
 def refuse_unsupported(config: GRPOConfig) -> None:
@@ -444,6 +447,12 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
         snapshot_interval=a.snapshot_interval,
         weight_transport=a.weight_transport,
         bucket_mb=a.bucket_mb,
+        collective_backend=resolve_backend(
+            a.collective_backend,
+            plan.placement.device_kind,
+            plan.placement.device_kind_reason,
+            actors_on_device=plan.placement.generation.num_devices > 0,
+        ),
     )
     return dataclasses.replace(plan, runtime=runtime, asp=asp, async_spec=spec)
 

@@ -99,8 +99,13 @@ class AsyncCluster:
                 forced_lengths=inputs.forced_lengths,
                 reserved=reserved,
             )
-            gu_remote: Any = ray.remote(GenerationUnit).options(**_control_options(plan), max_concurrency=4)
-            cluster.gus = {s.gu_id: gu_remote.remote(s, cu) for s in specs}
+            gu_remote: Any = ray.remote(GenerationUnit)
+            cluster.gus = {
+                s.gu_id: gu_remote.options(**_gu_options(plan, reserved, s.gu_id), max_concurrency=4).remote(
+                    s, cu
+                )
+                for s in specs
+            }
             cluster._bring_up(plan.async_spec, snapshots)
         except BaseException:
             cluster.kill()
@@ -321,6 +326,16 @@ def _control_options(plan: RunPlan) -> dict[str, Any]:
 
     assert plan.async_spec is not None
     return ray_actor_options(plan.async_spec.control_resources)
+
+
+def _gu_options(plan: RunPlan, reserved: ReservedPlacement, gu_id: int) -> dict[str, Any]:
+    """A GU's Ray options: a control process's, or, when its weights channel is NCCL / HCCL (it
+    receives on its first generation actor's device), a place in that actor's bundle."""
+    a = plan.async_spec
+    assert a is not None
+    if a.weight_transport != "collective" or a.collective_backend == "gloo":
+        return _control_options(plan)
+    return reserved.beside_generation_actor(gu_id * a.actors_per_unit, a.control_resources)
 
 
 def _control_unit(run: RunStart, inputs: PipelineInputs) -> Any:

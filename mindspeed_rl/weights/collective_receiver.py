@@ -75,6 +75,11 @@ class CollectiveReceiver:
         self._put = put
         self.group: Any = None
         self._device = bucket_device(address.backend)
+        # gloo receives into host memory; NCCL / HCCL into the device bind_device names, which
+        # the GU learns once its first generation actor is up (the GU itself asks Ray for none).
+        self._device_bound = threading.Event()
+        if self._device == "cpu":
+            self._device_bound.set()
         self.bytes_received = 0
         self._arena = Arena()  # the merged tensors of one round, reused by every round and version
         self._buckets = BucketPool()  # received buckets, reused once every piece in them is converted
@@ -83,8 +88,17 @@ class CollectiveReceiver:
     def start(self) -> None:
         self._thread.start()
 
+    def bind_device(self, index: int) -> None:
+        """NCCL / HCCL: receive on device ``index`` of this process (no effect on gloo)."""
+        if self._device_bound.is_set():
+            return
+        self._device = f"{self._device}:{index}"
+        self._device_bound.set()
+
     def _run(self) -> None:
         try:
+            self._device_bound.wait()
+            _set_thread_device(self._device)  # NCCL / HCCL pick the thread's current device
             self.group = join_group(self.address, self.address.receiver_rank, store=self._store)
             while True:
                 self._receive_version()
@@ -139,6 +153,19 @@ class CollectiveReceiver:
             if previous is not None:
                 previous.result()
         return digest.finish()
+
+
+def _set_thread_device(device: str) -> None:
+    """Make ``device`` this thread's current one (CUDA / NPU runtimes keep it per host thread)."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "cuda":  # NOT RUN on this host
+        torch.cuda.set_device(int(index))
+    elif kind == "npu":  # NOT RUN on this host
+        import torch_npu  # noqa: F401  (registers torch.npu)
+
+        torch.npu.set_device(int(index))  # type: ignore[attr-defined]
 
 
 class _Digest:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from mindspeed_rl.weights.collective_backend import Backend
 from mindspeed_rl.weights.layout import InferenceLayout
 from mindspeed_rl.weights.manifest import SnapshotError
 from mindspeed_rl.weights.transport import WeightTransport, check_transport, is_memory_path, memory_path
@@ -104,9 +105,9 @@ class GuWeights:
         self._received: Any = None
         self.receiver: Any = None
 
-    def open_channel(self, gu_id: int, world_size: int) -> Any:
-        """collective: start this GU's store and receiver (the group forms once the TU ranks
-        join at their first export); returns the ``ChannelAddress`` the TU ranks join."""
+    def open_channel(self, gu_id: int, world_size: int, backend: Backend) -> Any:
+        """collective: start this GU's store and receiver (the group, on ``backend``, forms once
+        the TU ranks join at their first export); returns the ``ChannelAddress`` they join."""
         import ray
 
         from mindspeed_rl.weights.collective import ChannelAddress, open_store
@@ -118,11 +119,18 @@ class GuWeights:
             raise ValueError("the weights channel of this GU is already open: one group per GU, reused")
         host = ray.util.get_node_ip_address()
         store = open_store(host, world_size)
-        address = ChannelAddress(gu_id=gu_id, host=host, port=int(store.port), world_size=world_size)
+        address = ChannelAddress(
+            gu_id=gu_id, host=host, port=int(store.port), world_size=world_size, backend=backend
+        )
         self._received = ReceivedSnapshots()
         self.receiver = CollectiveReceiver(address, store, self.layout, self._received, ray.put)
         self.receiver.start()
         return address
+
+    def bind_receiver_device(self, index: int) -> None:
+        """collective on NCCL / HCCL: the device of this process the receiver receives on."""
+        if self.receiver is not None:
+            self.receiver.bind_device(index)
 
     def convert(self, version: int, path: str, handle: Any = None) -> Converted:
         started = time.perf_counter()

@@ -64,6 +64,7 @@ from mindspeed_rl.workers.gu_spec import ConversionDone, GuSpec
 from mindspeed_rl.workers.gu_weights import GuWeightSide
 
 if TYPE_CHECKING:
+    from mindspeed_rl.weights.collective_backend import Backend
     from mindspeed_rl.workers.evaluator import EvalJob
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class GenerationUnit:
         for a in range(self.spec.num_actors):
             self._handles[a] = self._new_actor(a)
         ray.get([handle.__ray_ready__.remote() for handle in self._handles.values()])
+        # A device channel (NCCL / HCCL) receives on the first actor's device: known only now.
+        self._weights.bind_receiver_device(self._handles[0])
         self._policy = GuPolicy(gu_id=self.gu_id, actor_ids=self._handles)
         self._faults = ray.get(self._cu.register_gu.remote(self.gu_id, len(self._handles)))
         self._running = RunningMinibatches(self._faults.deadlines)
@@ -228,9 +231,9 @@ class GenerationUnit:
         """Start of the run, before any model work (``gu_weights.GuWeightSide.check_probe``)."""
         return self._weights.check_probe(probe)
 
-    def open_weight_channel(self, world_size: int) -> Any:
+    def open_weight_channel(self, world_size: int, backend: Backend) -> Any:
         """collective: this GU's one process group, opened once at start (``weights.endpoints``)."""
-        return self._weights.open_channel(world_size)
+        return self._weights.open_channel(world_size, backend)
 
     def convert_snapshot(self, version: int, path: str, handle: Any = None) -> ConversionDone:
         """Convert one published snapshot (called on another thread of this actor by ``run``)."""

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from mindspeed_rl.models.loss import rollout_correction as rc
 from mindspeed_rl.models.loss.grpo import GRPOLossTerms, grpo_loss
 from mindspeed_rl.models.training.batch import PaddedBatch, TrainBatch, check_update_batch, mini_batches
+from mindspeed_rl.models.training.exact_collectives import exact_sum_and_max
 from mindspeed_rl.models.training.log_probs import check_temperature
 
 if TYPE_CHECKING:
@@ -150,10 +150,11 @@ class LossSums:
             self.maxes.copy_(torch.maximum(self.maxes, terms[CORRECTION_MAX].reshape(-1).to(device).double()))
 
     def all_reduce(self, group: Any = None) -> None:
-        """Sum over ``group``'s ranks (each rank having added the micro-batches it scored)."""
-        dist.all_reduce(self.values, group=group)
-        if self.maxes.numel():
-            dist.all_reduce(self.maxes, op=dist.ReduceOp.MAX, group=group)
+        """Sum over ``group``'s ranks (each rank having added the micro-batches it scored), the
+        maxima maxed, into host tensors (``totals`` reads them next). Through one all-gather and
+        a float64 sum on every rank, not a float64 all-reduce: HCCL reduces no float64 on Atlas
+        A2/A3 (``exact_collectives``)."""
+        self.values, self.maxes = exact_sum_and_max(self.values, self.maxes, group)
 
     def totals(self) -> dict[str, float]:
         values = self.values.tolist()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,6 +147,24 @@ def test_cpu_only_runs_reserve_nothing_and_keep_the_configured_options() -> None
     configured = ActorResources(num_cpus=0.2)
     assert reserved.generation_actor_options(1, configured) == ray_setup.ray_actor_options(configured)
     reserved.release()  # nothing to release: must not need Ray
+
+
+def test_a_cpu_actor_beside_a_generation_actor_asks_its_bundle_for_nothing() -> None:
+    """Where a GU receives weights on its first generation actor's device (NCCL / HCCL channel)."""
+    placement = plan_placement(_request(), ClusterSpec.uniform(2, 4, 16.0))
+    group = object()  # the placement group ray.util would return
+    reserved = ray_setup.ReservedPlacement(
+        placement=placement, group=group, trainer_bundles=(0, 1, 2), generation_bundles=(3, 4)
+    )
+    options = reserved.beside_generation_actor(1, ActorResources(num_cpus=1.0))
+    strategy = options.pop("scheduling_strategy")
+    assert options == {"num_cpus": 0.0, "num_gpus": 0.0}
+    assert strategy.placement_group is group and strategy.placement_group_bundle_index == 4
+    cpu_only = dataclasses.replace(reserved, group=None)
+    assert cpu_only.beside_generation_actor(1, ActorResources(num_cpus=1.0)) == {
+        "num_cpus": 1.0,
+        "num_gpus": 0.0,
+    }
 
 
 @pytest.mark.integration

@@ -140,7 +140,9 @@ def _collective_pair(layout_ranks: int, bucket_mb: float):
     import ray
 
     store = open_store("127.0.0.1", layout_ranks + 1)
-    address = ChannelAddress(gu_id=0, host="127.0.0.1", port=int(store.port), world_size=layout_ranks + 1)
+    address = ChannelAddress(
+        gu_id=0, host="127.0.0.1", port=int(store.port), world_size=layout_ranks + 1, backend="gloo"
+    )
     received = ReceivedSnapshots()
     receiver = CollectiveReceiver(address, store, InferenceLayout(), received, ray.put)
     receiver.start()
@@ -244,7 +246,7 @@ def test_collective_sender_never_reuses_buckets_a_send_still_reads(model_factory
     from mindspeed_rl.weights.collective_receiver import _unpack
 
     release, sent = threading.Event(), {}
-    address = ChannelAddress(gu_id=0, host="127.0.0.1", port=1, world_size=2)
+    address = ChannelAddress(gu_id=0, host="127.0.0.1", port=1, world_size=2, backend="gloo")
     sender = CollectiveSender([address], bucket_mb=0.0005, run_id="slow")
 
     def slow_send(address, rank, packed) -> None:

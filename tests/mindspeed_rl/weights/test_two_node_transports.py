@@ -119,7 +119,7 @@ class GuEnd:
         return ray.get_runtime_context().get_node_id()
 
     def open_channel(self, world: int) -> Any:
-        return self.weights.open_channel(0, world)
+        return self.weights.open_channel(0, world, "gloo")
 
     def convert(self, version: int, path: str, handle: Any) -> Any:
         done = self.weights.convert(version, path, handle)

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from mindspeed_rl.models.training.device import torch_dtype
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+from mindspeed_rl.models.training.exact_collectives import exact_sum
 from mindspeed_rl.models.training.megatron import patches
 from mindspeed_rl.models.training.precision import AdamWSettings, ParamOptimizer, optimizer_for
 
@@ -165,6 +165,7 @@ def global_grad_norm(params: Any, *, device: torch.device | str = "cpu") -> floa
                 expert += sq
         elif split or tp_rank == 0:
             dense += sq
-    dist.all_reduce(dense, group=ps.get_model_parallel_group())
-    dist.all_reduce(expert, group=ps.get_expert_tensor_model_pipeline_parallel_group())
+    # float64 sums through a gather (exact_collectives): a float64 all-reduce is refused by HCCL.
+    dense = exact_sum(dense.reshape(1), ps.get_model_parallel_group())
+    expert = exact_sum(expert.reshape(1), ps.get_expert_tensor_model_pipeline_parallel_group())
     return float((dense + expert).sqrt())

@@ -13,7 +13,9 @@ under :class:`DeviceLedger`, a torch-function mode that gives every tensor a *vi
 It records, as CUDA would refuse them, ops that mix dev tensors with host tensors that are not
 0-dim scalars (or write a dev result into a host tensor), ``.numpy()`` of a dev tensor, tensor
 collectives on the NCCL group (every group but the engine's host group) given host tensors, and
-Python-object collectives anywhere but the host group.
+Python-object collectives anywhere but the host group. And, as HCCL would refuse them on an
+Ascend A2/A3 host, device collectives of a dtype that HCCL's op lacks (a float64 all-reduce, say),
+per the table ``exact_collectives.HCCL_DTYPES`` records from CANN 8.5's HCCL reference.
 """
 
 from __future__ import annotations
@@ -215,10 +217,32 @@ _OBJECT_COLLECTIVES = (
 
 
 def _group(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _argument(fn, args, kwargs, "group")
+
+
+def _argument(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
     try:
-        return inspect.signature(fn).bind(*args, **kwargs).arguments.get("group")
+        return inspect.signature(fn).bind(*args, **kwargs).arguments.get(name)
     except TypeError:
-        return kwargs.get("group")
+        return kwargs.get(name)
+
+
+def check_tensor_collective(
+    ledger: DeviceLedger, fname: str, tensors: list[torch.Tensor], *, on_host: bool, reduce_op: Any = None
+) -> None:
+    """What CUDA (host tensors on the device group) and HCCL (a dtype its op lacks) would refuse."""
+    from mindspeed_rl.models.training.exact_collectives import hccl_refusal
+
+    for t in tensors:
+        if on_host and where(t) == DEV:
+            ledger.flag(f"dist.{fname} of a dev tensor on the host group")
+        elif not on_host and where(t) == HOST:
+            ledger.flag(f"dist.{fname} of a host tensor {tuple(t.shape)} on the NCCL group")
+        elif not on_host and where(t) == DEV:
+            ledger.dev_collectives += 1
+            refusal = hccl_refusal(fname, t.dtype, reduce_op=reduce_op)
+            if refusal is not None:
+                ledger.flag(f"dist.{fname} of a {t.dtype} dev tensor {tuple(t.shape)}: {refusal}")
 
 
 @contextlib.contextmanager
@@ -232,20 +256,14 @@ def watched_collectives(ledger: DeviceLedger) -> Iterator[None]:
         def call(*args: Any, **kwargs: Any) -> Any:
             if fname == "batch_isend_irecv":
                 for op in args[0]:
-                    tensor_call(lambda *a, **k: None, f"batch_isend_irecv({op.op.__name__})")(
-                        op.tensor, group=op.group
-                    )
+                    # P2POp.op is dist.isend / dist.irecv: checked as HCCL's send / recv.
+                    on_host = ledger.host_group is not None and op.group is ledger.host_group
+                    check_tensor_collective(ledger, op.op.__name__, [op.tensor], on_host=on_host)
                 return fn(*args, **kwargs)
             on_host = ledger.host_group is not None and _group(fn, args, kwargs) is ledger.host_group
-            for t in tree_flatten((args, kwargs))[0]:
-                if not isinstance(t, torch.Tensor):
-                    continue
-                if on_host and where(t) == DEV:
-                    ledger.flag(f"dist.{fname} of a dev tensor on the host group")
-                elif not on_host and where(t) == HOST:
-                    ledger.flag(f"dist.{fname} of a host tensor {tuple(t.shape)} on the NCCL group")
-                elif not on_host and where(t) == DEV:
-                    ledger.dev_collectives += 1
+            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            reduce_op = _argument(fn, args, kwargs, "op")
+            check_tensor_collective(ledger, fname, tensors, on_host=on_host, reduce_op=reduce_op)
             return fn(*args, **kwargs)
 
         return call
@@ -293,6 +311,74 @@ def test_ledger_flags_what_cuda_would_refuse() -> None:
     assert len(ledger.violations) == 3, ledger.violations
     assert "mixes" in ledger.violations[0] and "host tensor" in ledger.violations[1]
     assert "numpy" in ledger.violations[2]
+
+
+@contextlib.contextmanager
+def _two_rank_stand_ins() -> Iterator[list[str]]:
+    """torch.distributed's entry points as a 2-rank group would answer them, in this one process
+    (no process group: the ledger checks the call, not the transport). ``all_gather`` hands back
+    this rank's tensor as both ranks' rows; the list names the collectives called."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+
+    def all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False) -> None:
+        calls.append("all_reduce")
+
+    def all_gather(
+        tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
+    ) -> None:
+        calls.append("all_gather")
+        for row in tensor_list:
+            row.copy_(tensor)
+
+    saved = dist.all_reduce, dist.all_gather, dist.get_world_size
+    dist.all_reduce, dist.all_gather = all_reduce, all_gather  # type: ignore[assignment]
+    dist.get_world_size = lambda group=None: 2  # type: ignore[assignment]
+    try:
+        yield calls
+    finally:
+        dist.all_reduce, dist.all_gather, dist.get_world_size = saved  # type: ignore[assignment]
+
+
+def test_the_hccl_rule_flags_what_hccl_lacks_on_the_device_group() -> None:
+    """Float64 (and bf16 PRODUCT) reductions on the device group are flagged; float64 moves and
+    the host (gloo) group are not."""
+    import torch.distributed as dist
+
+    host_group = object()
+    ledger = DeviceLedger(host_group=host_group)
+    with _two_rank_stand_ins(), watched_collectives(ledger), _transfer_copies(), ledger:
+        sums = torch.zeros(5, dtype=torch.float64, device="cuda")
+        dist.all_reduce(sums)  # what LossSums.all_reduce did before the fix
+        assert len(ledger.violations) == 1 and "float64" in ledger.violations[0]
+        assert "HCCL all_reduce" in ledger.violations[0], ledger.violations
+        dist.all_reduce(sums.float())
+        dist.all_gather([torch.empty_like(sums) for _ in range(2)], sums)  # a move: FP64 is fine
+        dist.all_reduce(sums.cpu(), group=host_group)  # gloo reduces float64
+        assert len(ledger.violations) == 1, ledger.violations
+        dist.all_reduce(sums.bfloat16(), op=dist.ReduceOp.PRODUCT)
+    assert len(ledger.violations) == 2 and "PRODUCT" in ledger.violations[1], ledger.violations
+
+
+def test_loss_sums_reduce_exactly_through_a_collective_hccl_takes() -> None:
+    """LossSums over a (stand-in) 2-rank device group: one all-gather of float64 rows the ledger
+    accepts, sums and maxima exact in float64 (each rank's terms counted twice here)."""
+    from mindspeed_rl.models.training.update_loop import LOSS_TERMS, LossSums
+
+    ledger = DeviceLedger(host_group=object())
+    with _two_rank_stand_ins() as calls, watched_collectives(ledger), _transfer_copies(), ledger:
+        sums = LossSums("cuda", stats_size=(3, 2))
+        terms = {name: torch.tensor([0.1 + i], dtype=torch.float32) for i, name in enumerate(LOSS_TERMS)}
+        terms["correction_sums"] = torch.tensor([1e-9, 2.0, 3e8], dtype=torch.float64)
+        terms["correction_max"] = torch.tensor([4.0, -1.0])
+        sums.add(terms)
+        expected = sums.totals()
+        sums.all_reduce()
+        totals = sums.totals()
+    assert calls == ["all_gather"] and ledger.violations == [], ledger.violations
+    for key, value in expected.items():
+        assert totals[key] == (value if key.startswith("rc_max:") else 2 * value), key
 
 
 HAVE_MEGATRON = (
