@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 
 from mindspeed_rl.config_cls import ConfigError, GRPOConfig, load_config
 from mindspeed_rl.config_cls.loader import SELF_WARNING, schema_overrides
+from mindspeed_rl.config_cls.notes import batch_notes
 from mindspeed_rl.utils import quiet_logs, ray_setup
 
 if __package__ in (None, ""):  # run as a script: make `cli` importable
@@ -141,6 +142,8 @@ def run(cfg: DictConfig, config_name: str | None, entry: str = "grpo") -> int:
         return EXIT_TRAINER
     for key in config.inert_keys:
         logger.info("no effect here: %s", key)
+    for note in batch_notes(config):
+        logger.info("note: %s", note)
     if entry == "dapo":
         logger.info("DAPO: %s", dapo_parts(config))
     run_dir = create_run_dir(config, config_name)

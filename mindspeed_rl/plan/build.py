@@ -76,7 +76,18 @@ class DataSpec:
     shuffle: bool
     seed: int
     num_prompts_per_global_batch: int
+    """Prompts of one generation batch (``global_batch_size``): the unit the run draws in."""
     train_iters: int
+    """Trainer steps (iterations) of the run."""
+    num_prompts_per_step: int
+    """Prompts one trainer step trains: the generation batch, or with DAPO's dynamic sampling
+    ``filter_groups_train_batch_size`` kept ones."""
+
+    @property
+    def generation_batches(self) -> int:
+        """Generation batches the run draws for ``train_iters`` steps when nothing is filtered
+        (the last may be trained only in part)."""
+        return -(-self.train_iters * self.num_prompts_per_step // self.num_prompts_per_global_batch)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -229,13 +240,14 @@ def data_spec(config: GRPOConfig) -> DataSpec:
         seed=t.seed,
         num_prompts_per_global_batch=config.num_prompts_per_global_batch,
         train_iters=t.train_iters,
+        num_prompts_per_step=config.num_prompts_per_step,
     )
 
 
 def trainer_spec(config: GRPOConfig) -> TrainerSpec:
     rl = config.rl_config
     engine = parts.engine_config(config)
-    steps = config.num_prompts_per_global_batch // config.mini_batch_prompts * rl.epochs
+    steps = parts.optimizer_steps_per_iteration(config)
     old: OldLogProbs = correction.old_log_probs(config, steps)
     resources = config.async_config.trainer_resources if rl.pipeline == "async" else rl.actor_resource
     megatron = parts.megatron_layout(config)

@@ -208,7 +208,7 @@ def export_dtype(config: GRPOConfig) -> Literal["float32", "bfloat16", "float16"
 
 
 def optimizer_steps_per_iteration(config: GRPOConfig) -> int:
-    return config.num_prompts_per_global_batch // config.mini_batch_prompts * config.rl_config.epochs
+    return config.num_prompts_per_step // config.mini_batch_prompts * config.rl_config.epochs
 
 
 def lr_schedule(config: GRPOConfig) -> LRSchedule:

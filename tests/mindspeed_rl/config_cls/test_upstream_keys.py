@@ -196,7 +196,7 @@ def test_dapo_keys_are_honoured_and_checked(tiny: dict[str, Any]) -> None:
         ({"overlong_buffer": 65}, "must be in 1..rollout_max_tokens (64)"),
         ({"filter_groups_metric": "format"}, "is not one of verifier_function"),
         ({"filter_groups_max_batches": 0}, "rl_config.filter_groups_max_batches"),
-        ({"filter_groups_train_batch_size": 1}, "set filter_groups_train_batch_size:"),
+        ({"filter_groups_train_batch_size": 0}, "must be >= 1 kept prompt per step, got 0"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(phrase)):
             load_config({**tiny, "rl_config": {**rl, **bad}})
