@@ -33,7 +33,13 @@ class ParallelKeys:
         "Shard activations along the sequence over the TP group (TP > 1).",
         inert_on_torch=PARALLEL_ONLY,
     )
-    moe_tp_extend_ep: bool = opt(False, "Reuse TP ranks as extra EP ranks.", inert=PARALLEL_ONLY)
+    moe_tp_extend_ep: bool = opt(
+        False,
+        "MoE: spread the experts over TP x EP ranks, each expert whole (not split over TP), as "
+        "MindSpeed's moe_tp_extend_ep; the megatron engine builds megatron-core's expert parallelism "
+        "over expert_model_parallel_size x tensor_model_parallel_size ranks at expert TP 1.",
+        inert_on_torch=PARALLEL_ONLY,
+    )
     use_distributed_optimizer: bool = opt(
         False,
         "Shard fp32 masters and Adam moments over data parallel (megatron, GPU/NPU).",

@@ -182,7 +182,12 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         offload=parts.colocated_offload(config),
         trainer_resources=trainer_resources(config),
         placement=placing.placement_request(config),
-        memory=memory_plan(config, trainer, rollout_tensor_parallel_size(config)),
+        memory=memory_plan(
+            config,
+            trainer,
+            rollout_tensor_parallel_size(config),
+            rollout_ep=rollout_expert_parallel(config, trainer),
+        ),
         inert_keys=parts.plan_inert_keys(config),
         dynamic_sampling=dapo.dynamic_sampling(config),
     )
@@ -196,6 +201,19 @@ def rollout_tensor_parallel_size(config: GRPOConfig) -> int:
     if config.rl_config.pipeline == "async":
         return config.async_config.actor_tensor_parallel_size
     return config.generate_config.infer_tensor_parallel_size
+
+
+def rollout_expert_parallel(config: GRPOConfig, trainer: TrainerSpec) -> int:
+    """Workers one engine's experts are spread over (vLLM: EP = TP x DP with expert parallelism
+    on); 0 = split over TP. The colocated megatron hybrid's engines are one vLLM data-parallel
+    group over the trainer's ranks (``workers/colocated_rank.py``), so its EP is every rank;
+    an async actor or a lone engine has DP 1."""
+    tp = rollout_tensor_parallel_size(config)
+    if not parts.engine_keys(config).get("enable_expert_parallel"):
+        return 0
+    colocated = config.rl_config.pipeline == "hybrid" and trainer.megatron is not None
+    colocated = colocated and parts.colocated_offload(config) is not None
+    return trainer.num_ranks // tp * tp if colocated else tp
 
 
 def runtime_config(config: GRPOConfig) -> RuntimeConfig:

@@ -130,6 +130,9 @@ class TrainerMemorySpec:
 class RolloutMemorySpec:
     shape: ModelShape
     tp: int
+    expert_parallel: int = 0
+    """Workers the routed experts are spread over, each expert whole (vLLM's expert parallelism:
+    TP x the engines' data parallelism); 0 = split over TP like the dense weights."""
     dtype: Literal["float32", "bfloat16", "float16"]
     gpu_memory_utilization: float
     max_model_len: int
@@ -259,8 +262,8 @@ def rollout_memory(spec: RolloutMemorySpec, device_memory_gb: float) -> MemoryEs
     its KV cache whatever the weights and its profiled activation peak leave of that."""
     shape = spec.shape
     pbytes = DTYPE_BYTES[spec.dtype]
-    total_params = rank_parameters(shape, tp=1, pp=1, ep=1, pp_rank=0, divisible_by=1).total
-    weights = pbytes * total_params / spec.tp
+    whole = rank_parameters(shape, tp=1, pp=1, ep=1, pp_rank=0, divisible_by=1)
+    weights = pbytes * (whole.dense / spec.tp + whole.expert / (spec.expert_parallel or spec.tp))
     tokens = spec.max_num_batched_tokens
     width = shape.moe_topk * shape.moe_ffn_hidden_size if shape.is_moe else shape.ffn_hidden_size
     # Profiled peak of one forward over the token budget (hidden states, QKV, the MLP's widest

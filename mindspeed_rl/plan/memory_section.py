@@ -30,9 +30,12 @@ class MemoryPlan:
     rollout: RolloutMemorySpec
 
 
-def memory_plan(config: GRPOConfig, trainer: TrainerSpec, rollout_tp: int) -> MemoryPlan | None:
+def memory_plan(
+    config: GRPOConfig, trainer: TrainerSpec, rollout_tp: int, *, rollout_ep: int = 0
+) -> MemoryPlan | None:
     """None when the YAML's ``model:`` section does not give the shape (an HF folder's own
-    config.json then describes it, which the planner does not read)."""
+    config.json then describes it, which the planner does not read). ``rollout_ep``: workers each
+    engine's experts are spread over (``RolloutMemorySpec.expert_parallel``)."""
     arch = config.model
     vocab = arch.padded_vocab_size or 0
     if not (arch.num_layers and arch.hidden_size and arch.num_attention_heads and vocab):
@@ -77,6 +80,7 @@ def memory_plan(config: GRPOConfig, trainer: TrainerSpec, rollout_tp: int) -> Me
         rollout=RolloutMemorySpec(
             shape=shape,
             tp=rollout_tp,
+            expert_parallel=rollout_ep,
             dtype=engine.param_dtype if g.dtype == "auto" else g.dtype,
             gpu_memory_utilization=g.gpu_memory_utilization,
             max_model_len=g.max_model_len or seq_length,

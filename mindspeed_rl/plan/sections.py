@@ -363,6 +363,16 @@ def resources(r: ActorResources) -> ActorResources:
     return ActorResources(num_cpus=r.num_cpus, num_gpus=r.num_gpus, num_npus=r.num_npus)
 
 
+def expert_parallel_size(config: GRPOConfig) -> int:
+    """Ranks the experts are spread over. ``moe_tp_extend_ep`` (MindSpeed's) folds the TP ranks
+    into expert parallelism: experts over EP x TP ranks, whole on each (megatron-core's expert
+    parallel folding at expert TP 1, megatron-core 0.12.1 and 0.19.2 ``initialize_model_parallel``),
+    so a rank holds num_experts / (EP x TP) of them instead of a TP slice of num_experts / EP."""
+    p = config.actor_config.parallel
+    fold = p.tensor_model_parallel_size if p.moe_tp_extend_ep and config.model.is_moe else 1
+    return p.expert_model_parallel_size * fold
+
+
 def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     """``use_mcore_models: true`` selects the megatron engine with ``actor_config``'s layout (DP is
     what the ranks leave over); false keeps the torch engine, and the loader then lists these keys
@@ -381,7 +391,7 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     layout = MegatronLayout(
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        expert_model_parallel_size=p.expert_model_parallel_size,
+        expert_model_parallel_size=expert_parallel_size(config),
         make_vocab_size_divisible_by=config.model.make_vocab_size_divisible_by,
         # Megatron-LM switches sequence parallelism off at TP 1 (nothing to shard over); so does the plan.
         sequence_parallel=p.sequence_parallel and p.tensor_model_parallel_size > 1,
