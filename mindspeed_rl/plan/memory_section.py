@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.contracts import TrainerSpec
+from mindspeed_rl.plan import pipeline
 from mindspeed_rl.plan.memory import (
     DEFAULT_DEVICE_MEMORY_GB,
     SHRINK_HINTS,
@@ -36,7 +37,7 @@ def memory_plan(
     """None when the YAML's ``model:`` section does not give the shape (an HF folder's own
     config.json then describes it, which the planner does not read). ``rollout_ep``: workers each
     engine's experts are spread over (``RolloutMemorySpec.expert_parallel``)."""
-    arch = config.model
+    arch = pipeline.real_architecture(config)  # noop layers hold nothing
     vocab = arch.padded_vocab_size or 0
     if not (arch.num_layers and arch.hidden_size and arch.num_attention_heads and vocab):
         return None
@@ -76,6 +77,8 @@ def memory_plan(
             flash_attention=bool(layout and layout.use_flash_attn),
             recompute_granularity=layout.recompute_granularity if layout else None,  # type: ignore[arg-type]
             recompute_num_layers=layout.recompute_num_layers if layout else None,
+            recompute_method=layout.recompute_method if layout else None,  # type: ignore[arg-type]
+            stage_layers=layout.stage_layers if layout else (),
         ),
         rollout=RolloutMemorySpec(
             shape=shape,

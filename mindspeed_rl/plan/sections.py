@@ -25,7 +25,7 @@ from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.lr_schedule import LRSchedule
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout, check_trainable
-from mindspeed_rl.plan import correction
+from mindspeed_rl.plan import correction, pipeline
 from mindspeed_rl.plan.colocation import OFFLOAD_KEYS, colocated_offload
 from mindspeed_rl.utils.logging_config import LoggingConfig
 
@@ -131,7 +131,7 @@ def checkpoint_spec(config: GRPOConfig) -> CheckpointSpec:
 
 def build_arch(config: GRPOConfig) -> Mapping[str, Any]:
     """Architecture keys for ``create_tiny_model`` (which refuses any it cannot build)."""
-    arch = config.model
+    arch = pipeline.real_architecture(config)  # noop layers are not built
     values = {f.name: getattr(arch, f.name) for f in dataclasses.fields(ModelArchitecture)}
     values["init_method_std"] = config.actor_config.training.init_method_std
     return MappingProxyType({k: v for k, v in values.items() if v is not None})
@@ -363,16 +363,6 @@ def resources(r: ActorResources) -> ActorResources:
     return ActorResources(num_cpus=r.num_cpus, num_gpus=r.num_gpus, num_npus=r.num_npus)
 
 
-def expert_parallel_size(config: GRPOConfig) -> int:
-    """Ranks the experts are spread over. ``moe_tp_extend_ep`` (MindSpeed's) folds the TP ranks
-    into expert parallelism: experts over EP x TP ranks, whole on each (megatron-core's expert
-    parallel folding at expert TP 1, megatron-core 0.12.1 and 0.19.2 ``initialize_model_parallel``),
-    so a rank holds num_experts / (EP x TP) of them instead of a TP slice of num_experts / EP."""
-    p = config.actor_config.parallel
-    fold = p.tensor_model_parallel_size if p.moe_tp_extend_ep and config.model.is_moe else 1
-    return p.expert_model_parallel_size * fold
-
-
 def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     """``use_mcore_models: true`` selects the megatron engine with ``actor_config``'s layout (DP is
     what the ranks leave over); false keeps the torch engine, and the loader then lists these keys
@@ -391,8 +381,9 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     layout = MegatronLayout(
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        expert_model_parallel_size=expert_parallel_size(config),
+        expert_model_parallel_size=pipeline.expert_parallel_size(config),
         make_vocab_size_divisible_by=config.model.make_vocab_size_divisible_by,
+        stage_layers=pipeline.stage_layers(config),
         # Megatron-LM switches sequence parallelism off at TP 1 (nothing to shard over); so does the plan.
         sequence_parallel=p.sequence_parallel and p.tensor_model_parallel_size > 1,
         recompute_granularity=m.recompute_granularity,
@@ -408,7 +399,7 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     # weights load. A CUDA plan assumes TransformerEngine, which the gpu stack installs; the build
     # checks the real import on the training host.
     device = trainer_device(config)
-    arch = config.model
+    arch = pipeline.real_architecture(config)
     check_trainable(
         arch if arch.num_layers else arch.is_moe, layout, device,
         transformer_engine=True if device == "cuda" else None,

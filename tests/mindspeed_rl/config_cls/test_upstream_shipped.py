@@ -25,19 +25,26 @@ RUNS = {
     "dapo_qwen25_32b_A3": (CONFIGS, "1x16"),
     "dapo_qwen3_32b_A3": (CONFIGS, "1x16"),
     "dapo_qwen3_30b_a3b_A3": (CONFIGS, "1x16"),  # moe_tp_extend_ep: experts over TP x EP
+    "grpo_qwen3_235b_a22b_A2": (CONFIGS, "16x8"),  # noop_layers 5,95: 94 layers at PP16
     "test_grpo_trainer_qwen25_7b_integrated": (ST, "1x8"),  # mini_batch_size 64 > 4 prompts
     "test_dapo_trainer_qwen25_7b_integrated": (ST, "1x8"),  # 2 kept prompts per iteration of 8
 }
 # recipe -> phrases its error names: the feature, not an unknown key.
 REFUSED = {
-    "grpo_qwen25_32b_A3": ["actor_config.num_layer_list: uneven pipeline stages"],
-    "grpo_qwen3_235b_a22b_A2": ["actor_config.noop_layers: noop layers"],
     "dapo_qwen25_32b_A2_20k": ["context parallelism is not implemented"],
     "dapo_qwen25_32b_A3_32k": ["context parallelism is not implemented"],
     "dapo_qwen25_7b_A2_multi_turn": [
         "rl_config.multi_turn_enable: multi-turn tool rollouts are not supported"
     ],
     "grpo_lora_qwen25_32b_A2": ["megatron_training.lora_r: LoRA is not supported"],
+}
+
+
+# recipe -> (cluster, what --cluster's memory check names): accepted, placed, but over its device.
+OVER_MEMORY = {
+    # num_layer_list 16,17,16,15 at TP4 PP4 DP1: stage 0 holds 16 layers and 4 micro-batches in
+    # flight, and the reference model stays on the device through the update.
+    "grpo_qwen25_32b_A3": ("1x16", "trainer rank 0 needs 64.4 GB of its 64 GB device"),
 }
 
 
@@ -49,7 +56,7 @@ def _check(capsys: pytest.CaptureFixture[str], folder: Path, name: str, *args: s
 
 def test_every_shipped_recipe_is_exercised() -> None:
     shipped = {p.stem for p in CONFIGS.glob("*.yaml")} | {p.stem for p in ST.glob("*.yaml")}
-    assert shipped == set(RUNS) | set(REFUSED)
+    assert shipped == set(RUNS) | set(REFUSED) | set(OVER_MEMORY)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
@@ -107,3 +114,27 @@ def test_the_colocated_rollout_spreads_experts_over_every_engine_rank(
         "generate_config.enable_expert_parallel=false",
     )
     assert code == 2 and "generation actor 0" in err
+
+
+@pytest.mark.parametrize("name", sorted(OVER_MEMORY))
+def test_shipped_recipe_over_its_device_memory_names_the_rank(
+    capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    cluster, phrase = OVER_MEMORY[name]
+    code, _, err = _check(capsys, CONFIGS, name)
+    assert code == 0, err
+    code, out, err = _check(capsys, CONFIGS, name, "--cluster", cluster)
+    assert code == 2 and phrase in err, err
+    stages = json.loads(out)["memory_gb"]["trainer_ranks"]
+    # Per-stage memory follows the uneven split: 16, 17, 16, 15 layers, 4 ranks (TP4) per stage.
+    params = [stages[4 * s]["parameters"] for s in range(4)]
+    assert params[1] > params[2]  # 17 layers against 16, neither with the embedding or output layer
+    assert params[0] > params[2] and params[3] > params[2]  # + the embedding / + the output layer
+
+
+def test_noop_layers_hold_no_weights_and_split_the_real_layers() -> None:
+    # upstream's Qwen3-235B: num_layers 96 = 94 + noop layers 5 and 95, PP16 of 6 positions each.
+    plan = build_run_plan(load_config_from_files(CONFIGS, "grpo_qwen3_235b_a22b_A2"))
+    layout = plan.trainer.megatron
+    assert layout is not None and layout.stage_layers == (5,) + (6,) * 14 + (5,)
+    assert plan.memory is not None and plan.memory.trainer.shape.num_layers == 94
