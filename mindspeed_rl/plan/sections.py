@@ -374,8 +374,13 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     p = config.actor_config.parallel
     if p.context_parallel_size != 1:
         raise ValueError(
-            f"actor_config.context_parallel_size={p.context_parallel_size}: context parallelism is not "
-            "implemented by the megatron engine; set it to 1"
+            f"actor_config.context_parallel_size={p.context_parallel_size}: context parallelism "
+            f"(context_parallel_algo {config.actor_config.upstream_inert.context_parallel_algo}) "
+            "is not implemented by the megatron engine (splitting sequences over ranks needs "
+            "TransformerEngine's or MindSpeed's CP attention and a CP-aware data path, log-probs and loss); "
+            "set context_parallel_size: 1 and fit the long sequences with recompute_granularity: full, "
+            "sequence_parallel: true, more tensor/pipeline parallel ranks or a smaller micro_batch_size "
+            "(check_config --cluster shows each rank's memory)"
         )
     m = config.actor_config.megatron_only
     layout = MegatronLayout(
