@@ -31,10 +31,14 @@ RUNS = {
 }
 # recipe -> phrases its error names: the feature, not an unknown key.
 REFUSED = {
-    "dapo_qwen25_32b_A2_20k": ["context parallelism (context_parallel_algo megatron_cp_algo) is not implemented",
-                               "set context_parallel_size: 1"],
-    "dapo_qwen25_32b_A3_32k": ["context parallelism (context_parallel_algo megatron_cp_algo) is not implemented",
-                               "set context_parallel_size: 1"],
+    "dapo_qwen25_32b_A2_20k": [
+        "context parallelism (context_parallel_algo megatron_cp_algo) is not implemented",
+        "set context_parallel_size: 1",
+    ],
+    "dapo_qwen25_32b_A3_32k": [
+        "context parallelism (context_parallel_algo megatron_cp_algo) is not implemented",
+        "set context_parallel_size: 1",
+    ],
     "dapo_qwen25_7b_A2_multi_turn": [
         "rl_config.multi_turn_enable: multi-turn tool rollouts are not supported"
     ],
