@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mindspeed_rl.config_cls import load_config_from_files
+from mindspeed_rl.config_cls.notes import batch_notes
 from mindspeed_rl.plan.build import RunPlan, build_run_plan
 from mindspeed_rl.plan.memory_section import placed_memory
 from mindspeed_rl.utils.placement import ClusterSpec
@@ -106,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(placed, indent=2))
     else:
         print(json.dumps(config.to_dict(), indent=2))
+    for note in batch_notes(config):
+        print(f"note: {note}", file=sys.stderr)
     if plan.inert_keys:
         print(f"note: {len(plan.inert_keys)} given key(s) have no effect here:", file=sys.stderr)
         for key in plan.inert_keys:

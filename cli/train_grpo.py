@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 
 from mindspeed_rl.config_cls import ConfigError, GRPOConfig, InertKey, inert, load_config
 from mindspeed_rl.config_cls.loader import SELF_WARNING, schema_overrides
+from mindspeed_rl.config_cls.notes import batch_notes
 from mindspeed_rl.plan.sections import plan_inert_keys
 from mindspeed_rl.utils import quiet_logs, ray_setup
 
@@ -151,6 +152,8 @@ def run(cfg: DictConfig, config_name: str | None, entry: str = "grpo") -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_TRAINER
     warn_inert_keys(inert_keys)
+    for note in batch_notes(config):
+        logger.info("note: %s", note)
     if entry == "dapo":
         logger.info("DAPO: %s", dapo_parts(config))
     run_dir = create_run_dir(config, config_name)

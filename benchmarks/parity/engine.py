@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Callable
@@ -37,7 +38,16 @@ LAYOUTS: dict[str, MegatronLayout] = {
     "pp2": MegatronLayout(pipeline_model_parallel_size=2),
     "dp2": MegatronLayout(),
     "ep2": MegatronLayout(expert_model_parallel_size=2),
+    # Uneven pipeline stages (upstream's num_layer_list): a 4-layer model as 1 + 3 layers, and a
+    # 6-layer one over 4 stages (4 processes), which no even split holds.
+    "pp2_1_3": MegatronLayout(pipeline_model_parallel_size=2, stage_layers=(1, 3)),
+    "pp4_1_2_2_1": MegatronLayout(pipeline_model_parallel_size=4, stage_layers=(1, 2, 2, 1)),
 }
+
+
+def world_size_of(layout: MegatronLayout) -> int:
+    """Processes a parity layout runs on: 2 (TP2, PP2, DP2 or EP2 inside DP2), or one per stage."""
+    return max(2, layout.model_parallel_size)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -344,8 +354,10 @@ def run_megatron_side(
     batch: TrainBatch,
     config: TorchEngineConfig | None = None,
     grad_cases: dict[str, tuple[TorchEngineConfig, TrainBatch]] | None = None,
+    keep_export: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the megatron engine over gloo in 2 spawned processes; return rank 0's results.
+    """Run the megatron engine over gloo in spawned processes (``world_size_of``); return rank 0's
+    results. ``keep_export``: where to copy the HF folder the engine exported after its update.
 
     ``grad_cases``: ``{term: (config, batch)}`` of :func:`grad_term_case`; each runs one update of a
     fresh engine whose gradient is returned under ``result["grads"][term]`` (HF names, full shapes).
@@ -355,10 +367,13 @@ def run_megatron_side(
     with tempfile.TemporaryDirectory(prefix="megatron-parity-") as tmp:
         torch.save(batch, Path(tmp) / "batch.pt")
         config = config or parity_engine_config(num_samples=batch.num_samples)
-        args = (2, free_port(), os.fspath(model_dir), layout, tmp, config, grad_cases or {})
-        mp.spawn(_worker, args=args, nprocs=2, join=True)
+        world = world_size_of(layout)
+        args = (world, free_port(), os.fspath(model_dir), layout, tmp, config, grad_cases or {})
+        mp.spawn(_worker, args=args, nprocs=world, join=True)
         result = dict(torch.load(Path(tmp) / "result.pt", weights_only=False))
         result["hf_logits"] = _transformers_logits(Path(tmp) / "converted", result["logits"].shape[-1])
+        if keep_export is not None:
+            shutil.copytree(Path(tmp) / "converted", keep_export)
         return result
 
 
@@ -414,7 +429,9 @@ def merge_snapshot_shards(shards: list[Any], dims: Any, layout: MegatronLayout) 
     )
 
 
-def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> ParityResult:
+def run_parity_case(
+    model_dir: str | os.PathLike[str], layout_name: str, *, keep_export: Path | None = None
+) -> ParityResult:
     """Compare the megatron engine at ``layout_name`` with HF log-probs and the torch engine's update."""
     from safetensors.torch import load_file
 
@@ -434,7 +451,7 @@ def run_parity_case(model_dir: str | os.PathLike[str], layout_name: str) -> Pari
     want = dict(torch_engine.named_weights_for_inference())
     grad_cases = {term: grad_term_case(config, batch, term) for term in GRAD_TERMS}
     torch_grads = {term: torch_term_grads(model_dir, *case) for term, case in grad_cases.items()}
-    meg = run_megatron_side(model_dir, LAYOUTS[layout_name], batch, config, grad_cases)
+    meg = run_megatron_side(model_dir, LAYOUTS[layout_name], batch, config, grad_cases, keep_export)
     grad_diffs = {term: grad_rel_diffs(meg["grads"][term], torch_grads[term]) for term in GRAD_TERMS}
     convert_diff = float((meg["hf_logits"] - meg["logits"]).abs().max())
     merged = merge_snapshot_shards(meg["snapshot_shards"], dims, LAYOUTS[layout_name])

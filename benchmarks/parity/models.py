@@ -12,7 +12,7 @@ import torch
 
 
 def build_parity_model(
-    path: str | os.PathLike[str], family: str, *, tied: bool = False, seed: int = 0
+    path: str | os.PathLike[str], family: str, *, tied: bool = False, seed: int = 0, num_layers: int = 2
 ) -> Path:
     """A random tiny HF checkpoint of ``family`` (qwen2 | qwen3 | qwen3_moe), shaped to exercise the
     mapping: GQA (4 heads, 2 groups), a vocabulary (100) that megatron must pad, a pad token
@@ -23,7 +23,7 @@ def build_parity_model(
         "vocab_size": 100,
         "hidden_size": 64,
         "intermediate_size": 96,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": num_layers,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "head_dim": 32,

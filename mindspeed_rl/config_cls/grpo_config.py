@@ -72,20 +72,33 @@ class GRPOConfig:
         return self.megatron_training.training.global_batch_size
 
     @property
+    def num_prompts_per_step(self) -> int:
+        """Prompts one trainer step (iteration) trains: with DAPO's dynamic sampling upstream's
+        ``filter_groups_train_batch_size`` kept prompts, drawn from generation batches of
+        ``global_batch_size``; otherwise the global batch itself."""
+        rl = self.rl_config
+        return (
+            rl.filter_groups_train_batch_size
+            if rl.filter_groups_enable
+            else self.num_prompts_per_global_batch
+        )
+
+    @property
     def global_batch_samples(self) -> int:
         return self.num_prompts_per_global_batch * self.rl_config.n_samples_per_prompt
 
     @property
     def mini_batch_prompts(self) -> int:
-        return self.rl_config.mini_batch_prompts(self.num_prompts_per_global_batch)
+        return self.rl_config.mini_batch_prompts(self.num_prompts_per_step)
 
     def runtime_config(self) -> RuntimeConfig:
-        """The Control Unit's settings: ``async_config``'s knobs counted against this batch.
+        """The Control Unit's settings: ``async_config``'s knobs counted against one trainer step's
+        batch (``num_prompts_per_step``).
         Building it runs the queue, backpressure and lag rules; the loader builds it for an async
         run, so a loaded config never fails here."""
         return RuntimeConfig.from_knobs(
             self.async_config,
-            num_prompts_per_global_batch=self.num_prompts_per_global_batch,
+            num_prompts_per_global_batch=self.num_prompts_per_step,
             num_samples_per_prompt=self.rl_config.n_samples_per_prompt,
         )
 

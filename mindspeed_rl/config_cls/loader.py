@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from mindspeed_rl.config_cls import inert, refusals
+from mindspeed_rl.config_cls import inert, refusals, spellings
 from mindspeed_rl.config_cls.asp_config import ASPConfig
 from mindspeed_rl.config_cls.async_config import AsyncConfig
 from mindspeed_rl.config_cls.fields import Engine
@@ -43,8 +43,8 @@ SELF_WARNING = ".*Defaults list is missing `_self_`.*"
 
 def load_config(cfg: DictConfig | Mapping[str, Any]) -> GRPOConfig:
     """Validate a composed config. Raises ``ConfigError`` (a ``ValueError``) listing every problem."""
-    raw = _plain(cfg)
     problems = Problems()
+    raw = spellings.underscored(_plain(cfg), problems)
     _check_top_level(raw, problems)
     model_name, arch = _select_model(raw, problems)
     base: list[tuple[str, Any]] = [

@@ -54,11 +54,23 @@ class ParallelKeys:
     )
     moe_tp_extend_ep: bool = opt(
         False,
-        "Reuse TP ranks as extra EP ranks.",
-        inert=megatron_reason(
-            "the megatron engine splits experts over expert_model_parallel_size only",
-            torch=TORCH_ONE_REPLICA,
-        ),
+        "MoE: spread the experts over TP x EP ranks, each expert whole (not split over TP), as "
+        "MindSpeed's moe_tp_extend_ep; the megatron engine builds megatron-core's expert parallelism "
+        "over expert_model_parallel_size x tensor_model_parallel_size ranks at expert TP 1.",
+        inert_on_torch=PARALLEL_ONLY,
+    )
+    num_layer_list: str | int | tuple[int, ...] | None = opt(
+        None,
+        "Layers per pipeline stage, comma-separated (e.g. 16,17,16,15; summing to num_layers, noop "
+        "layers included); null = num_layers / pipeline_model_parallel_size each.",
+        inert_on_torch=PARALLEL_ONLY,
+    )
+    noop_layers: str | int | tuple[int, ...] | None = opt(
+        None,
+        "0-based indices, among num_layers, of identity layers that pad the model for the pipeline "
+        "split (e.g. 5,95 makes Qwen3-235B's 94 layers 96); they hold no weights and are absent "
+        "from the HF export.",
+        inert_on_torch=PARALLEL_ONLY,
     )
     use_distributed_optimizer: bool = opt(
         False,

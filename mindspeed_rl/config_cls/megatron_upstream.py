@@ -57,21 +57,10 @@ def _is_qwen3_spec(value: Any, _siblings: Any) -> bool:
     return parts == QWEN3_SPEC
 
 
-def _is_even_split(value: Any, actor: Any) -> bool:
-    """``num_layer_list`` that says what the megatron engine does anyway: num_layers / PP each."""
-    try:
-        counts = [int(part) for part in str(value).split(",")]
-    except ValueError:
-        return False
-    layers = actor.arch.num_layers
-    stages = actor.parallel.pipeline_model_parallel_size
-    return len(counts) == stages and layers % stages == 0 and all(c == layers // stages for c in counts)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnsupportedArchitectureKeys:
     """Architecture and layout keys whose non-default values describe a network the engines do not
-    build (they build Qwen2.5, Qwen3 and Qwen3-MoE layers, split evenly over pipeline stages)."""
+    build (they build Qwen2.5, Qwen3 and Qwen3-MoE layers, split over pipeline stages)."""
 
     attention_bias: bool = opt(
         False,
@@ -126,27 +115,6 @@ class UnsupportedArchitectureKeys:
         None, "Routed-weight scaling.", refused=_DEEPSEEK_ROUTER
     )
     seq_aux: bool = opt(False, "Sequence-level auxiliary balancing loss.", refused=_DEEPSEEK_ROUTER)
-    noop_layers: str | int | None = opt(
-        None,
-        "Comma-separated indices of identity layers padding num_layers (e.g. 5,95).",
-        refused=(
-            "noop layers (identity layers that pad num_layers for an even pipeline split) are not "
-            "supported: set num_layers to the model's real layer count, pick a "
-            "pipeline_model_parallel_size that divides it, and remove noop_layers"
-        ),
-    )
-    num_layer_list: str | int | None = opt(
-        None,
-        "Layers per pipeline stage, comma-separated (e.g. 16,16,16,16).",
-        refused=(
-            "uneven pipeline stages are not supported: the megatron engine gives every stage "
-            "num_layers / pipeline_model_parallel_size layers; remove num_layer_list or list that split"
-        ),
-        accepts=_is_even_split,
-        inert=megatron_reason(
-            "lists the even split the megatron engine makes anyway", torch=TORCH_ONE_REPLICA
-        ),
-    )
     attention_mask_type: str = opt(
         "causal",
         "Attention mask kind.",

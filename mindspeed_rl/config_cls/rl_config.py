@@ -65,7 +65,11 @@ class RLConfig:
         "megatron_training.tokenizer_name_or_path when that folder does not exist.",
     )
     n_samples_per_prompt: int = opt(1, "Responses per prompt (GRPO group size); >= 2 for group_norm.")
-    mini_batch_size: int = opt(0, "PROMPTS per optimizer step; 0 = global_batch_size (one step).")
+    mini_batch_size: int = opt(
+        0,
+        "PROMPTS per optimizer step; 0, or more than one iteration trains (global_batch_size, or "
+        "filter_groups_train_batch_size with dynamic sampling) = one step per iteration, as upstream.",
+    )
     epochs: int = opt(1, "Passes over each global batch.")
     shuffle_mini_batch: bool = opt(False, "Shuffle samples before splitting into mini-batches.")
     actor_forward_micro_batch_size: int = opt(1, "SAMPLES per micro-batch of the old-log-prob pass.")
@@ -176,7 +180,9 @@ class RLConfig:
         1, "Generation batches one trainer step may use before the run stops (-1 = no limit)."
     )
     filter_groups_train_batch_size: int = opt(
-        1, "Kept prompts each trainer step trains on (must equal global_batch_size here)."
+        1,
+        "Kept prompts each trainer step (iteration) trains on; generation runs in batches of "
+        "global_batch_size prompts, so a smaller value trains several steps on one generation batch.",
     )
     # Families this framework does not train.
     multi_turn_enable: bool = opt(False, "Multi-turn rollouts with tool calls.", refused=_MULTI_TURN)
@@ -256,6 +262,7 @@ class RLConfig:
     swanlab_exp_name: str = opt("", "SwanLab run name.", inert=_SWANLAB)
     swanlab_save_dir: str = opt("", "SwanLab local folder.", inert=_SWANLAB)
 
-    def mini_batch_prompts(self, global_batch_size: int) -> int:
-        """Prompts per optimizer step, resolving 0 to the whole global batch."""
-        return self.mini_batch_size or global_batch_size
+    def mini_batch_prompts(self, step_prompts: int) -> int:
+        """Prompts per optimizer step of an iteration that trains ``step_prompts``: 0, or a
+        mini-batch larger than the iteration, is the whole iteration (one step), as upstream."""
+        return min(self.mini_batch_size or step_prompts, step_prompts)

@@ -32,14 +32,21 @@ def _batch_units(config: GRPOConfig, p: Problems) -> None:
         return
     if config.rl_config.adv_estimator == "group_norm" and n < 2:
         p.add("rl_config.n_samples_per_prompt", "group_norm needs >= 2 responses per prompt (set 2 or more)")
-    mini = config.mini_batch_prompts
-    if mini < 1 or mini > gbs or gbs % mini:
+    step = config.num_prompts_per_step
+    if step < 1:
+        p.add("rl_config.filter_groups_train_batch_size", f"must be >= 1 kept prompt per step, got {step}")
+        return
+    key, unit = _step_batch_key(config)
+    asked = config.rl_config.mini_batch_size
+    if asked < 0 or (0 < asked < step and step % asked):
+        # Larger than the iteration is upstream's one step per iteration (``notes.batch_notes``).
         p.add(
             "rl_config.mini_batch_size",
-            f"{mini} prompts per optimizer step must divide megatron_training.global_batch_size = "
-            f"{gbs} prompts per iteration (pick a divisor of {gbs})",
+            f"{asked} prompts per optimizer step must divide {key} = {step} prompts per iteration "
+            f"(pick a divisor of {step}, or {step} or more for one optimizer step per iteration)",
         )
         return
+    mini = config.mini_batch_prompts
     mbs = config.actor_config.training.micro_batch_size
     if mbs < 1 or (mini * n) % mbs:
         p.add(
@@ -47,14 +54,21 @@ def _batch_units(config: GRPOConfig, p: Problems) -> None:
             f"{mbs} samples must divide one mini-batch = mini_batch_size {mini} prompts x "
             f"n_samples_per_prompt {n} = {mini * n} samples",
         )
-    for key in ("actor_forward_micro_batch_size", "ref_forward_micro_batch_size"):
-        size = getattr(config.rl_config, key)
-        if size < 1 or (gbs * n) % size:
+    for name in ("actor_forward_micro_batch_size", "ref_forward_micro_batch_size"):
+        size = getattr(config.rl_config, name)
+        if size < 1 or (step * n) % size:
             p.add(
-                f"rl_config.{key}",
-                f"{size} samples must divide one global batch = global_batch_size {gbs} prompts x "
-                f"n_samples_per_prompt {n} = {gbs * n} samples",
+                f"rl_config.{name}",
+                f"{size} samples must divide one {unit} = {key.split('.')[1]} {step} prompts x "
+                f"n_samples_per_prompt {n} = {step * n} samples",
             )
+
+
+def _step_batch_key(config: GRPOConfig) -> tuple[str, str]:
+    """The key that sets how many prompts one iteration trains, and what that batch is called."""
+    if config.rl_config.filter_groups_enable:
+        return "rl_config.filter_groups_train_batch_size", "train batch"
+    return "megatron_training.global_batch_size", "global batch"
 
 
 def _run_keys(config: GRPOConfig, p: Problems) -> None:
@@ -121,14 +135,6 @@ def _dapo(config: GRPOConfig, p: Problems) -> None:
         p.add(
             "rl_config.filter_groups_max_batches",
             f"{rl.filter_groups_max_batches}; use a number of generation batches >= 1, or -1 for no limit",
-        )
-    gbs = config.num_prompts_per_global_batch
-    if rl.filter_groups_train_batch_size != gbs:
-        p.add(
-            "rl_config.filter_groups_train_batch_size",
-            f"{rl.filter_groups_train_batch_size} kept prompts per step differs from global_batch_size {gbs}; "
-            f"here a step trains on global_batch_size kept prompts: set filter_groups_train_batch_size: {gbs} "
-            "(a train batch smaller than the generation batch is not implemented)",
         )
     if config.rl_config.n_samples_per_prompt < 2:
         p.add("rl_config.n_samples_per_prompt", "dynamic sampling needs >= 2 responses per prompt")
@@ -238,7 +244,14 @@ def _async(config: GRPOConfig, p: Problems) -> None:
             "rl_config.partial_rollout_chunk_tokens",
             f"must be >= 1 or null, got {rl.partial_rollout_chunk_tokens}",
         )
-    if config.num_prompts_per_global_batch < 1 or config.rl_config.n_samples_per_prompt < 1:
+    if (
+        min(
+            config.num_prompts_per_step,
+            config.num_prompts_per_global_batch,
+            config.rl_config.n_samples_per_prompt,
+        )
+        < 1
+    ):
         return  # _batch_units names the key; the queue rules below count in those units
     # Queue, backpressure and lag rules live in ONE place, the Control Unit's RuntimeConfig: build
     # it here so a config passes load exactly when the run's Control Unit accepts it.

@@ -76,7 +76,18 @@ class DataSpec:
     shuffle: bool
     seed: int
     num_prompts_per_global_batch: int
+    """Prompts of one generation batch (``global_batch_size``): the unit the run draws in."""
     train_iters: int
+    """Trainer steps (iterations) of the run."""
+    num_prompts_per_step: int
+    """Prompts one trainer step trains: the generation batch, or with DAPO's dynamic sampling
+    ``filter_groups_train_batch_size`` kept ones."""
+
+    @property
+    def generation_batches(self) -> int:
+        """Generation batches the run draws for ``train_iters`` steps when nothing is filtered
+        (the last may be trained only in part)."""
+        return -(-self.train_iters * self.num_prompts_per_step // self.num_prompts_per_global_batch)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,7 +182,12 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         offload=parts.colocated_offload(config),
         trainer_resources=trainer_resources(config),
         placement=placing.placement_request(config),
-        memory=memory_plan(config, trainer, rollout_tensor_parallel_size(config)),
+        memory=memory_plan(
+            config,
+            trainer,
+            rollout_tensor_parallel_size(config),
+            rollout_ep=rollout_expert_parallel(config, trainer),
+        ),
         inert_keys=parts.plan_inert_keys(config),
         dynamic_sampling=dapo.dynamic_sampling(config),
     )
@@ -185,6 +201,19 @@ def rollout_tensor_parallel_size(config: GRPOConfig) -> int:
     if config.rl_config.pipeline == "async":
         return config.async_config.actor_tensor_parallel_size
     return config.generate_config.infer_tensor_parallel_size
+
+
+def rollout_expert_parallel(config: GRPOConfig, trainer: TrainerSpec) -> int:
+    """Workers one engine's experts are spread over (vLLM: EP = TP x DP with expert parallelism
+    on); 0 = split over TP. The colocated megatron hybrid's engines are one vLLM data-parallel
+    group over the trainer's ranks (``workers/colocated_rank.py``), so its EP is every rank;
+    an async actor or a lone engine has DP 1."""
+    tp = rollout_tensor_parallel_size(config)
+    if not parts.engine_keys(config).get("enable_expert_parallel"):
+        return 0
+    colocated = config.rl_config.pipeline == "hybrid" and trainer.megatron is not None
+    colocated = colocated and parts.colocated_offload(config) is not None
+    return trainer.num_ranks // tp * tp if colocated else tp
 
 
 def runtime_config(config: GRPOConfig) -> RuntimeConfig:
@@ -229,13 +258,14 @@ def data_spec(config: GRPOConfig) -> DataSpec:
         seed=t.seed,
         num_prompts_per_global_batch=config.num_prompts_per_global_batch,
         train_iters=t.train_iters,
+        num_prompts_per_step=config.num_prompts_per_step,
     )
 
 
 def trainer_spec(config: GRPOConfig) -> TrainerSpec:
     rl = config.rl_config
     engine = parts.engine_config(config)
-    steps = config.num_prompts_per_global_batch // config.mini_batch_prompts * rl.epochs
+    steps = parts.optimizer_steps_per_iteration(config)
     old: OldLogProbs = correction.old_log_probs(config, steps)
     resources = config.async_config.trainer_resources if rl.pipeline == "async" else rl.actor_resource
     megatron = parts.megatron_layout(config)

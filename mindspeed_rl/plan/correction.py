@@ -50,16 +50,26 @@ def old_log_probs(config: GRPOConfig, optimizer_steps: int) -> OldLogProbs:
     """Which log-probs the Training Unit puts in the batch as ``old``.
 
     Without a correction, today's rule: async the rollout's; hybrid recomputed when several
-    optimizer steps share a batch, else none (the ratio is exactly 1). bypass: the rollout's.
+    optimizer steps share a batch, else none (the ratio is exactly 1); the rollout's too when
+    several hybrid iterations share one DAPO generation batch. bypass: the rollout's.
     decoupled + recompute: recomputed with the weights at the start of the update (the hybrid
     skips that forward for one step, where they equal the current ones). decoupled + loglinear:
     the rollout's (no forward; the engine interpolates the proximal log-probs).
     """
     is_async = config.rl_config.pipeline == "async"
-    today: OldLogProbs = "rollout" if is_async else ("recompute" if optimizer_steps > 1 else "current")
+    # Hybrid DAPO training several iterations on one generation batch (filter_groups_train_batch_size
+    # below global_batch_size): the later ones train samples of weights already stepped past, so
+    # only the rollout's log-probs are the behaviour policy, as in the async pipeline.
+    shared = (
+        config.rl_config.filter_groups_enable
+        and config.num_prompts_per_step < config.num_prompts_per_global_batch
+    )
+    today: OldLogProbs = (
+        "rollout" if is_async or shared else ("recompute" if optimizer_steps > 1 else "current")
+    )
     corr = rollout_correction(config)
     if corr is None:
         return today
     if corr.mode == "bypass" or corr.prox_logp == "loglinear":
         return "rollout"
-    return "recompute" if is_async else today
+    return "recompute" if is_async or shared else today

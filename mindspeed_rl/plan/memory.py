@@ -9,7 +9,7 @@ Deterministic terms (exact, in bytes, for the megatron engine as built by
 Their per-rank parameter counts follow megatron-core's GPTModel sharding (vocabulary padded to a
 multiple of ``make_vocab_size_divisible_by x TP`` and split over TP; QKV, output projection and
 dense MLP split over TP; routed experts split over EP, whole on each rank; norms, q/k norms and the
-router replicated; layers split evenly over PP; embedding on the first stage, output layer and
+router replicated; layers split over PP as the stages list them (evenly by default); embedding on the first stage, output layer and
 final norm on the last, and a tied output layer still holds a copy of the embedding on the last
 stage when PP > 1). A test checks them against the tensors of real megatron models on CPU.
 
@@ -26,7 +26,8 @@ top-k routed experts. Per layer, per micro-batch of ``b`` sequences of ``s`` tok
 Tensor parallelism divides every term except the four ``sbh`` norm and block inputs, which
 sequence parallelism divides too (the paper's 10sbh, minus its two dropout masks). Full
 recomputation keeps only each layer's input (2sbh, /TP under SP) plus one layer's full set while
-it recomputes. The last stage adds the micro-batch's vocab-parallel logits (2 s b V / TP) and the
+it recomputes (once: only the micro-batch being back-propagated rebuilds it; ``block`` keeps
+the full set of the layers past ``recompute_num_layers``). The last stage adds the micro-batch's vocab-parallel logits (2 s b V / TP) and the
 fp32 log-softmax chunk of ``LOGPROB_CHUNK`` tokens. With 1F1B the first stage holds up to PP
 micro-batches in flight.
 """
@@ -115,7 +116,14 @@ class TrainerMemorySpec:
     flash_attention: bool
     recompute_granularity: Literal["full", "selective"] | None
     recompute_num_layers: int | None = None
-    """Full recomputation: layers per recomputed chunk (``uniform``); the rest keep their inputs."""
+    """Full recomputation: layers per recomputed chunk (``uniform``), or recomputed layers of a
+    stage (``block``: the rest keep their activations)."""
+    recompute_method: Literal["uniform", "block"] | None = None
+    stage_layers: tuple[int, ...] = ()
+    """Real layers per pipeline stage (uneven stages, noop layers left out); () = num_layers / PP."""
+
+    def layers_on_stage(self, pp_rank: int) -> int:
+        return self.stage_layers[pp_rank] if self.stage_layers else self.shape.num_layers // self.pp
 
     @property
     def dp(self) -> int:
@@ -130,6 +138,9 @@ class TrainerMemorySpec:
 class RolloutMemorySpec:
     shape: ModelShape
     tp: int
+    expert_parallel: int = 0
+    """Workers the routed experts are spread over, each expert whole (vLLM's expert parallelism:
+    TP x the engines' data parallelism); 0 = split over TP like the dense weights."""
     dtype: Literal["float32", "bfloat16", "float16"]
     gpu_memory_utilization: float
     max_model_len: int
@@ -161,10 +172,18 @@ class MemoryEstimate:
 
 
 def rank_parameters(
-    shape: ModelShape, *, tp: int, pp: int, ep: int, pp_rank: int, divisible_by: int
+    shape: ModelShape,
+    *,
+    tp: int,
+    pp: int,
+    ep: int,
+    pp_rank: int,
+    divisible_by: int,
+    stage_layers: tuple[int, ...] = (),
 ) -> ParamCount:
-    """Parameters of one rank at pipeline stage ``pp_rank`` (every TP/EP rank holds the same count)."""
-    if shape.num_layers % pp:
+    """Parameters of one rank at pipeline stage ``pp_rank`` (every TP/EP rank holds the same count);
+    ``stage_layers``: real layers per stage when they are uneven."""
+    if not stage_layers and shape.num_layers % pp:
         raise ValueError(
             f"num_layers={shape.num_layers} is not divisible by pipeline_model_parallel_size={pp}"
         )
@@ -183,7 +202,7 @@ def rank_parameters(
     else:
         dense_mlp = 3 * h * shape.ffn_hidden_size // tp
         expert = 0
-    layers = shape.num_layers // pp
+    layers = stage_layers[pp_rank] if stage_layers else shape.num_layers // pp
     dense = layers * (attention + norms + dense_mlp)
     vocab_rows = shape.padded_vocab(tp, divisible_by) // tp
     first, last = pp_rank == 0, pp_rank == pp - 1
@@ -200,7 +219,7 @@ def trainer_memory(spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank:
     """One rank's memory at stage ``pp_rank``."""
     params = rank_parameters(
         spec.shape, tp=spec.tp, pp=spec.pp, ep=spec.ep, pp_rank=pp_rank,
-        divisible_by=spec.make_vocab_size_divisible_by,
+        divisible_by=spec.make_vocab_size_divisible_by, stage_layers=spec.stage_layers,
     )  # fmt: skip
     pbytes = DTYPE_BYTES[spec.param_dtype]
     grad_bytes = 4 if spec.grads_in_fp32 else pbytes
@@ -239,15 +258,24 @@ def activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
     else:
         mlp = 6 * s * b * shape.ffn_hidden_size / t
     per_layer = replicated + attention + mlp
-    layers = shape.num_layers // spec.pp
+    layers = spec.layers_on_stage(pp_rank)
+    # Each micro-batch in flight keeps ``kept``; the one being back-propagated also rebuilds
+    # ``working`` (full recomputation: one chunk's, or one layer's, full activations) once.
+    working = 0.0
     if spec.recompute_granularity == "full":
-        chunk = spec.recompute_num_layers or 1
+        count = spec.recompute_num_layers or 1
         layer_input = 2 * sbh / (t if spec.sequence_parallel else 1)
-        kept = layers * layer_input + chunk * per_layer
+        if spec.recompute_method == "block":  # the first `count` layers recompute, the rest keep all
+            recomputed = min(count, layers)
+            kept = recomputed * layer_input + (layers - recomputed) * per_layer
+            working = per_layer if recomputed else 0.0
+        else:  # uniform: chunks of `count` layers keep their inputs (each layer's, bounding it)
+            kept = layers * layer_input
+            working = min(count, layers) * per_layer
     else:
         kept = layers * per_layer
     in_flight = spec.pp - pp_rank  # 1F1B: stage i holds up to PP - i micro-batches
-    total = in_flight * kept
+    total = in_flight * kept + working
     if pp_rank == spec.pp - 1:
         vocab = shape.padded_vocab(t, spec.make_vocab_size_divisible_by) / t
         total += 2 * s * b * vocab + LOGPROB_TEMPORARIES * 4 * min(LOGPROB_CHUNK, s * b) * vocab
@@ -259,8 +287,8 @@ def rollout_memory(spec: RolloutMemorySpec, device_memory_gb: float) -> MemoryEs
     its KV cache whatever the weights and its profiled activation peak leave of that."""
     shape = spec.shape
     pbytes = DTYPE_BYTES[spec.dtype]
-    total_params = rank_parameters(shape, tp=1, pp=1, ep=1, pp_rank=0, divisible_by=1).total
-    weights = pbytes * total_params / spec.tp
+    whole = rank_parameters(shape, tp=1, pp=1, ep=1, pp_rank=0, divisible_by=1)
+    weights = pbytes * (whole.dense / spec.tp + whole.expert / (spec.expert_parallel or spec.tp))
     tokens = spec.max_num_batched_tokens
     width = shape.moe_topk * shape.moe_ffn_hidden_size if shape.is_moe else shape.ffn_hidden_size
     # Profiled peak of one forward over the token budget (hidden states, QKV, the MLP's widest

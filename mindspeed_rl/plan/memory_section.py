@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.contracts import TrainerSpec
+from mindspeed_rl.plan import pipeline
 from mindspeed_rl.plan.memory import (
     DEFAULT_DEVICE_MEMORY_GB,
     SHRINK_HINTS,
@@ -30,10 +31,13 @@ class MemoryPlan:
     rollout: RolloutMemorySpec
 
 
-def memory_plan(config: GRPOConfig, trainer: TrainerSpec, rollout_tp: int) -> MemoryPlan | None:
+def memory_plan(
+    config: GRPOConfig, trainer: TrainerSpec, rollout_tp: int, *, rollout_ep: int = 0
+) -> MemoryPlan | None:
     """None when the YAML's ``model:`` section does not give the shape (an HF folder's own
-    config.json then describes it, which the planner does not read)."""
-    arch = config.model
+    config.json then describes it, which the planner does not read). ``rollout_ep``: workers each
+    engine's experts are spread over (``RolloutMemorySpec.expert_parallel``)."""
+    arch = pipeline.real_architecture(config)  # noop layers hold nothing
     vocab = arch.padded_vocab_size or 0
     if not (arch.num_layers and arch.hidden_size and arch.num_attention_heads and vocab):
         return None
@@ -73,10 +77,13 @@ def memory_plan(config: GRPOConfig, trainer: TrainerSpec, rollout_tp: int) -> Me
             flash_attention=bool(layout and layout.use_flash_attn),
             recompute_granularity=layout.recompute_granularity if layout else None,  # type: ignore[arg-type]
             recompute_num_layers=layout.recompute_num_layers if layout else None,
+            recompute_method=layout.recompute_method if layout else None,  # type: ignore[arg-type]
+            stage_layers=layout.stage_layers if layout else (),
         ),
         rollout=RolloutMemorySpec(
             shape=shape,
             tp=rollout_tp,
+            expert_parallel=rollout_ep,
             dtype=engine.param_dtype if g.dtype == "auto" else g.dtype,
             gpu_memory_utilization=g.gpu_memory_utilization,
             max_model_len=g.max_model_len or seq_length,

@@ -25,7 +25,7 @@ from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.lr_schedule import LRSchedule
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout, check_trainable
-from mindspeed_rl.plan import correction
+from mindspeed_rl.plan import correction, pipeline
 from mindspeed_rl.plan.colocation import OFFLOAD_KEYS, colocated_offload
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.weights.collective_backend import Backend, resolve_backend
@@ -134,7 +134,7 @@ def checkpoint_spec(config: GRPOConfig) -> CheckpointSpec:
 
 def build_arch(config: GRPOConfig) -> Mapping[str, Any]:
     """Architecture keys for ``create_tiny_model`` (which refuses any it cannot build)."""
-    arch = config.model
+    arch = pipeline.real_architecture(config)  # noop layers are not built
     values = {f.name: getattr(arch, f.name) for f in dataclasses.fields(ModelArchitecture)}
     values["init_method_std"] = config.actor_config.training.init_method_std
     return MappingProxyType({k: v for k, v in values.items() if v is not None})
@@ -211,7 +211,7 @@ def export_dtype(config: GRPOConfig) -> Literal["float32", "bfloat16", "float16"
 
 
 def optimizer_steps_per_iteration(config: GRPOConfig) -> int:
-    return config.num_prompts_per_global_batch // config.mini_batch_prompts * config.rl_config.epochs
+    return config.num_prompts_per_step // config.mini_batch_prompts * config.rl_config.epochs
 
 
 def lr_schedule(config: GRPOConfig) -> LRSchedule:
@@ -377,15 +377,21 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     p = config.actor_config.parallel
     if p.context_parallel_size != 1:
         raise ValueError(
-            f"actor_config.context_parallel_size={p.context_parallel_size}: context parallelism is not "
-            "implemented by the megatron engine; set it to 1"
+            f"actor_config.context_parallel_size={p.context_parallel_size}: context parallelism "
+            f"(context_parallel_algo {config.actor_config.upstream_inert.context_parallel_algo}) "
+            "is not implemented by the megatron engine (splitting sequences over ranks needs "
+            "TransformerEngine's or MindSpeed's CP attention and a CP-aware data path, log-probs and loss); "
+            "set context_parallel_size: 1 and fit the long sequences with recompute_granularity: full, "
+            "sequence_parallel: true, more tensor/pipeline parallel ranks or a smaller micro_batch_size "
+            "(check_config --cluster shows each rank's memory)"
         )
     m = config.actor_config.megatron_only
     layout = MegatronLayout(
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        expert_model_parallel_size=p.expert_model_parallel_size,
+        expert_model_parallel_size=pipeline.expert_parallel_size(config),
         make_vocab_size_divisible_by=config.model.make_vocab_size_divisible_by,
+        stage_layers=pipeline.stage_layers(config),
         # Megatron-LM switches sequence parallelism off at TP 1 (nothing to shard over); so does the plan.
         sequence_parallel=p.sequence_parallel and p.tensor_model_parallel_size > 1,
         recompute_granularity=m.recompute_granularity,
@@ -401,7 +407,7 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     # weights load. A CUDA plan assumes TransformerEngine, which the gpu stack installs; the build
     # checks the real import on the training host.
     device = trainer_device(config)
-    arch = config.model
+    arch = pipeline.real_architecture(config)
     check_trainable(
         arch if arch.num_layers else arch.is_moe, layout, device,
         transformer_engine=True if device == "cuda" else None,

@@ -1,7 +1,8 @@
 """What one async run generates and trains on (``PipelineInputs``), and the test-only knobs a run
 may be handed (``RunHooks``).
 
-Which prompts the run schedules: exactly ``train_iters × global_batch_size``, drawn with the same
+Which prompts the run schedules: exactly what its ``train_iters`` steps train (``train_iters x
+global_batch_size``; with DAPO x ``filter_groups_train_batch_size``, plus the held reserve), drawn with the same
 pass/shuffle logic as the hybrid loop (``prompts.global_batches``), so both pipelines see the same
 prompts and ``prompts_scheduled == prompts_consumed`` holds by construction. The ASP schedule
 reorders them across the whole run; that is the point of it. A prompt drawn again in a later pass
@@ -124,7 +125,7 @@ def _from_split(run: RunStart, *, build: bool) -> PipelineInputs:
         return PipelineInputs(prompts=(), schedule=(), held_out=run.splits.valid, stream=records)
     # Dynamic sampling draws further: the base is what a run without it trains on, the rest is
     # the held over-sampling reserve (trainer/oversampling.py).
-    num_base = data.train_iters * data.num_prompts_per_global_batch
+    num_base = data.train_iters * data.num_prompts_per_step
     schedule: tuple[ScheduledMinibatch, ...] = ()
     if build:
         if run.plan.asp is None:
@@ -173,7 +174,7 @@ def _window(
         source,
         window=asp.window,
         prompts_per_batch=data.num_prompts_per_global_batch,
-        total_batches=data.train_iters,
+        total_batches=data.generation_batches,
         schedule_chunk=chunk_scheduler(asp, data, known),
         drawn_batches=drawn_batches,
     )

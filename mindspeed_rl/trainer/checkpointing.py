@@ -101,6 +101,12 @@ def run_fingerprint(plan: RunPlan) -> dict[str, Any]:
         "epochs": engine.epochs,
         "n_samples_per_prompt": plan.trainer.n_samples_per_prompt,
         "train_iters": data.train_iters,
+        # Only where it differs, so checkpoints written before the key existed still match.
+        **(
+            {"filter_groups_train_batch_size": data.num_prompts_per_step}
+            if data.num_prompts_per_step != data.num_prompts_per_global_batch
+            else {}
+        ),
     }
 
 

@@ -147,15 +147,17 @@ class HybridCluster:
         self._weights_version = iteration + 1
         total_s = time.perf_counter() - start + gen_s
         self._prompts_trained += len(groups)
-        return {
+        record = {
             **stats,
             "iteration_time_s": total_s,
             "tokens_per_s": stats["num_response_tokens"] / total_s,
             "time/generate_s": gen_s,
             "time/train_s": train_s,
             "time/weight_sync_s": total_s - gen_s - train_s,
-            "generate_tokens_per_s": stats["num_response_tokens"] / gen_s,
         }
+        if gen_s > 0:  # a DAPO iteration may train groups an earlier iteration generated
+            record["generate_tokens_per_s"] = stats["num_response_tokens"] / gen_s
+        return record
 
     def evaluate(self, request: EvalRequest) -> dict[str, float]:
         """``eval/*`` metrics of the trainer's current weights: after ``train_and_push`` the

@@ -1,11 +1,18 @@
-"""DAPO's dynamic sampling in the hybrid loop, as upstream runs it: generate a global batch, drop
-the groups whose filter metric has no spread, generate the next batch until ``train_batch_prompts``
-groups are kept (at most ``max_batches`` generation batches), train on exactly that many.
+"""DAPO's dynamic sampling in the hybrid loop, as upstream runs it: generate a batch of
+``generation_batch_prompts`` (global_batch_size), drop the groups whose filter metric has no
+spread, generate the next batch until ``train_batch_prompts`` (filter_groups_train_batch_size)
+groups are kept (at most ``max_batches`` generation batches per iteration), train an iteration on
+exactly that many.
 
-Kept groups beyond the train batch are dropped too (consumed, counted as ``dapo/groups_surplus``):
-carrying them to the next iteration would train on samples of older weights, and the hybrid loop
-is on-policy by contract. Every drawn prompt is consumed once, kept, filtered or surplus, so a
-resumed run skips exactly the generation batches its lineage recorded.
+One generation can feed several iterations: with a train batch smaller than the generation batch,
+every whole train batch of its kept groups is one iteration, back to back, before anything is
+generated again (those iterations' old log-probs are the rollout's: ``plan.correction``). Kept
+groups that no longer make a whole train batch are dropped (consumed, counted as
+``dapo/groups_surplus``) rather than mixed with the next generation's: the hybrid loop never trains
+samples of two weight versions in one step. Every drawn prompt is consumed once, kept, filtered or
+surplus, by the iteration that generated it, so a resumed run skips exactly the generation batches
+its lineage recorded (kept groups still waiting for their iteration at a checkpoint are then
+surplus too).
 """
 
 from __future__ import annotations
@@ -40,44 +47,44 @@ class HybridDynamicSampling:
         )
         self.groups_surplus_total = 0
         self.prompts_oversampled_total = 0
+        self._ready: list[PromptGroup] = []
+        """Kept groups of the latest generation, at least one whole train batch, in draw order."""
 
     def iteration(
         self, cluster: HybridCluster, iteration: int, batches: Iterator[tuple[str, ...]]
     ) -> DapoIteration:
         need = self.sampling.train_batch_prompts
-        kept: list[PromptGroup] = []
         consumed: list[str] = []
         filtered = gen_batches = 0
         gen_s = 0.0
-        while len(kept) < need:
-            limit = self.sampling.max_batches
-            if limit is not None and gen_batches >= limit:
-                raise RuntimeError(
-                    f"dynamic sampling: iteration {iteration} kept {len(kept)} of the {need} groups it needs "
-                    f"after rl_config.filter_groups_max_batches={limit} generation batches ({filtered} groups "
-                    "filtered); raise filter_groups_max_batches (or -1 for no limit), or filter on a metric "
-                    "fewer groups agree on"
-                )
-            prompt_ids = next(batches, None)
-            if prompt_ids is None:
-                raise RuntimeError(
-                    f"dynamic sampling ran out of prompts at iteration {iteration} ({len(kept)} of {need} "
-                    "groups kept); raise rl_config.filter_groups_max_batches (the run draws max_batches x "
-                    "its prompts) or add data"
-                )
-            start = time.perf_counter()
-            groups = cluster.generate(iteration, prompt_ids)
-            gen_s += time.perf_counter() - start
-            if gen_batches:  # beyond the one batch a run without dynamic sampling generates
-                self.prompts_oversampled_total += len(prompt_ids)
-            gen_batches += 1
-            consumed.extend(prompt_ids)
-            keep, drop = self.filter.split(groups)
-            kept.extend(keep)
-            filtered += len(drop)
-        surplus = len(kept) - need
-        self.groups_surplus_total += surplus
-        record = cluster.train_and_push(iteration, tuple(kept[:need]), gen_s=gen_s)
+        if not self._ready:
+            kept: list[PromptGroup] = []
+            while len(kept) < need:
+                self._check_limit(iteration, gen_batches, len(kept), filtered)
+                prompt_ids = next(batches, None)
+                if prompt_ids is None:
+                    raise RuntimeError(
+                        f"dynamic sampling ran out of prompts at iteration {iteration} ({len(kept)} of {need} "
+                        "groups kept); raise rl_config.filter_groups_max_batches (the run draws max_batches x "
+                        "its prompts) or add data"
+                    )
+                start = time.perf_counter()
+                groups = cluster.generate(iteration, prompt_ids)
+                gen_s += time.perf_counter() - start
+                if gen_batches:  # beyond the one batch a run without dynamic sampling generates
+                    self.prompts_oversampled_total += len(prompt_ids)
+                gen_batches += 1
+                consumed.extend(prompt_ids)
+                keep, drop = self.filter.split(groups)
+                kept.extend(keep)
+                filtered += len(drop)
+            self._ready = kept
+        step, self._ready = tuple(self._ready[:need]), self._ready[need:]
+        surplus = 0
+        if len(self._ready) < need:  # no whole train batch left of this generation
+            surplus, self._ready = len(self._ready), []
+            self.groups_surplus_total += surplus
+        record = cluster.train_and_push(iteration, step, gen_s=gen_s)
         record.update(
             {
                 "dapo/groups_kept": float(need),
@@ -88,10 +95,22 @@ class HybridDynamicSampling:
         )
         return DapoIteration(record=record, consumed_prompt_ids=tuple(consumed))
 
+    def _check_limit(self, iteration: int, gen_batches: int, kept: int, filtered: int) -> None:
+        limit = self.sampling.max_batches
+        if limit is not None and gen_batches >= limit:
+            raise RuntimeError(
+                f"dynamic sampling: iteration {iteration} kept {kept} of the "
+                f"{self.sampling.train_batch_prompts} groups it needs after "
+                f"rl_config.filter_groups_max_batches={limit} generation batches ({filtered} groups "
+                "filtered); raise filter_groups_max_batches (or -1 for no limit), or filter on a metric "
+                "fewer groups agree on"
+            )
+
     def summary(self) -> dict[str, int]:
+        """Whole-run totals; kept groups the run ended before training are surplus."""
         return {
             "groups_filtered_total": self.filter.filtered_total,
             "groups_kept_total": self.filter.kept_total,
-            "groups_surplus_total": self.groups_surplus_total,
+            "groups_surplus_total": self.groups_surplus_total + len(self._ready),
             "prompts_oversampled_total": self.prompts_oversampled_total,
         }

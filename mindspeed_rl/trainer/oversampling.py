@@ -3,8 +3,10 @@ beyond the run's ``train_iters x global_batch_size``, drawn from the same stream
 like the rest, but held by the Control Unit until filtering makes them necessary.
 
 The run draws its prompts exactly as without DAPO (same passes, same shuffle, same aliases), only
-further: the first ``train_iters`` batches are the base schedule (byte-identical to a run without
-dynamic sampling), the next ``(R - 1) x train_iters`` batches the reserve, with
+further: the first ``train_iters x filter_groups_train_batch_size`` prompts are the base schedule
+(what the steps train when nothing is filtered; with the train batch equal to global_batch_size,
+byte-identical to a run without dynamic sampling), the rest of ``R`` times the base's generation
+batches the reserve, with
 ``R = filter_groups_max_batches`` (each trainer step may use at most that many generation batches,
 so the run can never need more) or ``UNLIMITED_RESERVE_FACTOR`` when it is -1. The reserve is
 scheduled by the same ASP builder into its own balanced batch groups, numbered after the base, and
@@ -41,7 +43,9 @@ def drawn_data(data: DataSpec, sampling: DynamicSampling | None) -> DataSpec:
     """The data spec whose draw covers base + reserve (``data`` itself without dynamic sampling)."""
     if sampling is None:
         return data
-    return dataclasses.replace(data, train_iters=data.train_iters * reserve_factor(sampling))
+    factor = reserve_factor(sampling)
+    # train_iters only sizes the draw here (DataSpec.generation_batches), never a loop.
+    return dataclasses.replace(data, train_iters=data.train_iters * factor)
 
 
 def group_filter(sampling: DynamicSampling) -> GroupFilter:

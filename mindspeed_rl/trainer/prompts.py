@@ -84,7 +84,7 @@ def stream_run_prompts(
 
     size, remaining, draw = (
         data.num_prompts_per_global_batch,
-        data.num_prompts_per_global_batch * data.train_iters,
+        data.num_prompts_per_global_batch * data.generation_batches,
         0,
     )
     while remaining > 0:
@@ -155,7 +155,7 @@ def _load_data_path(data: DataSpec, tokenizer: Any) -> PromptSet:
     builtin = data.data_path.startswith("builtin:")
     # Built-in tasks are generated: enough distinct prompts that the train part of the split
     # covers every iteration of the run.
-    num_train = data.num_prompts_per_global_batch * max(1, data.train_iters)
+    num_train = data.num_prompts_per_global_batch * max(1, data.generation_batches)
     return load_prompts(
         data_path=data.data_path,
         tokenizer=tokenizer,
@@ -188,9 +188,10 @@ def _load_valid_path(data: DataSpec, tokenizer: Any, valid_path: str) -> tuple[P
 
 
 def global_batches(data: DataSpec, prompt_ids: list[str]) -> list[tuple[str, ...]]:
-    """``train_iters`` global batches of prompt ids; the data is reshuffled at every pass over it.
+    """The run's generation batches of prompt ids (``DataSpec.generation_batches``: one per
+    iteration, unless DAPO trains iterations of another size); reshuffled at every pass.
 
-    Upstream semantics: ``global_batch_size`` prompts per iteration, seeded shuffling unless
+    Upstream semantics: ``global_batch_size`` prompts per generation batch, seeded shuffling unless
     ``no_shuffle``. Leftover prompts at the end of a pass roll into the next batch instead of being
     dropped.
     """
@@ -205,7 +206,7 @@ def global_batches(data: DataSpec, prompt_ids: list[str]) -> list[tuple[str, ...
     rng = np.random.default_rng(data.seed)
     stream: list[str] = []
     batches: list[tuple[str, ...]] = []
-    while len(batches) < data.train_iters:
+    while len(batches) < data.generation_batches:
         if len(stream) < size:
             indices = rng.permutation(len(prompt_ids)) if data.shuffle else np.arange(len(prompt_ids))
             order = [prompt_ids[i] for i in indices]

@@ -135,14 +135,25 @@ class ShardCoords:
     etp_rank: int = 0
     etp_size: int = 1
     make_vocab_size_divisible_by: int = 128
+    stage_layers: tuple[int, ...] = ()
+    """Real layers of every pipeline stage when they are uneven (upstream's num_layer_list, noop
+    layers left out); () = num_layers / pp_size each."""
 
     def check(self, dims: GPTDims) -> None:
-        """Raise if ``dims`` does not split evenly over this layout."""
+        """Raise if ``dims`` does not split over this layout."""
         needs = {
             f"num_query_groups={dims.num_query_groups} by tp": (dims.num_query_groups, self.tp_size),
             f"ffn_hidden_size={dims.ffn_hidden_size} by tp": (dims.ffn_hidden_size, self.tp_size),
-            f"num_layers={dims.num_layers} by pp": (dims.num_layers, self.pp_size),
         }
+        if not self.stage_layers:
+            needs[f"num_layers={dims.num_layers} by pp"] = (dims.num_layers, self.pp_size)
+        elif len(self.stage_layers) != self.pp_size or sum(self.stage_layers) != dims.num_layers:
+            raise ValueError(
+                f"the pipeline stages hold {list(self.stage_layers)} real layers ({sum(self.stage_layers)} in "
+                f"all, over {len(self.stage_layers)} stages) but the model has {dims.num_layers} layers over "
+                f"{self.pp_size} stages; make actor_config.num_layer_list (minus noop_layers) sum to the "
+                "model's layer count"
+            )
         if dims.is_moe:
             assert dims.num_experts is not None and dims.moe_ffn_hidden_size is not None
             needs[f"num_experts={dims.num_experts} by ep"] = (dims.num_experts, self.ep_size)
@@ -158,7 +169,16 @@ class ShardCoords:
             )
 
     def layer_offset(self, dims: GPTDims) -> int:
+        """The model layer (HF index) of this stage's first layer."""
+        if self.stage_layers:
+            return sum(self.stage_layers[: self.pp_rank])
         return self.pp_rank * (dims.num_layers // self.pp_size)
+
+    def stage_num_layers(self, dims: GPTDims) -> int:
+        """Layers this rank's pipeline stage holds."""
+        if self.stage_layers:
+            return self.stage_layers[self.pp_rank]
+        return dims.num_layers // self.pp_size
 
     def local_experts(self, dims: GPTDims) -> int:
         assert dims.num_experts is not None

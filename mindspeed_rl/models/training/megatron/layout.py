@@ -26,6 +26,9 @@ class MegatronLayout:
     """Megatron defaults expert TP to attention TP; 1 keeps whole experts per EP rank (SequentialMLP
     on CPU), which is what the convert merge and the HF per-expert names want."""
     make_vocab_size_divisible_by: int = 128
+    stage_layers: tuple[int, ...] = ()
+    """Real layers per pipeline stage (``stages.stage_layers``: num_layer_list minus noop layers);
+    () = num_layers / PP each, megatron's own split."""
     sequence_parallel: bool = False
     """Shard activations along the sequence over the TP group (needs TP > 1)."""
     recompute_granularity: str | None = None
@@ -52,6 +55,19 @@ class MegatronLayout:
         bad = {k: v for k, v in sizes.items() if v < 1}
         if bad:
             raise ValueError(f"actor_config parallel sizes must be >= 1; got {bad}")
+        stages = self.stage_layers
+        if stages and (len(stages) != self.pipeline_model_parallel_size or min(stages) < 1):
+            raise ValueError(
+                f"stage_layers {stages} must give >= 1 layer to each of the "
+                f"{self.pipeline_model_parallel_size} pipeline stages"
+            )
+
+    def layers_per_stage(self, num_layers: int) -> tuple[int, ...]:
+        """Real layers of every stage of a ``num_layers``-layer model."""
+        if self.stage_layers:
+            return self.stage_layers
+        pp = self.pipeline_model_parallel_size
+        return (num_layers // pp,) * pp
 
     @property
     def model_parallel_size(self) -> int:
@@ -149,7 +165,7 @@ def check_trainable(
     is_moe = model if isinstance(model, bool) else model.is_moe
     num_layers = None if isinstance(model, bool) else model.num_layers
     spec = spec_kind(device_kind, transformer_engine=transformer_engine)
-    tp, pp = layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size
+    tp = layout.tensor_model_parallel_size
     problems: list[str] = []
     if layout.sequence_parallel and tp == 1:
         problems.append(
@@ -180,7 +196,15 @@ def check_trainable(
             f"tensor_model_parallel_size={tp} needs actor_config.sequence_parallel: true "
             f"(megatron's MoE layer refuses TP > 1 without it in training); {fix}"
         )
-    problems += _recompute_problems(layout, None if num_layers is None else num_layers // pp)
+    if num_layers is not None and layout.stage_layers and sum(layout.stage_layers) != num_layers:
+        problems.append(
+            f"the pipeline stages hold {sum(layout.stage_layers)} real layers ({layout.stage_layers}: "
+            f"actor_config.num_layer_list without noop_layers) but the model has {num_layers}; make "
+            "num_layers minus the noop layers equal the model's layer count"
+        )
+    problems += _recompute_problems(
+        layout, None if num_layers is None else layout.layers_per_stage(num_layers)
+    )
     if layout.use_flash_attn and device_kind != "npu" and spec != "transformer_engine":
         where = "CPU" if device_kind == "cpu" else "CUDA without TransformerEngine"
         problems.append(flash_attention_refusal(where))
@@ -197,7 +221,7 @@ def flash_attention_refusal(where: str) -> str:
     )
 
 
-def _recompute_problems(layout: MegatronLayout, layers_per_stage: int | None) -> list[str]:
+def _recompute_problems(layout: MegatronLayout, stages: tuple[int, ...] | None) -> list[str]:
     # megatron-core 0.12.1 and 0.19.2 TransformerConfig.__post_init__ apply the same rules.
     granularity, method, count = (
         layout.recompute_granularity,
@@ -228,10 +252,14 @@ def _recompute_problems(layout: MegatronLayout, layers_per_stage: int | None) ->
             f"actor_config.recompute_granularity: full needs recompute_method in {RECOMPUTE_METHODS}, "
             f"got {method!r}"
         )
+    # block recomputes the first count layers of a stage (a count past a shorter stage's layers
+    # is all of them); uniform chunks of count layers must fit in every stage (megatron-core
+    # 0.12.1 runs a chunk past a stage's last layer into an IndexError; 0.19.2 clips it).
+    layers_per_stage = None if stages is None else (max(stages) if method == "block" else min(stages))
     if count is None or count < 1 or (layers_per_stage is not None and count > layers_per_stage):
         bound = "the layers per pipeline stage" if layers_per_stage is None else str(layers_per_stage)
         problems.append(
             f"actor_config.recompute_granularity: full needs recompute_num_layers between 1 and {bound} "
-            f"(num_layers / pipeline_model_parallel_size), got {count!r}"
+            f"(the real layers of a pipeline stage), got {count!r}"
         )
     return problems

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.models.training.megatron import patches
+from mindspeed_rl.models.training.megatron import patches, stages, uneven_stages
 from mindspeed_rl.models.training.megatron.attention import attention_choice
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import SafetensorsSource, TensorSource
@@ -80,6 +80,7 @@ def rank_coords(layout: MegatronLayout) -> ShardCoords:
         etp_rank=ps.get_expert_tensor_parallel_rank(),
         etp_size=ps.get_expert_tensor_parallel_world_size(),
         make_vocab_size_divisible_by=layout.make_vocab_size_divisible_by,
+        stage_layers=() if stages.is_even(layout.stage_layers) else layout.stage_layers,
     )
 
 
@@ -220,7 +221,8 @@ def transformer_config(
             "recompute_method": layout.recompute_method,
             "recompute_num_layers": layout.recompute_num_layers,
         }
-    return TransformerConfig(
+    stage_list = () if stages.is_even(layout.stage_layers) else layout.stage_layers
+    config = TransformerConfig(
         num_layers=dims.num_layers,
         hidden_size=dims.hidden_size,
         ffn_hidden_size=dims.ffn_hidden_size,
@@ -254,7 +256,10 @@ def transformer_config(
         **_kernel_settings(layout, kind, spec.kind),
         **recompute,
         **moe,
+        **uneven_stages.config_kwargs(TransformerConfig, stage_list),
     )
+    uneven_stages.attach(config, stage_list)  # megatron-core without layouts (0.12.1)
+    return config
 
 
 def mark_tensor_parallel_weights(model: torch.nn.Module) -> int:

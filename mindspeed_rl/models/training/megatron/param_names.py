@@ -49,7 +49,7 @@ def megatron_names(dims: GPTDims, coords: ShardCoords, *, spec: SpecKind = "loca
     te = spec == "transformer_engine"
     first, last = coords.pp_rank == 0, coords.pp_rank == coords.pp_size - 1
     names = ["embedding.word_embeddings.weight"] if first else []
-    for layer in range(dims.num_layers // coords.pp_size):
+    for layer in range(coords.stage_num_layers(dims)):
         p = f"decoder.layers.{layer}."
         qkv = p + "self_attention.linear_qkv."
         names += [qkv + "layer_norm_weight"] if te else [p + "input_layernorm.weight"]
