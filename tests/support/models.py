@@ -42,8 +42,11 @@ class PolicyModels:
         plan = build_run_plan(config)
         if plan.model.initial_weights is not None or not plan.model.build_if_missing:
             raise ValueError(f"{config_name}: the run does not build its model; nothing to provide")
-        build = {
-            "model": {k: v for k, v in dataclasses.asdict(plan.model).items() if k != "path"},
+        spec = plan.model
+        build = {  # what decides the folder's contents (the build record's fields)
+            "name": spec.name,
+            "arch": dict(spec.build_arch),
+            "seed": spec.build_seed,
             "warmup": None if plan.warmup is None else dataclasses.asdict(plan.warmup),
         }
         digest = hashlib.sha256(json.dumps(build, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -14,9 +14,14 @@ from mindspeed_rl.utils.metrics import read_metrics
 from mindspeed_rl.utils.run_summary import REQUIRED_KEYS
 from tests.support.cli_runs import run_cli
 from tests.support.models import PolicyModels
-from tests.support.shared_runs import HYBRID_ITERS, HybridRun
+from tests.support.shared_runs import HYBRID, HYBRID_ITERS, HybridRun
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
+SHAPE_KEYS = (
+    "megatron_training.global_batch_size", "rl_config.mini_batch_size", "rl_config.n_samples_per_prompt",
+    "actor_config.micro_batch_size", "rl_config.actor_forward_micro_batch_size",
+    "rl_config.ref_forward_micro_batch_size", "generate_config.sampling_config.max_tokens",
+)  # fmt: skip
 
 
 def test_hybrid_run_writes_metrics_summary_and_model(hybrid_run: HybridRun) -> None:
@@ -49,8 +54,11 @@ def test_colocated_hybrid_on_cpu_pushes_in_process_and_generates_on_the_pushed_w
 ) -> None:
     """``rl_config.colocate``: the torch trainer and its vLLM engine in one process (the GPU/NPU
     layout, without sleep mode); every generation after the first is on the weights just pushed."""
+    # The shared run's batch shape (8 prompts x 4 samples of at most 24 tokens), not the demo's 32 x 8
+    # of 160: what is checked is where the weights go and what the engine generates on, per step.
+    shape = tuple(o for o in HYBRID if o.split("=", 1)[0].startswith(SHAPE_KEYS))
     overrides = (
-        "megatron_training.train_iters=3", "warmup_config.steps=5", "rl_config.colocate=true",
+        *shape, "megatron_training.train_iters=3", "warmup_config.steps=5", "rl_config.colocate=true",
         "rl_config.entropy_coeff=0.01", "generate_config.offload_train_optimizer=true",
         "generate_config.offload_train_grad=true", "generate_config.offload_train_param=true",
     )  # fmt: skip

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.models import PolicyModels
+
 
 def _child_env() -> dict[str, str]:
     """This process's environment minus what an in-process (TP1) vLLM engine of an earlier test set
@@ -64,7 +66,8 @@ def _run_watching_descendants(cmd: list[str], cwd: Path, timeout_s: float) -> tu
     return proc.wait(), log.read_text(), seen
 
 
-def test_tp2_actor_runs_in_the_async_pipeline(tmp_path: Path) -> None:
+def test_tp2_actor_runs_in_the_async_pipeline(tmp_path: Path, policy_models: PolicyModels) -> None:
+    policy_models.provide(tmp_path / "model", "grpo_tiny_tp2", SMALL)
     runs = tmp_path / "runs"
     cmd = [
         sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_tp2",

@@ -45,7 +45,9 @@ def _config(names, weights, *, parallel=1, timeout=TIMEOUT_S) -> RewardConfig:
 
 
 @pytest.mark.parametrize("parallel", [1, 2])
-def test_a_hanging_verifier_scores_zero_is_counted_and_the_call_returns_without_it(hanging_verifier, parallel):
+def test_a_hanging_verifier_scores_zero_is_counted_and_the_call_returns_without_it(
+    hanging_verifier, parallel
+):
     """The hanging verifier never returns (it waits on an event nobody sets), so the call coming
     back at all, with the two hung responses marked, proves the pool gave up on them at the
     timeout; no wall-clock bound needed (the suite's per-test timeout catches a regression)."""
