@@ -1,8 +1,10 @@
 """Test-only checkpoint hook for ``cli/train_grpo.py``, read from the environment here so no
 production module reads test hooks (as ``cli/fault_hooks.py`` does for faults).
 
-``MINDSPEED_RL_TEST_CHECKPOINT_DELAY=SECONDS`` makes every checkpoint write wait that long between
-its files and its commit (the manifest and the rename), so a crash test can kill the run mid-write.
+``MINDSPEED_RL_TEST_CHECKPOINT_HOLD=N`` makes the checkpoint written after N iterations stop
+between its files and its commit (the manifest and the rename): it writes ``HOLDING`` into its
+partial folder and waits there until the test kills the run, so a crash test kills it mid-write at
+a known point instead of after a timed delay.
 """
 
 from __future__ import annotations
@@ -13,25 +15,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
 
-DELAY_ENV = "MINDSPEED_RL_TEST_CHECKPOINT_DELAY"
+HOLD_ENV = "MINDSPEED_RL_TEST_CHECKPOINT_HOLD"
 
 
-def commit_delay(env: Mapping[str, str]) -> float:
-    raw = env.get(DELAY_ENV, "")
+def hold_iteration(env: Mapping[str, str]) -> int | None:
+    raw = env.get(HOLD_ENV, "")
     if not raw:
-        return 0.0
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise ValueError(f"{DELAY_ENV}={raw!r}: give the delay in seconds, a number >= 0")
-    return seconds
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{HOLD_ENV}={raw!r}: give the iteration whose checkpoint to hold, an integer >= 1")
+    return int(raw)
 
 
-def commit_delay_for(config: GRPOConfig, env: Mapping[str, str]) -> float:
-    """The delay ``env`` asks the async run's checkpoint writes for; 0 when it asks none."""
-    seconds = commit_delay(env)
-    if seconds and config.rl_config.pipeline != "async":
-        raise ValueError(f"{DELAY_ENV} is implemented for rl_config.pipeline=async only")
-    return seconds
+def hold_iteration_for(config: GRPOConfig, env: Mapping[str, str]) -> int | None:
+    """The checkpoint ``env`` asks the async run to hold before its commit; None when it asks none."""
+    iteration = hold_iteration(env)
+    if iteration is not None and config.rl_config.pipeline != "async":
+        raise ValueError(f"{HOLD_ENV} is implemented for rl_config.pipeline=async only")
+    return iteration

@@ -106,13 +106,13 @@ def run_hooks(config: GRPOConfig, env: Mapping[str, str]) -> RunHooks | None:
     """Test-only knobs from the environment (``cli/fault_hooks.py``, ``cli/checkpoint_hooks.py``);
     None, as in production, when it sets none."""
     faults = fault_hooks.faults_from_env(config, env)
-    delay = checkpoint_hooks.commit_delay_for(config, env)
-    if faults is None and delay == 0:
+    hold = checkpoint_hooks.hold_iteration_for(config, env)
+    if faults is None and hold is None:
         return None
     from mindspeed_rl.trainer.async_inputs import RunHooks
     from mindspeed_rl.workers.fault_plan import FaultPlan
 
-    return RunHooks(faults=faults or FaultPlan(), checkpoint_commit_delay_s=delay)
+    return RunHooks(faults=faults or FaultPlan(), checkpoint_hold_iteration=hold)
 
 
 def dapo_parts(config: GRPOConfig) -> str:

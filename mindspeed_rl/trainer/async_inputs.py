@@ -68,8 +68,8 @@ class RunHooks:
 
     faults: FaultPlan = field(default_factory=FaultPlan)
     """Fault tests: which processes exit, and when."""
-    checkpoint_commit_delay_s: float = 0.0
-    """Crash tests: seconds each checkpoint write waits between its files and its commit."""
+    checkpoint_hold_iteration: int | None = None
+    """Crash tests: the checkpoint after this many iterations stops before its commit until killed."""
 
 
 def run_prompts(data: DataSpec, records: Sequence[PromptRecord]) -> list[PromptRecord]:

@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -347,6 +348,17 @@ class Lineage:
         }
 
 
+HOLD_MARKER = "HOLDING"
+_HOLD_RELEASE = threading.Event()  # never set in a run: a held write ends with its process
+
+
+def hold_before_commit(partial: Path) -> None:
+    """Crash tests only: mark ``partial`` as fully written (``HOLD_MARKER``), then wait, never
+    committing, until the test kills the process: a kill mid-write at a known point, not a timed one."""
+    (partial / HOLD_MARKER).write_text(f"{os.getpid()}\n", encoding="utf-8")
+    _HOLD_RELEASE.wait()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpointer:
     """Saves the run's checkpoints (``spec``) through a TrainingUnit Ray handle."""
@@ -356,8 +368,9 @@ class Checkpointer:
     fingerprint: Mapping[str, Any]
     lineage: Lineage
     extra_files: tuple[Path, ...] = ()
-    commit_delay_s: float = 0.0
-    """Crash tests only: sleep between the written files and the commit."""
+    hold_iteration: int | None = None
+    """Crash tests only: the checkpoint after this many iterations stops before its commit
+    (``hold_before_commit``) and waits there for the test to kill the run."""
 
     def maybe_save(self, iteration_index: int, trainer: Any) -> Path | None:
         """After 0-based ``iteration_index`` was trained (and recorded in the lineage)."""
@@ -367,6 +380,7 @@ class Checkpointer:
             return None
         folder = self.spec.folder(self.run_dir, iteration_index)
         spec = self.spec
+        held = self.hold_iteration is not None and iteration_index + 1 == self.hold_iteration
         return write_checkpoint(
             folder.parent,
             self.lineage.state(iteration_index + 1),
@@ -376,7 +390,7 @@ class Checkpointer:
                 trainer.save_state.remote(str(d), optimizer=spec.save_optim, rng=spec.save_rng)
             ),
             extra_files=self.extra_files,
-            before_commit=(lambda _: time.sleep(self.commit_delay_s)) if self.commit_delay_s > 0 else None,
+            before_commit=hold_before_commit if held else None,
         )
 
     def restore(self, trainer: Any, resumed: ResumePoint | None) -> None:

@@ -47,7 +47,7 @@ def train(
     run = startup.start(config, run_dir, load_split=inputs is None)
     inputs = run_inputs(run, inputs)
     saver = startup.checkpointer(run, inputs.schedule, extra_files=(run_dir / SCHEDULE_FILE,),
-                                 commit_delay_s=hooks.checkpoint_commit_delay_s)  # fmt: skip
+                                 hold_iteration=hooks.checkpoint_hold_iteration)  # fmt: skip
     lineage, plan = saver.lineage, run.plan
     cluster = AsyncCluster.start(run, inputs, hooks.faults)
     saver.restore(cluster.tu, run.resumed)

@@ -92,10 +92,10 @@ def checkpointer(
     schedule: Sequence[ScheduledMinibatch],
     *,
     extra_files: tuple[Path, ...] = (),
-    commit_delay_s: float = 0.0,
+    hold_iteration: int | None = None,
 ) -> ckpt.Checkpointer:
     """The run's checkpointer over its lineage: ``schedule`` for a fresh run, the checkpoint's
-    for a resumed one. ``commit_delay_s``: crash tests only."""
+    for a resumed one. ``hold_iteration``: crash tests only."""
     lineage = ckpt.Lineage(schedule, run.resumed, run.run_dir / ckpt.CONSUMED_LOG)
     return ckpt.Checkpointer(
         spec=run.plan.checkpoint,
@@ -103,7 +103,7 @@ def checkpointer(
         fingerprint=ckpt.run_fingerprint(run.plan),
         lineage=lineage,
         extra_files=extra_files,
-        commit_delay_s=commit_delay_s,
+        hold_iteration=hold_iteration,
     )
 
 

@@ -152,23 +152,22 @@ def _parse_stamp(name: str) -> Any:
 
 
 def test_test_hooks_come_from_the_environment_and_production_gets_none(tmp_path: Path) -> None:
-    from cli.checkpoint_hooks import DELAY_ENV
+    from cli.checkpoint_hooks import HOLD_ENV
     from cli.fault_hooks import FAULTS_ENV
     from mindspeed_rl.config_cls import load_config_from_files
 
     asp = load_config_from_files(REPO_CONFIGS, "grpo_tiny_asp", [f"run_dir={tmp_path}"])
     assert train_grpo.run_hooks(asp, {}) is None
-    hooks = train_grpo.run_hooks(asp, {FAULTS_ENV: "gu:1:2", DELAY_ENV: "0.5"})
-    assert hooks is not None and hooks.faults.gu_dies == {1: 2} and hooks.checkpoint_commit_delay_s == 0.5
-    delay_only = train_grpo.run_hooks(asp, {DELAY_ENV: "2"})
-    assert (
-        delay_only is not None
-        and not delay_only.faults.gu_dies
-        and delay_only.checkpoint_commit_delay_s == 2.0
-    )
+    hooks = train_grpo.run_hooks(asp, {FAULTS_ENV: "gu:1:2", HOLD_ENV: "4"})
+    assert hooks is not None and hooks.faults.gu_dies == {1: 2} and hooks.checkpoint_hold_iteration == 4
+    hold_only = train_grpo.run_hooks(asp, {HOLD_ENV: "2"})
+    assert hold_only is not None and not hold_only.faults.gu_dies and hold_only.checkpoint_hold_iteration == 2
+    for bad in ("0", "x", "1.5"):
+        with pytest.raises(ValueError, match=f"{HOLD_ENV}='{bad}': give the iteration"):
+            train_grpo.run_hooks(asp, {HOLD_ENV: bad})
     hybrid = load_config_from_files(REPO_CONFIGS, "grpo_tiny_cpu", [f"run_dir={tmp_path}"])
     with pytest.raises(ValueError, match="pipeline=async only"):
-        train_grpo.run_hooks(hybrid, {DELAY_ENV: "1"})
+        train_grpo.run_hooks(hybrid, {HOLD_ENV: "2"})
 
 
 def test_inert_keys_warn_once_at_start_one_line_per_section_with_the_engines_reason(

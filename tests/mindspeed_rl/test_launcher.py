@@ -18,10 +18,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+
+from tests.support.models import PolicyModels
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -221,35 +225,8 @@ TINY_RUN = (
 )
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-def test_launcher_runs_a_tiny_run_with_token_auth_and_leaves_no_ray_process(
-    tmp_path: Path, ray_temp_dir: Path
-) -> None:
-    env = _launcher_env(tmp_path, NNODES="1", RAY_TEMP_DIR=str(ray_temp_dir))
-    overrides = [*TINY_RUN, f"run_dir={tmp_path / 'runs'}"]
-    proc = subprocess.run(
-        ["bash", str(LAUNCH), "grpo_tiny_asp", *overrides],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1500,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    token = tmp_path / "home" / ".ray" / "auth_token"
-    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
-    assert "with token authentication" in out and "ray joined" in out
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["train_steps"] == 4 and summary["prompts_consumed_total"] == 16
-    assert "stopping the Ray head this script started" in out
-    assert not _processes_under(str(ray_temp_dir)), "the launcher left Ray processes behind"
-    assert not _listening(int(env["RAY_PORT"]))
-
-
 PROBE = r'''
-"""Driver probe run by the launcher in place of the trainer: three clients try the cluster."""
+"""Driver probe run by the launcher before the trainer: three clients try the cluster."""
 import json, os, subprocess, sys
 
 address = os.environ["RAY_ADDRESS"]
@@ -281,36 +258,94 @@ with open(sys.argv[1], "w") as handle:
 '''
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchedRun:
+    proc: subprocess.CompletedProcess[str]
+    env: dict[str, str]
+    home: Path
+    runs: Path
+    ray_temp_dir: Path
+    probe: dict[str, Any]
+    leftover: list[str]
+    """Processes of the head's temp folder alive after the launcher exited."""
+    port_listening: bool
+
+
+@pytest.fixture(scope="module")
+def launched_run(
+    tmp_path_factory: pytest.TempPathFactory, policy_models: PolicyModels
+) -> Iterator[LaunchedRun]:
+    """One launcher invocation read by two tests: the head comes up with token authentication, the
+    entry first runs the token probe (``PROBE``: clients without / with a wrong / with the token)
+    against it, then becomes the real trainer (``exec cli/train_grpo.py`` with the launcher's
+    arguments), which runs the tiny async run on it; then the launcher stops its head."""
+    tmp_path = tmp_path_factory.mktemp("launcher")
+    ray_temp_dir = Path(f"/tmp/rl_launch_test_{os.getpid()}_{time.monotonic_ns() % 10**6}")
+    probe, results, other_home = tmp_path / "probe.py", tmp_path / "results.json", tmp_path / "other_home"
+    probe.write_text(PROBE)
+    other_home.mkdir()
+    entry = tmp_path / "entry.py"
+    entry.write_text(
+        "import os, subprocess, sys\n"
+        f"subprocess.run([sys.executable, {str(probe)!r}, {str(results)!r}, {str(other_home)!r}], check=True)\n"
+        f"os.execv(sys.executable, [sys.executable, {str(ROOT / 'cli' / 'train_grpo.py')!r}, *sys.argv[1:]])\n"
+    )
+    env = _launcher_env(tmp_path, NNODES="1", RAY_TEMP_DIR=str(ray_temp_dir), TRAIN_ENTRY=str(entry))
+    model = tmp_path / "model"
+    overrides = [
+        *TINY_RUN,
+        f"run_dir={tmp_path / 'runs'}",
+        f"megatron_training.tokenizer_name_or_path={model}",
+    ]
+    policy_models.provide(model, "grpo_tiny_asp", overrides)
+    try:
+        proc = subprocess.run(
+            ["bash", str(LAUNCH), "grpo_tiny_asp", *overrides],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1500,
+        )
+        yield LaunchedRun(
+            proc=proc, env=env, home=tmp_path / "home", runs=tmp_path / "runs", ray_temp_dir=ray_temp_dir,
+            probe=json.loads(results.read_text()) if results.is_file() else {},
+            leftover=_processes_under(str(ray_temp_dir)), port_listening=_listening(int(env["RAY_PORT"])),
+        )  # fmt: skip
+    finally:
+        subprocess.run(["rm", "-rf", str(ray_temp_dir)], check=False)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-def test_a_client_without_the_clusters_token_is_refused(tmp_path: Path, ray_temp_dir: Path) -> None:
-    probe = tmp_path / "probe.py"
-    probe.write_text(PROBE)
-    results = tmp_path / "results.json"
-    other_home = tmp_path / "other_home"
-    other_home.mkdir()
-    env = _launcher_env(tmp_path, NNODES="1", RAY_TEMP_DIR=str(ray_temp_dir), TRAIN_ENTRY=str(probe))
-    # The launcher passes --config-name NAME to its entry; the probe reads its own two arguments
-    # first, so they go before that: TRAIN_ENTRY is "probe.py RESULTS OTHER_HOME" via a wrapper.
-    wrapper = tmp_path / "entry.py"
-    wrapper.write_text(
-        "import runpy, sys\n"
-        f"sys.argv = [{str(probe)!r}, {str(results)!r}, {str(other_home)!r}]\n"
-        f"runpy.run_path({str(probe)!r}, run_name='__main__')\n"
-    )
-    env["TRAIN_ENTRY"] = str(wrapper)
-    proc = subprocess.run(
-        ["bash", str(LAUNCH), "grpo_tiny_asp"], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    got = json.loads(results.read_text())
+def test_launcher_runs_a_tiny_run_with_token_auth_and_leaves_no_ray_process(
+    launched_run: LaunchedRun,
+) -> None:
+    proc = launched_run.proc
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    token = launched_run.home / ".ray" / "auth_token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
+    assert "with token authentication" in out and "ray joined" in out
+    (run_dir,) = launched_run.runs.iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["train_steps"] == 4 and summary["prompts_consumed_total"] == 16
+    assert "stopping the Ray head this script started" in out
+    assert not launched_run.leftover, "the launcher left Ray processes behind"
+    assert not launched_run.port_listening
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_client_without_the_clusters_token_is_refused(launched_run: LaunchedRun) -> None:
+    assert launched_run.proc.returncode == 0, (launched_run.proc.stdout + launched_run.proc.stderr)[-6000:]
+    got = launched_run.probe
     assert got["cluster_token"]["rc"] == 0 and "NODES 1" in got["cluster_token"]["out"], got["cluster_token"]
     for name in ("no_token", "wrong_token"):
         assert got[name]["rc"] != 0, (name, got[name])
         assert "InvalidAuthToken" in got[name]["out"], (name, got[name]["out"])
     assert "REFUSED could not join the Ray cluster" in got["no_token"]["out"]
     assert "RAY_AUTH_TOKEN_PATH=<a copy of the head's token file>" in got["no_token"]["out"]
-    assert not _processes_under(str(ray_temp_dir)), "the launcher left Ray processes behind"
+    assert not launched_run.leftover, "the launcher left Ray processes behind"
 
 
 SLEEPER = """

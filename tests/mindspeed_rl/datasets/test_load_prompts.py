@@ -111,7 +111,6 @@ def test_builtin_maze_source(char_tokenizer):
 
 
 def test_builtin_demo_source(char_tokenizer):
-    pytest.importorskip("mindspeed_rl.datasets.demo_task")
     prompts = load_prompts(
         data_path="builtin:demo", tokenizer=char_tokenizer, max_prompt_length=4096, num_samples=8
     )

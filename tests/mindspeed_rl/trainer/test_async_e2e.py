@@ -1,8 +1,19 @@
 """The async pipeline end to end: real CLI, real Ray, tiny model; invariants read back from the run.
 
-One run with vLLM engines (the acceptance run), two fault runs on the light HF engine: a
-generation actor killed mid-minibatch, and a whole Generation Unit killed. Faults are injected
-through the trainer's test hook (``MINDSPEED_RL_TEST_FAULTS``): the process calls ``os._exit``.
+One run with vLLM engines (the acceptance run), the shipped demo, and fault runs on the light HF
+engine. Faults are injected through the trainer's test hook (``MINDSPEED_RL_TEST_FAULTS``): the
+process calls ``os._exit``, hangs or raises where the hook says.
+
+Two fault runs carry every fault kind, several per run, each kind checked by its own test on the
+run that injected it (module-scoped fixtures):
+
+* ``unit_faults`` (2 GUs x 2 actors): GU 0 exits after forwarding one completion, and actor 0 of
+  GU 1 exits in its first minibatch (its GU carries on with actor 1 meanwhile);
+* ``actor_faults`` (1 GU x 1 actor): the actor hangs in its third minibatch and raises in its
+  fifth, exits in its first evaluation decode and hangs in its third.
+
+Each fault that hits a minibatch re-queues that minibatch (a ``MinibatchRequeued`` with the
+fault's reason); a fault in an evaluation decode re-queues none.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +32,7 @@ import pytest
 from cli.fault_hooks import FAULTS_ENV
 from mindspeed_rl.utils.metrics import read_metrics
 from mindspeed_rl.utils.run_summary import REQUIRED_KEYS
+from tests.support.models import PolicyModels
 
 ROOT = Path(__file__).resolve().parents[3]
 # The shipped demo (builtin:demo_short, 200-step warm-up, 40 iterations) measured +0.22, +0.22, +0.22
@@ -122,9 +135,12 @@ def check_reload_discipline(events: list[dict[str, Any]]) -> int:
 
 
 @pytest.mark.vllm
-def test_async_run_with_vllm_meets_the_pipeline_invariants(tmp_path: Path) -> None:
+def test_async_run_with_vllm_meets_the_pipeline_invariants(
+    tmp_path: Path, policy_models: PolicyModels
+) -> None:
     # 2 GUs x 1 actor: every vLLM engine start costs seconds on a shared 2-core host. Partial
     # rollouts on (N = 3, rounds of 3 tokens): the invariants must hold with them as without.
+    policy_models.provide(tmp_path / "model", "grpo_tiny_asp", TINY)
     run_dir = run_cli(
         tmp_path,
         "async_config.num_generation_units=2",
@@ -172,16 +188,30 @@ def test_async_run_with_vllm_meets_the_pipeline_invariants(tmp_path: Path) -> No
     assert (run_dir / "asp_schedule.json").is_file()
 
 
+# One entry per fault kind: the shared run that injects it (a fixture below), the GU and actor it
+# hits, and the reason of the re-queue it causes.
 FAULTS = {
-    # A generation actor killed during its first minibatch: its GU carries on with actor 1.
-    "actor": dict(layout=(1, 2), faults="actor:0:0:1", reason="actor_failed", gu_id=0, actor_id=0),
+    # A generation actor killed during its first minibatch: its GU carries on with its other actor.
+    "actor": dict(run="unit_faults", reason="actor_failed", gu_id=1, actor_id=0, counted="actor_deaths"),
     # A whole GU killed after forwarding one completion: the other GU takes over its work, and the
     # evaluations the dead GU was given (GU 0 gets each first).
-    "gu": dict(layout=(2, 1), faults="gu:0:1", reason="gu_failed", gu_id=0, actor_id=None),
+    "gu": dict(run="unit_faults", reason="gu_failed", gu_id=0, actor_id=None, counted=None),
     # The only actor hangs in its third minibatch: killed at the timeout, replaced, re-issued.
-    "hang": dict(layout=(1, 1), faults="hang:0:0:3", reason="actor_timeout", gu_id=0, actor_id=0),
-    # The only actor raises in its third minibatch: replaced, the minibatch re-issued.
-    "raise": dict(layout=(1, 1), faults="raise:0:0:3", reason="actor_error", gu_id=0, actor_id=0),
+    "hang": dict(
+        run="actor_faults", reason="actor_timeout", gu_id=0, actor_id=0, counted="minibatches_timed_out"
+    ),
+    # The only actor raises in its fifth minibatch: replaced, the minibatch re-issued.
+    "raise": dict(run="actor_faults", reason="actor_error", gu_id=0, actor_id=0, counted="minibatch_errors"),
+}
+# The layouts and fault plans of the shared runs; actor_faults' one slot is replaced four times
+# (two minibatch faults, two evaluation faults), one more than the default allows.
+FAULT_RUNS = {
+    "unit_faults": dict(layout=(2, 2), faults="gu:0:1,actor:1:0:1", extra=()),
+    "actor_faults": dict(
+        layout=(1, 1),
+        faults="hang:0:0:3,raise:0:0:5,eval-exit:0:0:1,eval-hang:0:0:3",
+        extra=("async_config.actor_max_restarts=4",),
+    ),
 }
 # A hang is detected in seconds here; the stall detector stays well above it.
 FAULT_TIMEOUTS = ("async_config.minibatch_timeout_s=20", "async_config.stall_timeout_s=120")
@@ -189,69 +219,125 @@ FAULT_TIMEOUTS = ("async_config.minibatch_timeout_s=20", "async_config.stall_tim
 EVAL_EVERY_STEP = ("megatron_training.eval_interval=1", "megatron_training.eval_iters=1")
 
 
-@pytest.mark.parametrize("kind", sorted(FAULTS))
-def test_killed_unit_loses_and_duplicates_nothing(tmp_path: Path, kind: str) -> None:
-    fault: dict[str, Any] = FAULTS[kind]
-    gus, actors = fault["layout"]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultRun:
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+
+    def requeued(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "MinibatchRequeued"]
+
+    def faulted(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "ActorFaulted"]
+
+
+def _fault_run(name: str, tmp_path_factory: pytest.TempPathFactory, policy_models: PolicyModels) -> FaultRun:
+    spec: dict[str, Any] = FAULT_RUNS[name]
+    gus, actors = spec["layout"]
+    workdir = tmp_path_factory.mktemp(name)
+    policy_models.provide(workdir / "model", "grpo_tiny_asp", TINY)
     run_dir = run_cli(
-        tmp_path,
+        workdir,
         *HF,
         f"async_config.num_generation_units={gus}",
         f"async_config.actors_per_unit={actors}",
         *FAULT_TIMEOUTS,
         *EVAL_EVERY_STEP,
-        faults=fault["faults"],
+        *spec["extra"],
+        faults=spec["faults"],
     )
     summary, records, events = load_run(run_dir)
+    return FaultRun(summary=summary, records=records, events=events)
+
+
+@pytest.fixture(scope="module")
+def unit_faults(tmp_path_factory: pytest.TempPathFactory, policy_models: PolicyModels) -> FaultRun:
+    return _fault_run("unit_faults", tmp_path_factory, policy_models)
+
+
+@pytest.fixture(scope="module")
+def actor_faults(tmp_path_factory: pytest.TempPathFactory, policy_models: PolicyModels) -> FaultRun:
+    return _fault_run("actor_faults", tmp_path_factory, policy_models)
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+def test_killed_unit_loses_and_duplicates_nothing(request: pytest.FixtureRequest, kind: str) -> None:
+    fault: dict[str, Any] = FAULTS[kind]
+    run: FaultRun = request.getfixturevalue(fault["run"])
+    summary, records, events = run.summary, run.records, run.events
     check_exactly_once(summary)
     assert [r.get("eval/weights_version") for r in records] == [1.0, 2.0, 3.0, 4.0]
-    assert summary["minibatches_reissued"] >= 1
-    requeued = [e for e in events if e["event"] == "MinibatchRequeued"]
-    assert requeued and all(e["reason"] == fault["reason"] and e["gu_id"] == fault["gu_id"] for e in requeued)
+    # Every re-queue is one of this run's faults; this kind's re-queued what it hit, on its unit.
+    in_run = {FAULTS[k]["reason"] for k in FAULTS if FAULTS[k]["run"] == fault["run"]}
+    assert {e["reason"] for e in run.requeued()} == in_run
+    requeued = [e for e in run.requeued() if e["reason"] == fault["reason"]]
+    assert requeued and all(e["gu_id"] == fault["gu_id"] for e in requeued)
+    assert summary["minibatches_reissued"] >= len({e["minibatch_id"] for e in run.requeued()})
     received = [e for e in events if e["event"] == "MinibatchReceived" and e["outcome"] == "accepted"]
     accepted = {e["minibatch_id"] for e in received}
-    assert len(accepted) == len(received) == 8  # every minibatch once, the re-issued one included
+    assert len(accepted) == len(received) == 8  # every minibatch once, the re-issued ones included
     assert {e["minibatch_id"] for e in requeued} <= accepted
     if kind == "gu":
         assert sum(e["gu_id"] == 0 for e in received) == 1  # exactly what GU 0 forwarded before dying
     else:
-        assert all(e["actor_id"] == 0 for e in requeued)
-        faulted = [e for e in events if e["event"] == "ActorFaulted"]
-        assert [(e["gu_id"], e["actor_id"], e["replaced"]) for e in faulted] == [(0, 0, True)]
-        assert summary["actor_restarts"] == 1
-        counted = {"hang": "minibatches_timed_out", "raise": "minibatch_errors", "actor": "actor_deaths"}
-        assert summary[counted[kind]] == 1
+        assert all(e["actor_id"] == fault["actor_id"] for e in requeued)
+        # This kind's fault: one actor fault of its kind on its slot, the actor replaced.
+        kind_of = {"actor": "died", "hang": "timeout", "raise": "error"}[kind]
+        hit = [e for e in run.faulted() if e["kind"] == kind_of and _requeued_by(run, e)]
+        assert [(e["gu_id"], e["actor_id"], e["replaced"]) for e in hit] == [
+            (fault["gu_id"], fault["actor_id"], True)
+        ]
+        assert summary[fault["counted"]] == 1
+        # Every actor fault of the run replaced its actor (none was a retirement).
+        assert summary["actor_restarts"] == len(run.faulted()) and all(e["replaced"] for e in run.faulted())
     check_reload_discipline(events)
 
 
-def test_an_evaluation_outlives_an_actor_dying_and_one_hanging_in_its_decode(tmp_path: Path) -> None:
+def _requeued_by(run: FaultRun, fault: dict[str, Any]) -> bool:
+    """Whether actor fault event ``fault`` re-queued a minibatch: the Control Unit logs the
+    re-queue right after the fault, for the same actor."""
+    index = run.events.index(fault)
+    following = run.events[index + 1] if index + 1 < len(run.events) else {}
+    return following.get("event") == "MinibatchRequeued" and (following["gu_id"], following["actor_id"]) == (
+        fault["gu_id"],
+        fault["actor_id"],
+    )
+
+
+def test_an_evaluation_outlives_an_actor_dying_and_one_hanging_in_its_decode(actor_faults: FaultRun) -> None:
     """The only actor exits in its first evaluation decode and hangs in its third (the second
     evaluation's first try): each time the GU replaces it, the replacement reloads the evaluated
-    snapshot and decodes the job again; both evaluations land, and no prompt is lost or repeated."""
-    run_dir = run_cli(
-        tmp_path,
-        *HF,
-        "async_config.num_generation_units=1",
-        "async_config.actors_per_unit=1",
-        *FAULT_TIMEOUTS,
-        "megatron_training.eval_interval=2",
-        "megatron_training.eval_iters=1",
-        faults="eval-exit:0:0:1,eval-hang:0:0:3",
-    )
-    summary, records, events = load_run(run_dir)
+    snapshot and decodes the job again; every evaluation lands, and no prompt is lost or repeated.
+    Its run (``actor_faults``) also hangs and raises in two minibatches: those re-queue their
+    minibatch, the evaluation faults none."""
+    summary, records = actor_faults.summary, actor_faults.records
     check_exactly_once(summary)
     evaluated = [r for r in records if "eval/accuracy" in r]
-    assert [(r["iteration"], r["eval/weights_version"]) for r in evaluated] == [(1, 2.0), (3, 4.0)]
+    assert [(r["iteration"], r["eval/weights_version"]) for r in evaluated] == [
+        (0, 1.0),
+        (1, 2.0),
+        (2, 3.0),
+        (3, 4.0),
+    ]
     assert all(r["eval/num_samples"] == r["eval/num_prompts"] * 4 > 0 for r in evaluated)
-    faulted = [(e["kind"], e["replaced"]) for e in events if e["event"] == "ActorFaulted"]
-    assert faulted == [("died", True), ("timeout", True)] and summary["actor_restarts"] == 2
-    assert summary["minibatches_reissued"] == 0  # the actor held no minibatch while decoding
-    assert summary["gu_calls"]["actor.decode_held_out"] == 4  # 2 evaluations x (failed + retried)
+    in_eval = [
+        (e["kind"], e["replaced"]) for e in actor_faults.faulted() if not _requeued_by(actor_faults, e)
+    ]
+    assert in_eval == [("died", True), ("timeout", True)]
+    # The actor held no minibatch while decoding: only the two minibatch faults re-queued one each.
+    assert sorted(e["reason"] for e in actor_faults.requeued()) == ["actor_error", "actor_timeout"]
+    assert summary["actor_restarts"] == 4 and summary["minibatches_reissued"] == 2
+    # 4 evaluations, 2 of them decoded twice (failed + retried).
+    assert summary["gu_calls"]["actor.decode_held_out"] == 4 + 2
 
 
-def test_a_minibatch_failing_every_attempt_stops_the_run_naming_it(tmp_path: Path) -> None:
+def test_a_minibatch_failing_every_attempt_stops_the_run_naming_it(
+    tmp_path: Path, policy_models: PolicyModels
+) -> None:
     """``raise:0:0:*``: the one actor raises on every minibatch; after minibatch_max_attempts the
     run ends with an error naming the minibatch and its prompts, not a hang or a cascade."""
+    policy_models.provide(tmp_path / "model", "grpo_tiny_asp", TINY)
     proc = run_cli_process(
         tmp_path,
         *HF,

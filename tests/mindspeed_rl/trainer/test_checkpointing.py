@@ -4,6 +4,8 @@ discovery, the run fingerprint, the lineage's summary counts."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +92,40 @@ def test_write_is_atomic_and_the_newest_complete_checkpoint_wins(tmp_path: Path)
     )
     assert ckpt.find_latest(tmp_path) == again and not (tmp_path / ".iter_0000004.partial").exists()
     assert ckpt.find_latest(again) == again  # load may name one checkpoint folder directly
+
+
+def test_a_held_write_stops_with_every_file_written_and_commits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash tests' kill point: ``hold_before_commit`` marks the partial folder once its files
+    are written and waits; no manifest, no rename, until released (here) or killed (in a run)."""
+    release = threading.Event()
+    monkeypatch.setattr(ckpt, "_HOLD_RELEASE", release)
+    done: list[Path] = []
+    write = threading.Thread(
+        target=lambda: done.append(
+            ckpt.write_checkpoint(
+                tmp_path,
+                _state(2, "ab"),
+                schedule=SCHEDULE,
+                fingerprint={"seed": 1},
+                write_trainer_state=_trainer_files,
+                before_commit=ckpt.hold_before_commit,
+            )  # fmt: skip
+        ),
+        daemon=True,
+    )
+    write.start()
+    partial = tmp_path / ".iter_0000002.partial"
+    while not (partial / ckpt.HOLD_MARKER).is_file():
+        assert write.is_alive(), "the write ended without holding"
+        time.sleep(0.01)
+    assert {ckpt.PIPELINE_STATE, ckpt.SCHEDULE} <= {p.name for p in partial.iterdir()}
+    assert not (partial / ckpt.MANIFEST).exists() and ckpt.find_latest(tmp_path) is None
+    assert not done
+    release.set()
+    write.join()
+    assert done == [tmp_path / "iter_0000002"] and ckpt.find_latest(tmp_path) == done[0]
 
 
 def test_no_complete_checkpoint_is_a_clear_error(tmp_path: Path) -> None:

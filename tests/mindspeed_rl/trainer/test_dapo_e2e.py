@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from mindspeed_rl.utils.metrics import read_metrics
+from tests.support.models import PolicyModels
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,8 +51,10 @@ TINY = (
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("dapo")
+def workdir(tmp_path_factory: pytest.TempPathFactory, policy_models: PolicyModels) -> Path:
+    workdir = tmp_path_factory.mktemp("dapo")
+    policy_models.provide(workdir / "model", "dapo_tiny_asp", TINY)
+    return workdir
 
 
 def _run(workdir: Path, name: str, *overrides: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -100,14 +103,16 @@ def test_dapo_hybrid_runs_the_same_recipe(workdir: Path) -> None:
 
 def test_dapo_async_killed_mid_run_then_resumed_consumes_every_prompt_once(workdir: Path) -> None:
     """SIGKILL after the first checkpoint, resume with ``actor_config.load``: across the lineage
-    every prompt is consumed once, the filtered ones and the released reserve included."""
+    every prompt is consumed once, the filtered ones and the released reserve included. The
+    checkpoint after iteration 4 is held before its commit (``HOLD``), so the one after iteration 2
+    is the newest complete one whenever the kill lands."""
     import os
     import signal
     import tempfile
     import time
     from collections import Counter
 
-    from test_resume_e2e import _env, _kill_leftover_ray
+    from test_resume_e2e import HOLD, _env, _kill_leftover_ray
 
     from mindspeed_rl.trainer import checkpointing as ckpt
 
@@ -122,7 +127,12 @@ def test_dapo_async_killed_mid_run_then_resumed_consumes_every_prompt_once(workd
     ray_dir = tempfile.mkdtemp(prefix="rk", dir="/tmp")
     log = (workdir / "killed.log").open("w")
     proc = subprocess.Popen(
-        cmd, cwd=workdir, env=_env(ray_dir), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        cwd=workdir,
+        env=_env(ray_dir, **HOLD),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 600
     try:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.models import PolicyModels
+
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 
@@ -37,7 +39,11 @@ TINY = (
 )
 
 
-def _run(tmp_path: Path, config: str, *extra: str, runs: str = "runs") -> Path:
+def _run(
+    tmp_path: Path, config: str, *extra: str, runs: str = "runs", models: PolicyModels | None = None
+) -> Path:
+    if models is not None:
+        models.provide(tmp_path / "model", config, (*TINY, *extra))
     cmd = [
         sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", config,
         f"run_dir={tmp_path / runs}", f"megatron_training.tokenizer_name_or_path={tmp_path / 'model'}",
@@ -84,9 +90,13 @@ EVAL_AND_SAVE = (
 )
 
 
-def test_megatron_tp2_async_run_evaluates_checkpoints_and_resumes(tmp_path: Path) -> None:
+def test_megatron_tp2_async_run_evaluates_checkpoints_and_resumes(
+    tmp_path: Path, policy_models: PolicyModels
+) -> None:
     save = tmp_path / "save"
-    run_dir = _run(tmp_path, "grpo_tiny_megatron", *EVAL_AND_SAVE, f"actor_config.save={save}")
+    run_dir = _run(
+        tmp_path, "grpo_tiny_megatron", *EVAL_AND_SAVE, f"actor_config.save={save}", models=policy_models
+    )
     _check_run(run_dir, {"tp": 2, "pp": 1, "ep": 1, "dp": 1})
     # Periodic evaluation: one row, at iteration index 1, decoded by a rollout actor that had
     # reloaded that step's snapshot (v2), not by a trainer rank.
@@ -112,8 +122,8 @@ def test_megatron_tp2_async_run_evaluates_checkpoints_and_resumes(tmp_path: Path
     assert summary["training_layout"] == {"tp": 2, "pp": 1, "ep": 1, "dp": 1}
 
 
-def test_megatron_tp2_hybrid_run_pushes_gathered_weights(tmp_path: Path) -> None:
-    run_dir = _run(tmp_path, "grpo_tiny_megatron", "rl_config.pipeline=hybrid")
+def test_megatron_tp2_hybrid_run_pushes_gathered_weights(tmp_path: Path, policy_models: PolicyModels) -> None:
+    run_dir = _run(tmp_path, "grpo_tiny_megatron", "rl_config.pipeline=hybrid", models=policy_models)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["pipeline"] == "hybrid"
     assert summary["training_layout"] == {"tp": 2, "pp": 1, "ep": 1, "dp": 1}
@@ -128,7 +138,7 @@ def test_megatron_tp2_hybrid_run_pushes_gathered_weights(tmp_path: Path) -> None
     ids=["one-tp2-engine-full-offload", "two-tp1-engines"],
 )
 def test_megatron_tp2_colocated_hybrid_pushes_in_process(
-    tmp_path: Path, infer_tp: int, engines: int, offload: str
+    tmp_path: Path, policy_models: PolicyModels, infer_tp: int, engines: int, offload: str
 ) -> None:
     """``rl_config.colocate`` on CPU: each trainer rank's process hosts its engine rank (vLLM's
     external launcher over the rank group), weights streamed rank to rank; after every push the
@@ -140,7 +150,9 @@ def test_megatron_tp2_colocated_hybrid_pushes_in_process(
         "rl_config.entropy_coeff=0.01",  # every step moves the weights, whatever the rewards
         *(f"generate_config.offload_train_{part}={offload}" for part in ("optimizer", "grad", "param")),
     )  # fmt: skip
-    run_dir = _run(tmp_path, "grpo_tiny_megatron", *keys, f"actor_config.save={tmp_path / 'save'}")
+    run_dir = _run(
+        tmp_path, "grpo_tiny_megatron", *keys, f"actor_config.save={tmp_path / 'save'}", models=policy_models
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["colocated_engines"] == {"engines": engines, "tp": infer_tp}
     assert summary["prompts_consumed_total"] == summary["prompts_consumed_unique_total"] == 12
@@ -162,5 +174,7 @@ def test_megatron_tp2_colocated_hybrid_pushes_in_process(
     assert json.loads((resumed / "summary.json").read_text())["prompts_consumed_unique_total"] == 12
 
 
-def test_megatron_moe_ep2_async_run(tmp_path: Path) -> None:
-    _check_run(_run(tmp_path, "grpo_tiny_megatron_moe"), {"tp": 1, "pp": 1, "ep": 2, "dp": 2})
+def test_megatron_moe_ep2_async_run(tmp_path: Path, policy_models: PolicyModels) -> None:
+    _check_run(
+        _run(tmp_path, "grpo_tiny_megatron_moe", models=policy_models), {"tp": 1, "pp": 1, "ep": 2, "dp": 2}
+    )

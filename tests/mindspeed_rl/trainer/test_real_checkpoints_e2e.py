@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.models import PolicyModels
+
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 MODELS = ("tiny_qwen3_tied", "tiny_qwen3_moe", "tiny_qwen25")
@@ -95,7 +97,12 @@ TINY = (
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_async_run_refreshes_real_checkpoint_layouts(tmp_path: Path, name: str) -> None:
+def test_async_run_refreshes_real_checkpoint_layouts(
+    tmp_path: Path, policy_models: PolicyModels, name: str
+) -> None:
+    policy_models.provide(
+        tmp_path / "model", "grpo_tiny_asp", (f"model={name}", f"megatron_training.model={name}", *TINY)
+    )
     runs = tmp_path / "runs"
     cmd = [
         sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_asp",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.runtime.records import ScheduledMinibatch
@@ -26,14 +28,26 @@ def _run(tmp_path: Path, resumed: ckpt.ResumePoint | None) -> startup.RunStart:
     )  # fmt: skip
 
 
-def test_the_checkpointer_follows_the_plan_and_logs_consumed_prompts_into_the_run_dir(tmp_path: Path) -> None:
+def test_the_checkpointer_follows_the_plan_and_logs_consumed_prompts_into_the_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = _run(tmp_path, None)
-    saver = startup.checkpointer(run, SCHEDULE, extra_files=(tmp_path / "x.json",), commit_delay_s=0.5)
+    saver = startup.checkpointer(run, SCHEDULE, extra_files=(tmp_path / "x.json",), hold_iteration=4)
     assert saver.spec == run.plan.checkpoint and saver.fingerprint == ckpt.run_fingerprint(run.plan)
-    assert (saver.extra_files, saver.commit_delay_s) == ((tmp_path / "x.json",), 0.5)
+    assert (saver.extra_files, saver.hold_iteration) == ((tmp_path / "x.json",), 4)
     assert saver.lineage.schedule == SCHEDULE and saver.lineage.start_iteration == 0
     saver.lineage.record(0, ("a", "b"))
     assert (tmp_path / ckpt.CONSUMED_LOG).is_file()
+    # The held checkpoint is the one after 4 iterations (index 3), no other (save_interval 2).
+    holds: list[tuple[int, object]] = []
+    monkeypatch.setattr(
+        ckpt,
+        "write_checkpoint",
+        lambda root, state, **kw: holds.append((state.iteration, kw["before_commit"])),
+    )
+    for index in range(6):
+        saver.maybe_save(index, trainer=None)
+    assert holds == [(2, None), (4, ckpt.hold_before_commit), (6, None)]
     assert run.rollout_path == "/policy"
 
 

@@ -17,8 +17,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support.models import PolicyModels
 
 
 def _child_env() -> dict[str, str]:
@@ -63,9 +66,8 @@ def _run_watching_descendants(cmd: list[str], cwd: Path, timeout_s: float) -> tu
     return proc.wait(), log.read_text(), seen
 
 
-def test_tp2_actor_runs_in_the_async_pipeline(tmp_path: Path) -> None:
-    import psutil
-
+def test_tp2_actor_runs_in_the_async_pipeline(tmp_path: Path, policy_models: PolicyModels) -> None:
+    policy_models.provide(tmp_path / "model", "grpo_tiny_tp2", SMALL)
     runs = tmp_path / "runs"
     cmd = [
         sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_tp2",
@@ -81,10 +83,36 @@ def test_tp2_actor_runs_in_the_async_pipeline(tmp_path: Path) -> None:
     assert summary["prompts_scheduled"] == summary["prompts_consumed"] == 12
     # The engine's TP workers were processes of their own (vLLM names them in its log lines).
     assert "Worker_TP1" in output, output[-2000:]
-    time.sleep(2.0)  # Ray's own teardown of its workers may lag the driver's exit slightly
-    alive = [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    described = [" ".join(psutil.Process(p).cmdline())[:120] for p in alive]
+    alive = _survivors(seen)
+    described = [" ".join(p.cmdline())[:120] for p in alive]
     assert not alive, f"processes outlived the run: {described}"
+
+
+def _survivors(pids: set[int], grace_s: float = 60.0) -> list[Any]:
+    """The processes of ``pids`` still running once each has exited or ``grace_s`` has passed.
+
+    Ray's teardown of its workers may lag the driver's exit: wait for each process to go (not a
+    fixed sleep), a zombie counting as gone (it has exited; only its parent has not reaped it)."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = []
+        for proc in procs:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.NoSuchProcess:
+                continue
+        if not alive or time.monotonic() > deadline:
+            return alive
+        psutil.wait_procs(alive, timeout=0.5)
 
 
 DRIVER = """

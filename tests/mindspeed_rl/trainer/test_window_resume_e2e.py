@@ -3,7 +3,9 @@ the resumed run skips it in the source, re-issues what was drawn but not consume
 and the lineage consumes every prompt of the run exactly once (the real CLI, Ray and HF actors).
 
 Reuses the offline resume test's tiny run (``test_resume_e2e``) with ``asp_config.window=2`` and
-online ASP on (so each chunk is also re-planned from the run's lengths)."""
+online ASP on (so each chunk is also re-planned from the run's lengths), and its deterministic
+kill: the checkpoint after iteration 4 is held before its commit, so the run is killed after 3
+iterations with the checkpoint after iteration 2 the newest complete one."""
 
 from __future__ import annotations
 
@@ -16,23 +18,26 @@ import pytest
 import test_resume_e2e as base
 
 from mindspeed_rl.trainer import checkpointing as ckpt
+from tests.support.models import PolicyModels
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_a_windowed_run_killed_then_resumed_draws_the_rest_of_its_stream_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy_models: PolicyModels
 ) -> None:
     monkeypatch.setattr(base, "TINY", (*base.TINY, "++asp_config.window=2", "++asp_config.online=true"))
+    policy_models.provide(tmp_path / "model", "grpo_tiny_asp", base.TINY)
     save = tmp_path / "save"
     ray_dir = tempfile.mkdtemp(prefix="rk", dir="/tmp")
     base._run_then_kill(
         tmp_path,
-        lambda: ckpt.find_latest(save) is not None and base._num_iterations_done(tmp_path / "runs") >= 3,
+        lambda run_dir, _: ckpt.find_latest(save) is not None and base._iterations_done(run_dir) >= 3,
         ray_dir,
+        **base.HOLD,
     )
     resumed = ckpt.load_resume_point(save, base._saved_fingerprint(save))
-    assert resumed.iteration in (2, 4)
+    assert resumed.iteration == 2
     drawn = [p for mb in resumed.schedule for p in mb.prompt_ids]
     total = base.TRAIN_ITERS * base.PROMPTS_PER_ITER
     # Only the window was drawn: whole global batches, fewer than the run's, past the consumed ones.

@@ -1,0 +1,15 @@
+"""End-to-end runs shared by several test files of this folder (``tests/support/shared_runs.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import shared_runs
+from tests.support.models import PolicyModels
+
+
+@pytest.fixture(scope="session")
+def hybrid_run(
+    tmp_path_factory: pytest.TempPathFactory, policy_models: PolicyModels
+) -> shared_runs.HybridRun:
+    return shared_runs.hybrid_run(tmp_path_factory.mktemp("hybrid"), policy_models)
