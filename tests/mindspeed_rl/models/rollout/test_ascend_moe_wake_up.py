@@ -32,7 +32,11 @@ from mindspeed_rl.models.rollout.ascend_moe_layout import (
     restore_worker_kernel_layout,
     rule_for,
 )
-from mindspeed_rl.models.rollout.vllm_reload import RECORDED_RUNNER_RELOAD, parameters_of, reload_through_model_runner
+from mindspeed_rl.models.rollout.vllm_reload import (
+    RECORDED_RUNNER_RELOAD,
+    parameters_of,
+    reload_through_model_runner,
+)
 
 EXPERTS = 3
 
@@ -63,7 +67,10 @@ class Experts(torch.nn.Module):
     def __init__(self, hidden: int, width: int) -> None:
         super().__init__()
         self.quant_method = KernelLayoutMethod()
-        for name, shape in (("w13_weight", (EXPERTS, 2 * width, hidden)), ("w2_weight", (EXPERTS, hidden, width))):
+        for name, shape in (
+            ("w13_weight", (EXPERTS, 2 * width, hidden)),
+            ("w2_weight", (EXPERTS, hidden, width)),
+        ):
             param = torch.nn.Parameter(torch.zeros(shape), requires_grad=False)
             param.weight_loader = _load_whole  # type: ignore[attr-defined]
             self.register_parameter(name, param)
@@ -192,7 +199,9 @@ def test_without_a_wake_up_the_restore_changes_nothing() -> None:
     assert dict(_experts(worker).named_parameters()) == before
     new = _weights(8, 4, seed=3)
     reload_through_model_runner(worker, weights_iterator=new.items())
-    torch.testing.assert_close(_experts(worker).w13_weight.data, new["layers.0.experts.w13_weight"].transpose(1, 2))
+    torch.testing.assert_close(
+        _experts(worker).w13_weight.data, new["layers.0.experts.w13_weight"].transpose(1, 2)
+    )
 
 
 def test_a_quantized_model_is_left_alone() -> None:

@@ -74,7 +74,8 @@ class AscendWorker:
         self.model_runner = runner
         # What the MoE layout restore reads (wake_up's own condition and hidden size).
         self.vllm_config = types.SimpleNamespace(
-            quant_config=None, model_config=types.SimpleNamespace(hf_text_config=types.SimpleNamespace(hidden_size=4))
+            quant_config=None,
+            model_config=types.SimpleNamespace(hf_text_config=types.SimpleNamespace(hidden_size=4)),
         )
         # Not a real accelerator, but distinct from the default device, so entering it shows.
         self.device = torch.device("meta")
