@@ -226,11 +226,15 @@ def _buffer_tensors(model: Any, parts: Sequence[OffloadPart]) -> list[tuple[Any,
 
 def _shares_storage(buffer: Any) -> bool:
     """megatron 0.19.2 can alias the grad buffer with the param buffer (an MXFP8 option): freeing
-    one would free the other, so such a buffer is left where it is."""
+    one would free the other, so such a buffer is left where it is. Only allocated memory is
+    compared: two freed storages both point nowhere, and taking that for sharing kept the
+    distributed optimizer's gradient buffer freed after an onload (``onload_buffers`` restores
+    what ``offload_buffers`` recorded, nothing else)."""
     param_data = getattr(buffer, "param_data", None)
-    return param_data is not None and (
-        param_data.untyped_storage().data_ptr() == buffer.grad_data.untyped_storage().data_ptr()
-    )
+    if param_data is None:
+        return False
+    param, grad = param_data.untyped_storage(), buffer.grad_data.untyped_storage()
+    return param.nbytes() > 0 and grad.nbytes() > 0 and param.data_ptr() == grad.data_ptr()
 
 
 def offload_buffers(model: Any, parts: Sequence[OffloadPart]) -> None:
