@@ -30,11 +30,12 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.config_cls.notes import batch_notes
 from mindspeed_rl.plan.build import RunPlan, build_run_plan
-from mindspeed_rl.plan.memory_section import placed_memory
+from mindspeed_rl.plan.memory_section import colocated_memory, device_memory, placed_memory
 from mindspeed_rl.utils.placement import ClusterSpec
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -95,16 +96,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key in plan.inert_keys:
             print(key)
         return 0
+    colocated = colocated_start(plan, args.device_memory_gb)
     if placement is not None:
         placed = placement.to_dict()
         if plan.memory is not None:
-            memory = placed_memory(plan.memory, placement, args.device_memory_gb)
+            memory = placed_memory(plan.memory, placement, args.device_memory_gb, plan.offload)
             placed["memory_gb"] = memory
             if memory["problem"] is not None:
                 print(json.dumps(placed, indent=2))
                 print(f"error: device memory: {memory['problem']}", file=sys.stderr)
                 return 2
         print(json.dumps(placed, indent=2))
+    elif colocated is not None and colocated["problem"] is not None:
+        print(f"error: device memory: {colocated['problem']}", file=sys.stderr)
+        return 2
     else:
         print(json.dumps(config.to_dict(), indent=2))
     for note in batch_notes(config):
@@ -114,6 +119,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key in plan.inert_keys:
             print(f"  {key}", file=sys.stderr)
     return 0
+
+
+def colocated_start(plan: RunPlan, device_memory_gb: float | None) -> dict[str, Any] | None:
+    """A colocated hybrid's start-up memory (``plan.memory_section.colocated_memory``), printed on
+    stderr; None (and a note saying why) where there is none to plan."""
+    if plan.offload is None:
+        return None  # trainer and rollout never share a device
+    kind = plan.placement.device_kind
+    if kind is None or plan.memory is None:
+        why = "a CPU host has no device memory" if kind is None else "the YAML's model: gives no shape"
+        print(f"note: colocated start-up memory not planned: {why}", file=sys.stderr)
+        return None
+    memory = device_memory(kind, device_memory_gb)
+    start = colocated_memory(plan.memory, plan.offload, memory)
+    print(
+        f"colocated start-up ({kind}, {memory:g} GB): the trainer keeps {start['resident_at_engine_start']:g} GB "
+        f"on its device when the rollout engine starts, {start['allowed']:g} GB allowed "
+        f"((1 - gpu_memory_utilization {plan.memory.rollout.gpu_memory_utilization:g}) x {memory:g} GB); "
+        f"each push peaks at {start['push_peak']:g} GB (pipeline stage {start['pipeline_stage']})",
+        file=sys.stderr,
+    )
+    return start
 
 
 def placement_dry_run(plan: RunPlan, fake: ClusterSpec | None) -> int:

@@ -34,9 +34,9 @@ micro-batches in flight.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 GB = 1e9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -322,6 +322,81 @@ def rollout_shortfall(spec: RolloutMemorySpec, estimate: MemoryEstimate) -> str 
     return None
 
 
+# The trainer terms each ``offload_train_*`` part moves to host (``workers/colocation.py``).
+OFFLOADED_TERMS = {"param": "parameters", "grad": "gradients", "optimizer": "optimizer_state"}
+# What stays on the device whatever is offloaded: the reference (never offloaded) and the
+# process's runtime context and communicators.
+ALWAYS_RESIDENT = ("reference",)
+# The runtime context and communicator buffers a trainer process holds when its engine starts: an
+# estimate, not a measurement. It is smaller than TRAINER_HEADROOM_GB, which also covers allocator
+# slack at the training peak: the offload empties the allocator's cache before the engine starts.
+# 3.0 GB here would refuse upstream's own integrated GRPO system test (gpu_memory_utilization 0.9 on
+# a 64 GB device with everything but the reference offloaded: 3.8 + 3.0 > 6.4 GB), a config
+# upstream runs on its hardware; 1.5 GB accepts it.
+START_CONTEXT_GB = 1.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ColocatedStart:
+    """One colocated trainer rank's device memory along the sequence ``workers/colocation.py``
+    performs: the trainer is built, its ``offload_train_*`` parts leave, then the rollout engine
+    starts; vLLM (and vllm-ascend) refuse to start unless ``gpu_memory_utilization`` x device
+    memory is free, so what the trainer keeps must fit in the rest (``allowed``). Every later
+    generate phase holds the same parts, so ``resident`` counts the optimizer state in full (at
+    the very start only the fp32 masters exist; the moments come with the first step). Each push
+    of new weights then wakes the engine's weights while the parameters are still on the device
+    (``push_peak``, against the whole device)."""
+
+    resident: Mapping[str, float]
+    allowed: float
+    push_peak: float
+    device: float
+
+    @property
+    def total(self) -> float:
+        return sum(self.resident.values())
+
+    def starts(self) -> bool:
+        return self.total <= self.allowed
+
+    def pushes(self) -> bool:
+        return self.push_peak <= self.device
+
+    def as_gb(self) -> dict[str, Any]:
+        return {
+            "resident_at_engine_start": round(self.total / GB, 2),
+            **{k: round(v / GB, 2) for k, v in self.resident.items()},
+            "allowed": round(self.allowed / GB, 2),
+            "push_peak": round(self.push_peak / GB, 2),
+            "device": round(self.device / GB, 2),
+        }
+
+
+def colocated_start(
+    trainer: MemoryEstimate,
+    rollout: MemoryEstimate,
+    offloaded: Collection[str],
+    *,
+    gpu_memory_utilization: float,
+    device_memory_gb: float,
+) -> ColocatedStart:
+    """``trainer`` (``trainer_memory``) and ``rollout`` (``rollout_memory``) of one rank, with
+    ``offloaded`` the ``offload_train_*`` parts ("param", "grad", "optimizer") that are on."""
+    gone = {OFFLOADED_TERMS[part] for part in offloaded}
+    kept = [*(t for t in OFFLOADED_TERMS.values() if t not in gone), *ALWAYS_RESIDENT]
+    resident = {term: trainer.terms[term] for term in kept}
+    resident["runtime_context"] = START_CONTEXT_GB * GB
+    device = device_memory_gb * GB
+    # During the push the parameters are still on the device (offloaded after it, if at all).
+    params_during_push = trainer.terms["parameters"] if "parameters" in gone else 0.0
+    return ColocatedStart(
+        resident=resident,
+        allowed=(1.0 - gpu_memory_utilization) * device,
+        push_peak=sum(resident.values()) + params_during_push + rollout.terms["weights"],
+        device=device,
+    )
+
+
 # The key that shrinks each trainer term the most, for the error message.
 SHRINK_HINTS = {
     "parameters": "raise actor_config.tensor_model_parallel_size / pipeline_model_parallel_size "
@@ -332,4 +407,5 @@ SHRINK_HINTS = {
     "activations": "set actor_config.recompute_granularity: full (and sequence_parallel: true at TP > 1), "
     "or lower micro_batch_size / seq_length",
     "headroom": "use a device with more memory",
+    "runtime_context": "use a device with more memory",
 }

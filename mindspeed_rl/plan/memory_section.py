@@ -3,18 +3,24 @@ per-rank / per-actor estimate of a placed plan (``check_config --cluster``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.contracts import TrainerSpec
+from mindspeed_rl.contracts import OffloadSpec, TrainerSpec
 from mindspeed_rl.plan import pipeline
 from mindspeed_rl.plan.memory import (
     DEFAULT_DEVICE_MEMORY_GB,
+    GB,
+    OFFLOADED_TERMS,
     SHRINK_HINTS,
+    ColocatedStart,
     MemoryEstimate,
     ModelShape,
     RolloutMemorySpec,
     TrainerMemorySpec,
+    colocated_start,
     rollout_memory,
     rollout_shortfall,
     trainer_memory,
@@ -93,11 +99,21 @@ def memory_plan(
     )
 
 
-def placed_memory(plan: MemoryPlan, placement: Placement, device_memory_gb: float | None) -> dict[str, Any]:
+def device_memory(kind: str | None, device_memory_gb: float | None) -> float:
+    """GB of one device: the given figure, else the default of ``kind``; 0 on a CPU-only run."""
+    return device_memory_gb or (DEFAULT_DEVICE_MEMORY_GB.get(kind, 0.0) if kind else 0.0)
+
+
+def placed_memory(
+    plan: MemoryPlan,
+    placement: Placement,
+    device_memory_gb: float | None,
+    offload: OffloadSpec | None = None,
+) -> dict[str, Any]:
     """``memory_gb`` for every trainer rank and rollout actor of ``placement``, and the first
-    one that does not fit its device (as an error message), if any."""
-    kind = placement.request.device_kind
-    memory = device_memory_gb or (DEFAULT_DEVICE_MEMORY_GB.get(kind, 0.0) if kind else 0.0)
+    one that does not fit its device (as an error message), if any. ``offload``: a colocated
+    hybrid's switches; its start-up sequence is then checked too (:func:`colocated_memory`)."""
+    memory = device_memory(placement.request.device_kind, device_memory_gb)
     ranks_per_stage = max(1, plan.trainer.world_size // plan.trainer.pp)
     trainer = [
         trainer_memory(plan.trainer, memory, pp_rank=s.index // ranks_per_stage)
@@ -107,12 +123,92 @@ def placed_memory(plan: MemoryPlan, placement: Placement, device_memory_gb: floa
     problem = None
     if memory > 0:
         problem = _first_problem(trainer, plan, rollout, memory)
-    return {
+    out: dict[str, Any] = {
         "device_memory_gb": memory,
         "trainer_ranks": [e.as_gb() for e in trainer],
         "generation_actors": [e.as_gb() for e in rollout],
-        "problem": problem,
     }
+    if offload is not None and memory > 0:
+        start = colocated_memory(plan, offload, memory)
+        out["colocated_start"] = start
+        problem = problem or start["problem"]
+    return {**out, "problem": problem}
+
+
+def colocated_memory(plan: MemoryPlan, offload: OffloadSpec, memory_gb: float) -> dict[str, Any]:
+    """The colocated start-up sequence (``plan.memory.ColocatedStart``) of the rank that keeps the
+    most on its device (ranks differ only by pipeline stage), in GB, and the first reason a rank
+    would not start or push (``problem``), naming the keys to change."""
+    rollout = rollout_memory(plan.rollout, memory_gb)
+    utilization = plan.rollout.gpu_memory_utilization
+    starts = [
+        colocated_start(
+            trainer_memory(plan.trainer, memory_gb, pp_rank=stage),
+            rollout,
+            offload.all_parts(),
+            gpu_memory_utilization=utilization,
+            device_memory_gb=memory_gb,
+        )
+        for stage in range(plan.trainer.pp)
+    ]
+    worst = max(range(len(starts)), key=lambda stage: starts[stage].total)
+    problem = next(
+        (
+            why
+            for stage, start in enumerate(starts)
+            if (why := _start_problem(plan, stage, start)) is not None
+        ),
+        None,
+    )
+    return {"pipeline_stage": worst, **starts[worst].as_gb(), "problem": problem}
+
+
+def _start_problem(plan: MemoryPlan, stage: int, start: ColocatedStart) -> str | None:
+    device_gb = start.device / GB
+    if not start.starts():
+        utilization = plan.rollout.gpu_memory_utilization
+        kept = ", ".join(f"{term} {size / GB:.1f} GB" for term, size in start.resident.items())
+        return (
+            f"colocated start-up: a trainer rank at pipeline stage {stage} keeps {start.total / GB:.1f} GB on "
+            f"its {device_gb:g} GB device when its rollout engine starts ({kept}), more than the "
+            f"{start.allowed / GB:.1f} GB vLLM leaves it: (1 - generate_config.gpu_memory_utilization "
+            f"{utilization:g}) x {device_gb:g} GB; " + "; or ".join(_start_fixes(plan, start))
+        )
+    if not start.pushes():
+        return (
+            f"colocated push: a trainer rank at pipeline stage {stage} peaks at {start.push_peak / GB:.1f} GB of "
+            f"its {device_gb:g} GB device while it pushes new weights (it keeps {start.total / GB:.1f} GB, its "
+            "parameters are still on the device and the engine's weights are awake); raise "
+            "generate_config.infer_tensor_parallel_size (smaller engine weights) or the trainer's "
+            "model-parallel sizes"
+        )
+    return None
+
+
+def _start_fixes(plan: MemoryPlan, start: ColocatedStart) -> list[str]:
+    """The keys that make ``start`` fit, each with its number."""
+    fixes = []
+    device_gb = start.device / GB
+    highest = math.floor((1.0 - start.total / start.device) * 100) / 100
+    if highest > 0:
+        lowered = dataclasses.replace(plan.rollout, gpu_memory_utilization=highest)
+        why = rollout_shortfall(lowered, rollout_memory(lowered, device_gb))
+        fixes.append(
+            f"lower generate_config.gpu_memory_utilization to {highest:.2f} or less"
+            + ("" if why is None else f" (but there {why}: also lower max_model_len or raise the engine TP)")
+        )
+    inverse = {term: part for part, term in OFFLOADED_TERMS.items()}
+    fixes += [
+        f"set generate_config.offload_train_{inverse[term]}: true (frees {start.resident[term] / GB:.1f} GB)"
+        for term in start.resident
+        if term in inverse and start.resident[term] > 0
+    ]
+    if start.resident.get("reference", 0.0) > 0:
+        fixes.append(
+            f"raise the trainer's model-parallel sizes (the reference, {start.resident['reference'] / GB:.1f} GB, "
+            "is sharded like the policy and stays on the device)"
+        )
+    return fixes
 
 
 def _first_problem(

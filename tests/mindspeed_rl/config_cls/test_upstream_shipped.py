@@ -25,7 +25,6 @@ RUNS = {
     "dapo_qwen25_32b_A3": (CONFIGS, "1x16"),
     "dapo_qwen3_32b_A3": (CONFIGS, "1x16"),
     "dapo_qwen3_30b_a3b_A3": (CONFIGS, "1x16"),  # moe_tp_extend_ep: experts over TP x EP
-    "grpo_qwen3_235b_a22b_A2": (CONFIGS, "16x8"),  # noop_layers 5,95: 94 layers at PP16
     "test_grpo_trainer_qwen25_7b_integrated": (ST, "1x8"),  # mini_batch_size 64 > 4 prompts
     "test_dapo_trainer_qwen25_7b_integrated": (ST, "1x8"),  # 2 kept prompts per iteration of 8
 }
@@ -46,6 +45,19 @@ REFUSED = {
 }
 
 
+# recipe -> phrases of check_config's colocated start-up refusal (issue #39 defect 5): the keys load
+# (noop_layers 5,95 builds 94 layers at PP16), but with offload_train_optimizer: false the trainer
+# keeps its optimizer state on the device when vLLM starts, above what gpu_memory_utilization 0.85
+# leaves it. Upstream ships it so; whether its own vllm-ascend checked free memory is not known here.
+REFUSED_AT_START = {
+    "grpo_qwen3_235b_a22b_A2": [
+        "colocated start-up",
+        "(1 - generate_config.gpu_memory_utilization 0.85) x 64 GB",
+        "set generate_config.offload_train_optimizer: true",
+    ],
+}
+
+
 # recipe -> (cluster, what --cluster's memory check names): accepted, placed, but over its device.
 OVER_MEMORY = {
     # num_layer_list 16,17,16,15 at TP4 PP4 DP1: stage 0 holds 16 layers and 4 micro-batches in
@@ -62,7 +74,7 @@ def _check(capsys: pytest.CaptureFixture[str], folder: Path, name: str, *args: s
 
 def test_every_shipped_recipe_is_exercised() -> None:
     shipped = {p.stem for p in CONFIGS.glob("*.yaml")} | {p.stem for p in ST.glob("*.yaml")}
-    assert shipped == set(RUNS) | set(REFUSED) | set(OVER_MEMORY)
+    assert shipped == set(RUNS) | set(REFUSED) | set(REFUSED_AT_START) | set(OVER_MEMORY)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
@@ -88,6 +100,18 @@ def test_shipped_recipe_refused_names_the_feature(capsys: pytest.CaptureFixture[
     for phrase in REFUSED[name]:
         assert phrase in err, err
     assert "unknown key" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_AT_START))
+def test_shipped_recipe_that_would_not_start_its_engines_is_refused_naming_the_key(
+    capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    code, out, err = _check(capsys, CONFIGS, name)
+    assert code == 2 and "unknown key" not in err and "Traceback" not in err
+    for phrase in REFUSED_AT_START[name]:
+        assert phrase in err, err
+    fixed = _check(capsys, CONFIGS, name, "generate_config.offload_train_optimizer=true")
+    assert fixed[0] == 0, fixed[2]
 
 
 def test_moe_tp_extend_ep_spreads_whole_experts_over_tp_x_ep() -> None:

@@ -11,10 +11,12 @@ import pytest
 
 from mindspeed_rl.plan.memory import (
     GB,
+    START_CONTEXT_GB,
     ModelShape,
     RolloutMemorySpec,
     TrainerMemorySpec,
     activation_bytes,
+    colocated_start,
     rank_parameters,
     rollout_memory,
     rollout_shortfall,
@@ -143,6 +145,43 @@ def test_byte_terms_follow_dtypes_and_sharding() -> None:
     # over expert-DP (world / EP / PP = 2).
     sharded = trainer_memory(dataclasses.replace(spec, distributed_optimizer=True), 64).terms
     assert sharded["optimizer_state"] == pytest.approx(12 * (n.dense / 4 + n.expert / 2))
+
+
+def test_colocated_start_up_counts_what_the_trainer_keeps_when_the_engine_starts() -> None:
+    """The sequence of ``workers/colocation.py``: trainer built, offload_train_* parts gone,
+    engine started (vLLM wants gpu_memory_utilization x device free), then each push."""
+    spec = _trainer_spec()
+    n = rank_parameters(spec.shape, tp=1, pp=1, ep=2, pp_rank=0, divisible_by=8).total
+    trainer = trainer_memory(spec, 2.0)
+    rollout_spec = RolloutMemorySpec(
+        shape=spec.shape, tp=1, dtype="bfloat16", gpu_memory_utilization=0.75,
+        max_model_len=256, max_num_seqs=8, max_num_batched_tokens=512,
+    )  # fmt: skip
+    rollout = rollout_memory(rollout_spec, 2.0)
+    everything = colocated_start(
+        trainer, rollout, ("param", "grad", "optimizer"), gpu_memory_utilization=0.75, device_memory_gb=2.0
+    )
+    # Only the reference (bf16 copy of the policy) and the runtime stay; activations are freed.
+    assert everything.resident == {"reference": 2 * n, "runtime_context": START_CONTEXT_GB * GB}
+    assert everything.allowed == pytest.approx(0.25 * 2.0 * GB)
+    # The push: the parameters are still on the device, and the engine's weights are awake.
+    assert everything.push_peak == pytest.approx(
+        2 * n + START_CONTEXT_GB * GB + 2 * n + rollout.terms["weights"]
+    )
+    nothing = colocated_start(trainer, rollout, (), gpu_memory_utilization=0.75, device_memory_gb=2.0)
+    assert nothing.total == pytest.approx((2 + 2 + 12 + 2) * n + START_CONTEXT_GB * GB)
+    assert nothing.push_peak == pytest.approx(nothing.total + rollout.terms["weights"])
+    only_grads = colocated_start(
+        trainer, rollout, ("grad",), gpu_memory_utilization=0.75, device_memory_gb=2.0
+    )
+    assert set(only_grads.resident) == {"parameters", "optimizer_state", "reference", "runtime_context"}
+    # 1.5 GB of runtime context alone exceeds a quarter of a 2 GB device; a 64 GB one leaves 16.
+    assert not everything.starts() and everything.pushes() is (everything.push_peak <= 2.0 * GB)
+    roomy = colocated_start(
+        trainer_memory(spec, 64), rollout_memory(rollout_spec, 64), ("param", "grad", "optimizer"),
+        gpu_memory_utilization=0.75, device_memory_gb=64,
+    )  # fmt: skip
+    assert roomy.starts() and roomy.pushes() and roomy.allowed == pytest.approx(16 * GB)
 
 
 def test_recompute_flash_and_sequence_parallel_shrink_activations() -> None:

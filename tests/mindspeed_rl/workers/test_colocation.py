@@ -228,3 +228,153 @@ def test_the_real_colocated_worker_builds_on_cpu_without_sleep_mode_and_asks_for
     assert kwargs["enable_sleep_mode"] is True
     assert kwargs["distributed_executor_backend"] == "mp"  # the actor's own devices, never Ray's executor
     assert kwargs["tensor_parallel_size"] == 2
+
+
+def test_a_call_outside_a_step_gets_the_training_state_and_hands_the_devices_back() -> None:
+    """A checkpoint save or load, or the HF export, in GENERATE: the offloaded parts are freed
+    memory or host copies, so the engine sleeps and they come back first; then the same hand-over
+    as a refresh, at the same version (a level-2 sleep dropped the engine's weights)."""
+    phases, log = _machine(OffloadSpec(optimizer=True, grad=True, param=True))
+    phases.to_train()
+    phases.to_generate(3)
+    log.actions.clear()
+    with phases.train_state():
+        log.actions.append(("save", None))
+    assert log.actions == [
+        ("sleep", 2),
+        ("onload", ("param", "optimizer", "grad")),
+        ("save", None),
+        ("offload", ("optimizer", "grad")),
+        ("wake_up", ("weights",)),
+        ("weights", None),
+        ("load_weights", 3),
+        ("offload", ("param",)),
+        ("wake_up", ("kv_cache",)),
+    ]
+    assert (phases.phase, phases.version) == (Phase.GENERATE, 3)
+
+
+def test_outside_a_step_an_engine_that_never_sleeps_keeps_its_weights() -> None:
+    log = _Recorder()
+    phases = ColocatedPhases(
+        _FakeTrainer(log), _FakeRollout(log), OffloadSpec(optimizer=True, param=True), sleep_level=None
+    )
+    with phases.train_state():
+        log.actions.append(("save", None))
+    assert log.actions == [
+        ("onload", ("param", "optimizer")),
+        ("save", None),
+        ("offload", ("optimizer",)),
+        ("offload", ("param",)),
+    ]
+
+
+def test_in_the_train_phase_the_state_is_already_there() -> None:
+    phases, log = _machine(OffloadSpec(optimizer=True))
+    phases.to_train()
+    log.actions.clear()
+    with phases.train_state():
+        log.actions.append(("save", None))
+    assert log.actions == [("save", None)] and phases.phase is Phase.TRAIN
+
+
+def test_a_scalar_step_stays_where_torch_keeps_it() -> None:
+    """torch's non-capturable Adam keeps ``step`` on the host on purpose; an onload that moved it
+    to the device would make every step synchronise. (float64 stands in for a second device.)"""
+    from mindspeed_rl.workers.colocation import offload_train_state, onload_train_state
+
+    model, optimizer = _trained_model()
+    offload_train_state(model, optimizer, ("optimizer",))
+    onload_train_state(model, optimizer, ("optimizer",), torch.float64)
+    states = [v for st in optimizer.state.values() for v in st.values()]
+    assert {v.dtype for v in states if v.dim() > 0} == {torch.float64}
+    assert {(v.dtype, v.device.type) for v in states if v.dim() == 0} == {(torch.float32, "cpu")}
+
+
+class _StartLog:
+    """Records the order a colocated worker builds its halves and offloads."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def trainer_class(self) -> type:
+        log = self
+
+        class Trainer(_FakeTrainer):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(_Recorder())
+                log.events.append(("trainer built", None))
+
+            def offload(self, parts: Sequence[OffloadPart]) -> None:
+                log.events.append(("offload", tuple(parts)))
+
+        return Trainer
+
+    def actor_class(self) -> type:
+        log = self
+
+        class Actor(_FakeRollout):
+            def __init__(self, spec: Any, *args: Any, **kwargs: Any) -> None:
+                super().__init__(_Recorder())
+                log.events.append(("engine built", spec.engine_keys["enable_sleep_mode"]))
+
+        return Actor
+
+
+@pytest.fixture
+def start_log(monkeypatch: pytest.MonkeyPatch) -> _StartLog:
+    """Stands in for the Training Unit and the vLLM actor (a device engine with sleep mode needs
+    a GPU/NPU): only the order of construction and offload is under test."""
+    from mindspeed_rl.workers import generation_actor, training_unit
+
+    log = _StartLog()
+    monkeypatch.setattr(training_unit, "TrainingUnit", log.trainer_class())
+    monkeypatch.setattr(generation_actor, "GenerationActor", log.actor_class())
+    return log
+
+
+def _device_specs() -> tuple[Any, Any]:
+    import dataclasses
+
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.plan.build import build_run_plan
+
+    configs = Path(__file__).resolve().parents[3] / "configs"
+    plan = build_run_plan(load_config_from_files(configs, "grpo_tiny_cpu", ()))
+    trainer = dataclasses.replace(
+        plan.trainer, engine=dataclasses.replace(plan.trainer.engine, device="cuda")
+    )
+    return trainer, plan.rollout
+
+
+EXPECTED_START = [
+    ("trainer built", None),
+    ("offload", ("param", "optimizer", "grad")),  # every part a generate phase keeps on the host
+    ("engine built", True),  # vLLM checks free memory >= gpu_memory_utilization x total here
+]
+
+
+def test_the_colocated_worker_offloads_the_trainer_before_the_engine_starts(start_log: _StartLog) -> None:
+    from mindspeed_rl.workers.colocation import ColocatedWorker
+
+    trainer, rollout = _device_specs()
+    worker = ColocatedWorker(
+        trainer, rollout, "policy", {}, OffloadSpec(optimizer=True, grad=True, param=True)
+    )
+    assert start_log.events == EXPECTED_START
+    assert worker.phases.phase is Phase.GENERATE
+
+
+def test_each_colocated_rank_offloads_its_trainer_before_its_engine_starts(
+    start_log: _StartLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.distributed as dist
+
+    from mindspeed_rl.workers.colocated_rank import ColocatedRank, EngineGrid
+
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 1)
+    trainer, rollout = _device_specs()
+    offload = OffloadSpec(optimizer=True, grad=True, param=True)
+    ColocatedRank(trainer, rollout, "policy", {}, offload, EngineGrid(engines=1, tp=2))
+    assert start_log.events == EXPECTED_START

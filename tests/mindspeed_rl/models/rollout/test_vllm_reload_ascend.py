@@ -57,6 +57,7 @@ class AscendRunner:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, Any, torch.device]] = []
+        self.model = torch.nn.Linear(4, 4)  # dense: wake_up's MoE swap has nothing to undo
 
     def reload_weights(
         self, weights_iterator: Any = None, weights_path: Any = None, is_checkpoint_format: bool = True
@@ -71,7 +72,11 @@ class AscendWorker:
 
     def __init__(self, runner: Any) -> None:
         self.model_runner = runner
-        self.vllm_config = object()
+        # What the MoE layout restore reads (wake_up's own condition and hidden size).
+        self.vllm_config = types.SimpleNamespace(
+            quant_config=None,
+            model_config=types.SimpleNamespace(hf_text_config=types.SimpleNamespace(hidden_size=4)),
+        )
         # Not a real accelerator, but distinct from the default device, so entering it shows.
         self.device = torch.device("meta")
         self.api_calls: list[str] = []

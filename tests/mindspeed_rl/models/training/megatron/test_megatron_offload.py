@@ -1,6 +1,9 @@
 """The colocated hybrid's offload on megatron's DDP (gloo ranks, a real engine): the contiguous
 gradient buffer every ``main_grad`` views is freed, and under the distributed optimizer the
-parameter buffer every parameter views goes to host and back, the views staying views.
+parameter buffer every parameter views goes to host and back, the views staying views. Then the
+same cycle on the optimizer an accelerator run gets: ``get_megatron_optimizer``'s
+``ChainedOptimizer`` (issue 39, defect 1), built and stepped here through
+``tests/support/megatron_on_cpu.py``.
 
 Offloading moves nothing between devices on this host (the "device" is the CPU), so the tests
 check what an accelerator run depends on: the storage really is freed, every view survives,
@@ -110,6 +113,12 @@ def _worker(rank: int, world: int, ep: int, port: int, model_dir: str, out: str)
         )
         onload_train_state(ddp, optimizer, ("param", "grad"), "cpu")
         report["dist_params_restored"] = all(torch.equal(p, before[id(p)]) for p in params)
+        # Both buffers were freed at once: the gradient buffer must come back too.
+        report["dist_grads_restored"] = all(
+            b.grad_data.untyped_storage().nbytes() == b.grad_data.numel() * b.grad_data.element_size()
+            and not b.grad_data.any()
+            for b in dist_buffers
+        )
         bases = {b.param_data.untyped_storage().data_ptr() for b in dist_buffers}
         report["dist_params_still_views"] = all(p.untyped_storage().data_ptr() in bases for p in params)
         if rank == 0:
@@ -157,6 +166,7 @@ def test_distributed_optimizer_parameters_leave_as_one_buffer_and_return_as_view
 ) -> None:
     assert report["dist_param_bytes_offloaded"] == 0 and report["dist_buffer_bytes_offloaded"] == 0
     assert report["dist_params_restored"], report
+    assert report["dist_grads_restored"]
     assert report["dist_params_still_views"]
 
 
@@ -164,3 +174,120 @@ def test_a_plain_module_has_no_megatron_buffers() -> None:
     from mindspeed_rl.workers.colocation import grad_buffers
 
     assert grad_buffers(torch.nn.Linear(2, 2)) == []
+
+
+# The optimizer get_megatron_optimizer chains for each precision (megatron-core 0.12.1 and 0.19.2).
+MEGATRON_CASES = {
+    "fp32": ("float32", False, "FP32Optimizer"),
+    "bf16": ("bfloat16", False, "Float16OptimizerWithFloat16Params"),
+    "bf16-distributed": ("bfloat16", True, "DistributedOptimizer"),
+}
+
+
+def _chain_state(optimizer: Any) -> list[torch.Tensor]:
+    """Every tensor of every chained torch optimizer: its parameters (fp32 masters or shards) and
+    their state, in a fixed order."""
+    out: list[torch.Tensor] = []
+    for member in optimizer.chained_optimizers:
+        inner = member.optimizer
+        for group in inner.param_groups:
+            for p in group["params"]:
+                out.append(p.detach())
+                out += [v for _, v in sorted(inner.state[p].items()) if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _megatron_worker(rank: int, world: int, port: int, model_dir: str, case: str, out: str) -> None:
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from benchmarks.parity.engine import init_gloo
+    from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
+    from mindspeed_rl.models.training.megatron.layout import MegatronLayout
+    from mindspeed_rl.workers.colocation import (
+        grad_buffers,
+        offload_train_state,
+        onload_train_state,
+        train_state_tensors,
+    )
+    from tests.support.megatron_on_cpu import megatron_optimizers_on_cpu
+
+    init_gloo(rank, world, port)
+    dtype, distributed, _ = MEGATRON_CASES[case]
+    config = dataclasses.replace(_config(), param_dtype=dtype, use_distributed_optimizer=distributed)
+    report: dict[str, Any] = {}
+    try:
+        with megatron_optimizers_on_cpu():
+            plain = MegatronTrainingEngine(model_dir, config, MegatronLayout())
+            cycled = MegatronTrainingEngine(model_dir, config, MegatronLayout())
+            first, second = _batch(plain.dims.vocab_size, 0), _batch(plain.dims.vocab_size, 1)
+            for engine in (plain, cycled):
+                engine.update(first, 1.0)
+            optimizer = cycled.optimizer
+            report["optimizer"] = type(optimizer).__name__
+            report["chain"] = [type(m).__name__ for m in optimizer.chained_optimizers]
+            before = [t.clone() for t in _chain_state(optimizer)]
+            report["num_state"] = len(before)
+            report["moved_optimizer_tensors"] = len(
+                train_state_tensors(cycled.model, optimizer, ("optimizer",))
+            )
+            buffers = grad_buffers(cycled.model)
+            report["has_param_buffer"] = all(b.param_data is not None for b in buffers)
+            offload_train_state(cycled.model, optimizer, ALL_PARTS)
+            report["buffer_bytes_offloaded"] = sum(
+                b.grad_data.untyped_storage().nbytes()
+                + (b.param_data.untyped_storage().nbytes() if b.param_data is not None else 0)
+                for b in buffers
+            )
+            onload_train_state(cycled.model, optimizer, ALL_PARTS, "cpu")
+            after = _chain_state(optimizer)
+            report["state_bit_exact"] = len(after) == len(before) and all(
+                torch.equal(a, b) for a, b in zip(after, before, strict=True)
+            )
+            for engine in (plain, cycled):
+                engine.update(second, 1.0)
+        report["plain"], report["cycled"] = _weights(plain), _weights(cycled)
+        if rank == 0:
+            torch.save(report, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=sorted(MEGATRON_CASES))
+def megatron_report(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    from benchmarks.parity.engine import free_port
+    from benchmarks.parity.models import build_parity_model
+
+    root = tmp_path_factory.mktemp("megatron-offload")
+    model_dir = build_parity_model(root / "model", "qwen2")
+    out = root / "report.pt"
+    args = (1, free_port(), str(model_dir), request.param, str(out))
+    mp.start_processes(_megatron_worker, args=args, nprocs=1, start_method="spawn")
+    return {**torch.load(out, weights_only=False), "case": request.param}
+
+
+def test_the_engine_gets_megatrons_chained_optimizer(megatron_report: dict[str, Any]) -> None:
+    _, distributed, inner = MEGATRON_CASES[megatron_report["case"]]
+    assert megatron_report["optimizer"] == "ChainedOptimizer"
+    assert megatron_report["chain"] == [inner]
+    assert megatron_report["has_param_buffer"] is distributed
+
+
+def test_megatrons_optimizer_state_survives_the_offload_cycle_bit_exact(
+    megatron_report: dict[str, Any],
+) -> None:
+    assert megatron_report["num_state"] > 0 and megatron_report["moved_optimizer_tensors"] > 0
+    assert megatron_report["buffer_bytes_offloaded"] == 0  # DDP's buffers were freed meanwhile
+    assert megatron_report["state_bit_exact"]
+
+
+def test_a_megatron_step_after_the_offload_cycle_equals_one_without(megatron_report: dict[str, Any]) -> None:
+    plain, cycled = megatron_report["plain"], megatron_report["cycled"]
+    assert plain.keys() == cycled.keys()
+    for name in plain:
+        torch.testing.assert_close(cycled[name], plain[name], rtol=0, atol=0, msg=name)
