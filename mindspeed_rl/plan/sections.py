@@ -28,6 +28,7 @@ from mindspeed_rl.models.training.megatron.layout import MegatronLayout, check_t
 from mindspeed_rl.plan import correction
 from mindspeed_rl.plan.colocation import OFFLOAD_KEYS, colocated_offload
 from mindspeed_rl.utils.logging_config import LoggingConfig
+from mindspeed_rl.utils.role_envs import RoleEnvs, role_envs_from_config
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
@@ -72,6 +73,8 @@ class AsyncSpec:
     """shared_fs | object_store | collective (``weights/transport.py``)."""
     bucket_mb: float = 512.0
     """collective: MB per send bucket."""
+    role_envs: RoleEnvs | None = None
+    """One Python environment per role (``utils.role_envs``); None = all in Ray's own."""
 
 
 def refuse_unsupported(config: GRPOConfig) -> None:
@@ -444,6 +447,7 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
         snapshot_interval=a.snapshot_interval,
         weight_transport=a.weight_transport,
         bucket_mb=a.bucket_mb,
+        role_envs=role_envs_from_config(a.role_envs),
     )
     return dataclasses.replace(plan, runtime=runtime, asp=asp, async_spec=spec)
 

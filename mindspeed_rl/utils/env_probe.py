@@ -1,0 +1,142 @@
+"""What one Python environment holds, reported from inside it (``EnvReport``).
+
+Run in a role's environment before any Ray work (``python -m mindspeed_rl.utils.env_probe
+--modules torch,vllm``: one JSON line on stdout; ``utils.role_env_check`` starts it), and called in
+the live actors (``EnvReport.here``) for summary.json. It finds modules without importing them
+(``importlib.util.find_spec``), so probing an Ascend environment on a host without CANN neither
+loads ``torch_npu`` nor fails on it; and it imports nothing of the project but the snapshot
+format's number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import socket
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ENGINE_MODULES = ("torch_npu", "vllm", "vllm_ascend", "megatron", "mindspeed", "transformer_engine")
+"""The device and engine stacks the driver and the Control Unit must never load (the roles'
+environments hold them, and a process that imported one could not run in the other role's)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvReport:
+    """One process's interpreter, the snapshot format its copy of this project speaks, and the
+    modules asked about (module -> its distribution's version, or None when it cannot be found)."""
+
+    executable: str
+    prefix: str
+    python_version: str
+    ray_version: str | None
+    snapshot_format: int
+    project_path: str
+    packages: Mapping[str, str | None] = field(default_factory=dict)
+    loaded_engine_modules: tuple[str, ...] = ()
+    host: str = ""
+    pid: int = 0
+
+    @classmethod
+    def here(cls, modules: Iterable[str] = ()) -> EnvReport:
+        """This process's report, ``modules`` looked up without importing them."""
+        import mindspeed_rl
+        from mindspeed_rl.weights.format import SNAPSHOT_FORMAT_VERSION
+
+        # Before the look-ups: finding "megatron.core" imports the (empty) "megatron" package.
+        loaded = loaded_engine_modules()
+        return cls(
+            executable=sys.executable,
+            prefix=sys.prefix,
+            python_version=platform.python_version(),
+            ray_version=module_version("ray"),
+            snapshot_format=SNAPSHOT_FORMAT_VERSION,
+            project_path=os.path.dirname(os.path.dirname(os.path.abspath(mindspeed_rl.__file__))),
+            packages={m: module_version(m) for m in modules},
+            loaded_engine_modules=loaded,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
+    def missing(self) -> tuple[str, ...]:
+        return tuple(m for m, v in self.packages.items() if v is None)
+
+    def python_minor(self) -> str:
+        return ".".join(self.python_version.split(".")[:2])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "executable": self.executable,
+            "prefix": self.prefix,
+            "python_version": self.python_version,
+            "ray_version": self.ray_version,
+            "snapshot_format": self.snapshot_format,
+            "project_path": self.project_path,
+            "packages": dict(self.packages),
+            "loaded_engine_modules": list(self.loaded_engine_modules),
+            "host": self.host,
+            "pid": self.pid,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EnvReport:
+        return cls(
+            executable=str(data["executable"]),
+            prefix=str(data["prefix"]),
+            python_version=str(data["python_version"]),
+            ray_version=data.get("ray_version"),
+            snapshot_format=int(data["snapshot_format"]),
+            project_path=str(data["project_path"]),
+            packages=dict(data.get("packages") or {}),
+            loaded_engine_modules=tuple(data.get("loaded_engine_modules") or ()),
+            host=str(data.get("host", "")),
+            pid=int(data.get("pid", 0)),
+        )
+
+
+def module_version(module: str) -> str | None:
+    """The version of the distribution that provides ``module`` (dotted names allowed), "" when
+    the module is there but no distribution claims it (a source checkout on PYTHONPATH), None
+    when it cannot be found."""
+    try:
+        if importlib.util.find_spec(module) is None:
+            return None
+    except (ImportError, ValueError):  # a parent package is missing or broken
+        return None
+    top = module.split(".")[0]
+    for dist in importlib.metadata.packages_distributions().get(top, ()):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def loaded_engine_modules(modules: Sequence[str] = ENGINE_MODULES) -> tuple[str, ...]:
+    """Which of the engine stacks this process has imported."""
+    return tuple(m for m in modules if m in sys.modules)
+
+
+def report_of_process(_actor: Any = None, modules: Sequence[str] = ()) -> dict[str, Any]:
+    """``EnvReport.here`` as JSON, callable as ``handle.__ray_call__.remote(report_of_process)``
+    (Ray hands the actor instance first) in any live actor."""
+    return EnvReport.here(modules).to_json()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mindspeed_rl.utils.env_probe")
+    parser.add_argument("--modules", default="", help="comma-separated modules to look up (not imported)")
+    args = parser.parse_args(argv)
+    modules = [m for m in args.modules.split(",") if m]
+    print(json.dumps(EnvReport.here(modules).to_json()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
