@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-mcore012 lint format typecheck bench clean
+.PHONY: setup setup-npu demo test test-mcore012 lint format typecheck bench clean
 
 # pip -qq: errors only. Its warnings here are per-index noise ("Location ... is ignored" for every
 # find-links entry that does not exist on this machine); `make setup PIP_QUIET=-q` shows them.
@@ -23,6 +23,16 @@ $(STAMP): setup.py mindspeed_rl/_pins.py
 	@echo "setup: done"
 
 setup: $(STAMP)
+
+# Ascend: the async pipeline's two role environments on this node (run it on every node), from the
+# resolver-checked sets stacks/ascend-trainer.txt (MindSpeed, megatron-core 0.12.1, torch 2.7.1) and
+# stacks/ascend-rollout.txt (vllm-ascend), which no one environment can hold. ENVS must be the same
+# path on every node; then TRAINER_ENV=$(ENVS)/trainer ROLLOUT_ENV=$(ENVS)/rollout bash examples/...
+# Source-only packages come from MINDSPEED_SRC / VLLM_SRC / VLLM_ASCEND_SRC checkouts and PIP_ARGS
+# adds pip flags (stacks/setup_role_envs.sh). GPU: bash stacks/setup_role_envs.sh --stack gpu.
+ENVS ?= $(CURDIR)/.envs
+setup-npu:
+	bash stacks/setup_role_envs.sh --stack ascend --prefix $(ENVS)
 
 # The end-of-run block names the run directory; then what to type next. MINDSPEED_RL_LOG=debug
 # make demo shows every engine line the quiet default filters (mindspeed_rl/utils/quiet_logs.py).

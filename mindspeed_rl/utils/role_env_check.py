@@ -190,3 +190,48 @@ def _how_to_build(role: str) -> str:
         f"`make setup-npu` builds it from {STACK_FILES[role]} with stacks/setup_role_envs.sh; "
         f"GPU: {GPU_STACK_FILES[role]}"
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``node --role R --python P [--device npu|cuda|cpu] [--megatron]``: one node's check of one
+    role's environment against this interpreter's Python and Ray (``examples/ray_launch.sh`` and
+    ``stacks/setup_role_envs.sh`` run it on every node); exit 2 naming what is missing."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mindspeed_rl.utils.role_env_check")
+    sub = parser.add_subparsers(dest="command", required=True)
+    node = sub.add_parser("node", help="check one role's environment on this node")
+    node.add_argument("--role", choices=ROLES, required=True)
+    node.add_argument("--python", required=True, help="the role environment's interpreter")
+    node.add_argument("--device", choices=("cpu", "cuda", "npu"), default="cpu")
+    node.add_argument("--megatron", action="store_true", help="the trainer runs the megatron engine")
+    node.add_argument("--rollout-backend", choices=("vllm", "hf"), default="vllm")
+    args = parser.parse_args(argv)
+    kind = {"cpu": None, "cuda": "GPU", "npu": "NPU"}[args.device]
+    env = RoleEnv(role=args.role, python=args.python)
+    try:
+        modules = required_modules(
+            args.role, megatron=args.megatron, rollout_backend=args.rollout_backend, device_kind=kind
+        )
+        report = probe(env, modules)
+        other = RoleEnv(role="rollout" if args.role == "trainer" else "trainer")
+        envs = RoleEnvs(**{args.role: env, other.role: other})  # type: ignore[arg-type]
+        base = EnvReport.here()
+        # The other role is this interpreter here: only this role's own problems are reported.
+        problems = problems_of({args.role: report, other.role: base}, envs, base, transport="shared_fs")
+    except RoleEnvError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    found = ", ".join(f"{m} {v or '(source)'}" for m, v in report.packages.items())
+    print(
+        f"{args.role} environment {args.python} on {socket.gethostname()}: Python {report.python_version}, {found}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

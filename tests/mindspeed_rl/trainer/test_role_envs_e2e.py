@@ -71,7 +71,9 @@ def role_overrides(pythons: dict[str, Path]) -> list[str]:
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_async_run_with_a_trainer_and_a_rollout_environment(tmp_path: Path, role_pythons: dict[str, Path]) -> None:
+def test_async_run_with_a_trainer_and_a_rollout_environment(
+    tmp_path: Path, role_pythons: dict[str, Path]
+) -> None:
     runs = tmp_path / "runs"
     cmd = [
         sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_megatron",
@@ -134,7 +136,9 @@ def _project_copy(tmp_path: Path, format_version: int) -> Path:
     """This checkout's package with another snapshot format number: an environment holding an
     older (or newer) install of the project."""
     other = tmp_path / "other_checkout"
-    shutil.copytree(ROOT / "mindspeed_rl", other / "mindspeed_rl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "mindspeed_rl", other / "mindspeed_rl", ignore=shutil.ignore_patterns("__pycache__")
+    )
     path = other / "mindspeed_rl" / "weights" / "format.py"
     text = path.read_text()
     assert f"SNAPSHOT_FORMAT_VERSION = {SNAPSHOT_FORMAT_VERSION}" in text
@@ -167,7 +171,9 @@ def test_matching_environments_pass_the_start_up_check(
     role_pythons: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    plan = _plan(**{"trainer.python": str(role_pythons["trainer"]), "rollout.python": str(role_pythons["rollout"])})
+    plan = _plan(
+        **{"trainer.python": str(role_pythons["trainer"]), "rollout.python": str(role_pythons["rollout"])}
+    )
     reports = check_role_envs(plan)
     assert reports is not None
     assert reports["trainer"].executable == str(role_pythons["trainer"])
