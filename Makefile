@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup setup-npu demo test test-mcore012 lint format typecheck bench clean
+.PHONY: setup setup-npu demo test test-mcore012 test-trainer-stack lint format typecheck bench clean
 
 # pip -qq: errors only. Its warnings here are per-index noise ("Location ... is ignored" for every
 # find-links entry that does not exist on this machine); `make setup PIP_QUIET=-q` shows them.
@@ -64,6 +64,27 @@ test-mcore012: $(MCORE012_STAMP)
 	PYTHONPATH=$(CURDIR)/$(MCORE012) $(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/mindspeed_rl/models/training/megatron/
 	PYTHONPATH=$(CURDIR)/$(MCORE012) $(PY) benchmarks/megatron_parity.py --json runs/megatron_parity_mcore012.json > /dev/null
 	$(PY) -c 'import json, sys; r = json.load(open("runs/megatron_parity_mcore012.json")); print("parity ok:", r["ok"]); sys.exit(not r["ok"])'
+
+# The trainer side against the Ascend trainer set's CPU-installable versions (transformers 4.x,
+# tokenizers, huggingface-hub, numpy 1.26: the pins of stacks/ascend-trainer.txt) put first on
+# PYTHONPATH, as test-mcore012 does for megatron-core: the transformers adapter, the torch engine,
+# HF names and the tiny model. torch stays .venv's (torch 2.7.1 CPU is not on PyPI for Python 3.11
+# x86_64 builds this machine can reach); test-mcore012 covers megatron-core 0.12.1.
+TRAINER_STACK       := .venv-trainer-stack
+TRAINER_STACK_STAMP := $(TRAINER_STACK)/.installed-stamp
+TRAINER_STACK_PKGS  := transformers tokenizers huggingface-hub numpy
+
+$(TRAINER_STACK_STAMP): stacks/ascend-trainer.txt | $(STAMP)
+	rm -rf $(TRAINER_STACK)
+	$(PY) -m pip install -q --no-deps --target $(TRAINER_STACK) $$($(PY) stacks/pins_of.py stacks/ascend-trainer.txt $(TRAINER_STACK_PKGS))
+	touch $@
+
+test-trainer-stack: $(TRAINER_STACK_STAMP)
+	PYTHONPATH=$(CURDIR)/$(TRAINER_STACK) $(PY) -c 'import transformers, numpy; print("transformers", transformers.__version__, "numpy", numpy.__version__, "from", transformers.__file__)'
+	PYTHONPATH=$(CURDIR)/$(TRAINER_STACK) $(PY) -m pytest -q -p no:cacheprovider -W ignore::UserWarning \
+		tests/mindspeed_rl/models/test_transformers_compat.py tests/mindspeed_rl/models/test_tiny.py \
+		tests/mindspeed_rl/models/training/test_hf_names.py tests/mindspeed_rl/models/training/test_torch_engine.py \
+		tests/mindspeed_rl/models/training/test_sft_warmup.py tests/mindspeed_rl/models/rollout/test_hf_engine.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

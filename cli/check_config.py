@@ -37,9 +37,9 @@ from pathlib import Path
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.plan.build import RunPlan, build_run_plan
 from mindspeed_rl.plan.memory_section import placed_memory
+from mindspeed_rl.trainer.role_processes import check_plan_envs, plan_modules
 from mindspeed_rl.utils.placement import ClusterSpec
-from mindspeed_rl.utils.role_env_check import RoleEnvError, check_role_envs
-from mindspeed_rl.utils.role_envs import ROLES, required_modules
+from mindspeed_rl.utils.role_env_check import RoleEnvError
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -131,14 +131,8 @@ def placement_dry_run(plan: RunPlan, fake: ClusterSpec | None) -> int:
     # Each role's interpreter on this node, before any Ray work: a missing one is refused by name.
     # On a fake cluster the device stacks (torch_npu, vllm_ascend, ...) are reported, not required.
     envs = plan.async_spec.role_envs if plan.async_spec is not None else None
-    reports = check_role_envs(plan, require_modules=fake is None)
-    modules = None
-    if envs is not None:
-        modules = {
-            role: required_modules(role, megatron=plan.trainer.megatron is not None,
-                                   rollout_backend=plan.rollout.backend, device_kind=kind)
-            for role in ROLES
-        }  # fmt: skip
+    reports = check_plan_envs(plan, require_modules=fake is None)
+    modules = plan_modules(plan) if envs is not None else None
     cluster = dry.fake_cluster(fake, kind, runtime_env) if fake else dry.connected_cluster(kind, runtime_env)
     with cluster as live:
         placement = plan.check_fits(live)

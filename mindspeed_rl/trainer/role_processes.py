@@ -4,6 +4,7 @@
 
     live_reports(cluster)               each process's own ``EnvReport``: driver, Control Unit,
                                         Training Unit ranks, Generation Units, generation actors
+    check_plan_envs(plan)               before any Ray work: each role's interpreter probed and checked
     check_live(reports)                 the trainer's and every GU's snapshot format agree
                                         (covers nodes whose environment differs from the driver's)
 
@@ -18,14 +19,46 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.utils.env_probe import EnvReport, report_of_process
-from mindspeed_rl.utils.role_env_check import RoleEnvError, format_problems
+from mindspeed_rl.utils.role_env_check import RoleEnvError, check_role_envs, format_problems
+from mindspeed_rl.utils.role_envs import ROLES, Role, required_modules
 
 if TYPE_CHECKING:
+    from mindspeed_rl.plan.build import RunPlan
     from mindspeed_rl.trainer.async_cluster import AsyncCluster
     from mindspeed_rl.utils.role_envs import RoleEnvs
 
 # Looked up (not imported) in every process: their absence from a role's environment is the point.
 REPORTED_MODULES = ("torch", "transformers", "vllm", "megatron.core")
+
+
+def plan_modules(plan: RunPlan) -> dict[Role, tuple[str, ...]]:
+    """What each role's environment must provide for ``plan``."""
+    megatron, backend, kind = (
+        plan.trainer.megatron is not None,
+        plan.rollout.backend,
+        plan.placement.device_kind,
+    )
+    return {
+        role: required_modules(role, megatron=megatron, rollout_backend=backend, device_kind=kind)
+        for role in ROLES
+    }
+
+
+def check_plan_envs(
+    plan: RunPlan, *, require_modules: bool = True, environ: Mapping[str, str] | None = None
+) -> dict[Role, EnvReport] | None:
+    """The start-up check of an async plan's role environments (``utils.role_env_check``); None
+    when the plan has none."""
+    spec = plan.async_spec
+    if spec is None or spec.role_envs is None:
+        return None
+    return check_role_envs(
+        spec.role_envs,
+        plan_modules(plan),
+        transport=spec.weight_transport,
+        environ=environ,
+        require_modules=require_modules,
+    )
 
 
 def live_reports(cluster: AsyncCluster) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from mindspeed_rl.trainer import checkpointing as ckpt
 from mindspeed_rl.trainer import run_end
 from mindspeed_rl.trainer.policy_model import prepare_policy_model
 from mindspeed_rl.trainer.prompts import load_run_split, streams_from_files
-from mindspeed_rl.utils.role_env_check import check_role_envs
+from mindspeed_rl.trainer.role_processes import check_plan_envs
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
@@ -69,7 +69,7 @@ def start(
 
     plan = build_run_plan(config)
     # Per-role environments: probed in their own interpreters before Ray work or any model load.
-    env_reports = check_role_envs(plan)
+    env_reports = check_plan_envs(plan)
     resumed = ckpt.resume_point(plan)  # a foreign checkpoint is refused first
     placement = plan.check_fits(live_cluster(plan.placement.device_kind))
     if check_placement is not None:

@@ -2,7 +2,8 @@
 
 ::
 
-    check_role_envs(plan)          before Ray work or any model load, on the driver's node:
+    check_role_envs(envs, ...)     before Ray work or any model load, on the driver's node
+                                   (``trainer.role_processes.check_plan_envs`` for a run plan):
       each role: <python> -m mindspeed_rl.utils.env_probe --modules <what the role needs>
       refuse, naming the role, the interpreter and the fix:
         - an interpreter that is not there
@@ -29,13 +30,9 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mindspeed_rl.utils.env_probe import EnvReport
 from mindspeed_rl.utils.role_envs import ROLES, Role, RoleEnv, RoleEnvs, required_modules
-
-if TYPE_CHECKING:
-    from mindspeed_rl.plan.build import RunPlan
 
 PROBE_TIMEOUT_S = 120.0
 STACK_FILES = {"trainer": "stacks/ascend-trainer.txt", "rollout": "stacks/ascend-rollout.txt"}
@@ -154,28 +151,20 @@ def format_problems(trainer: EnvReport, rollout: EnvReport, envs: RoleEnvs | Non
 
 
 def check_role_envs(
-    plan: RunPlan, *, environ: Mapping[str, str] | None = None, require_modules: bool = True
-) -> dict[Role, EnvReport] | None:
-    """Probe and check both roles' environments of an async plan with ``role_envs``; None without.
-    Raises ``RoleEnvError`` listing every problem at once. ``require_modules=False``: report the
-    modules a role lacks without refusing them (a placement dry run on a fake cluster, whose host
-    has no accelerator stack)."""
-    spec = plan.async_spec
-    envs = spec.role_envs if spec is not None else None
-    if spec is None or envs is None:
-        return None
-    kind = plan.placement.device_kind
-    reports: dict[Role, EnvReport] = {}
-    for role in ROLES:
-        modules = required_modules(
-            role,
-            megatron=plan.trainer.megatron is not None,
-            rollout_backend=plan.rollout.backend,
-            device_kind=kind,
-        )
-        reports[role] = probe(envs.of(role), modules, environ=environ)
+    envs: RoleEnvs,
+    modules: Mapping[Role, Sequence[str]],
+    *,
+    transport: str,
+    environ: Mapping[str, str] | None = None,
+    require_modules: bool = True,
+) -> dict[Role, EnvReport]:
+    """Probe and check both roles' environments (``modules``: what each must provide). Raises
+    ``RoleEnvError`` listing every problem at once. ``require_modules=False``: report the modules
+    a role lacks without refusing them (a placement dry run on a fake cluster, whose host has no
+    accelerator stack)."""
+    reports = {role: probe(envs.of(role), modules[role], environ=environ) for role in ROLES}
     problems = problems_of(
-        reports, envs, EnvReport.here(), transport=spec.weight_transport, require_modules=require_modules
+        reports, envs, EnvReport.here(), transport=transport, require_modules=require_modules
     )
     if problems:
         raise RoleEnvError(

@@ -26,7 +26,8 @@ import pytest
 
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.plan.build import build_run_plan
-from mindspeed_rl.utils.role_env_check import RoleEnvError, check_role_envs
+from mindspeed_rl.trainer.role_processes import check_plan_envs
+from mindspeed_rl.utils.role_env_check import RoleEnvError
 from mindspeed_rl.weights.format import SNAPSHOT_FORMAT_VERSION
 from tests.support.role_venvs import make_role_venv
 
@@ -159,7 +160,7 @@ def test_a_snapshot_format_mismatch_is_refused_at_start_naming_both_versions(
         "rollout.env_vars.PYTHONPATH": str(other),  # the rollout environment's copy of the project
     })  # fmt: skip
     with pytest.raises(RoleEnvError) as err:
-        check_role_envs(plan)
+        check_plan_envs(plan)
     message = str(err.value)
     assert f"writes snapshot format {SNAPSHOT_FORMAT_VERSION}" in message
     assert f"reads snapshot format {newer}" in message
@@ -174,7 +175,7 @@ def test_matching_environments_pass_the_start_up_check(
     plan = _plan(
         **{"trainer.python": str(role_pythons["trainer"]), "rollout.python": str(role_pythons["rollout"])}
     )
-    reports = check_role_envs(plan)
+    reports = check_plan_envs(plan)
     assert reports is not None
     assert reports["trainer"].executable == str(role_pythons["trainer"])
     # Each role is asked only for what it needs: vLLM of the rollout, not of the trainer.
@@ -192,7 +193,7 @@ def test_an_environment_without_its_engine_is_refused_naming_the_package(
         f"++async_config.role_envs.rollout.python={role_pythons['trainer']}",
     ]))  # fmt: skip
     with pytest.raises(RoleEnvError) as err:
-        check_role_envs(plan)
+        check_plan_envs(plan)
     message = str(err.value)
     assert f"the trainer environment ({role_pythons['rollout']}) lacks megatron.core" in message
     assert f"the rollout environment ({role_pythons['trainer']}) lacks vllm" in message
@@ -202,4 +203,4 @@ def test_a_missing_interpreter_is_refused_by_name(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "bin" / "python"
     plan = _plan(**{"rollout.python": str(missing)})
     with pytest.raises(RoleEnvError, match=r"async_config\.role_envs\.rollout\.python=.*no such interpreter"):
-        check_role_envs(plan)
+        check_plan_envs(plan)
