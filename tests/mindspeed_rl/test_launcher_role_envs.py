@@ -33,7 +33,11 @@ def envs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTEST_", "TRAINER_ENV", "ROLLOUT_ENV"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RAY_", "PYTEST_", "TRAINER_ENV", "ROLLOUT_ENV"))
+    }
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     env.update(HOME=str(home), PYTHON=sys.executable, PYTHONPATH=str(ROOT), LOG_DIR=str(tmp_path / "logs"))
@@ -65,17 +69,25 @@ def test_a_missing_environment_is_refused_by_name_before_ray_starts(
     assert "starting a Ray head" not in proc.stderr and "joining" not in proc.stderr
 
 
-def test_an_environment_without_its_engine_is_refused_naming_the_package(tmp_path: Path, envs: dict[str, Path]) -> None:
+def test_an_environment_without_its_engine_is_refused_naming_the_package(
+    tmp_path: Path, envs: dict[str, Path]
+) -> None:
     # The roles swapped: the rollout side would have no vLLM.
-    env = _env(tmp_path, TRAINER_ENV=str(envs["rollout"]), ROLLOUT_ENV=str(envs["trainer"]), RAY_HEAD="127.0.0.1:1")
+    env = _env(
+        tmp_path, TRAINER_ENV=str(envs["rollout"]), ROLLOUT_ENV=str(envs["trainer"]), RAY_HEAD="127.0.0.1:1"
+    )
     proc = _run([str(LAUNCH), "--worker"], env)
     assert proc.returncode == 2
     assert f"the rollout environment ({envs['trainer']}/bin/python) lacks vllm" in proc.stderr
     assert "joining" not in proc.stderr
 
 
-def test_the_dry_run_refuses_role_envs_for_the_colocated_hybrid(tmp_path: Path, envs: dict[str, Path]) -> None:
-    env = _env(tmp_path, TRAINER_ENV=str(envs["trainer"]), ROLLOUT_ENV=str(envs["rollout"]), NPUS_PER_NODE="4")
+def test_the_dry_run_refuses_role_envs_for_the_colocated_hybrid(
+    tmp_path: Path, envs: dict[str, Path]
+) -> None:
+    env = _env(
+        tmp_path, TRAINER_ENV=str(envs["trainer"]), ROLLOUT_ENV=str(envs["rollout"]), NPUS_PER_NODE="4"
+    )
     proc = _run([str(LAUNCH), "grpo_qwen25_7b_A3", "--dry-run"], env)
     assert proc.returncode == 2
     assert "the hybrid pipeline (rl_config.pipeline: hybrid) cannot run its trainer" in proc.stderr
@@ -89,7 +101,11 @@ def test_the_headline_dry_run_reports_each_actors_environment_on_a_fake_cluster(
     # grpo_qwen3_30b_a3b_asp_A3's shape at a quarter of its size (as test_placement_dry_run):
     # 4 trainer ranks (TP2 x EP2) on node 0, one GU of two TP2 actors on node 1.
     env = _env(
-        tmp_path, TRAINER_ENV=str(envs["trainer"]), ROLLOUT_ENV=str(envs["rollout"]), NNODES="2", NPUS_PER_NODE="4"
+        tmp_path,
+        TRAINER_ENV=str(envs["trainer"]),
+        ROLLOUT_ENV=str(envs["rollout"]),
+        NNODES="2",
+        NPUS_PER_NODE="4",
     )
     proc = _run(
         [str(HEADLINE), "--dry-run", "actor_config.tensor_model_parallel_size=2",

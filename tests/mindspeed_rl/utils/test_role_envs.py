@@ -52,7 +52,10 @@ def test_the_plan_carries_role_envs_and_leaves_them_out_by_default() -> None:
     envs = plan.async_spec.role_envs
     assert envs.trainer == RoleEnv(role="trainer", python="/envs/trainer/bin/python")
     assert envs.rollout.python is None and dict(envs.rollout.env_vars) == {"PYTHONPATH": "/src"}
-    assert envs.summary() == {"trainer": "/envs/trainer/bin/python", "rollout": "the environment Ray was started from"}
+    assert envs.summary() == {
+        "trainer": "/envs/trainer/bin/python",
+        "rollout": "the environment Ray was started from",
+    }
 
 
 def test_an_empty_interpreter_path_is_refused_naming_the_key() -> None:
@@ -77,11 +80,16 @@ def test_an_actors_runtime_env_is_the_jobs_with_the_roles_interpreter_and_variab
     }
     assert job["env_vars"] == {"TOKENIZERS_PARALLELISM": "false", "A": "job"}  # not mutated
     assert role_options(None, {"num_cpus": 1}) == {"num_cpus": 1}
-    assert role_options({"py_executable": "p"}, {"num_cpus": 1}) == {"num_cpus": 1, "runtime_env": {"py_executable": "p"}}
+    assert role_options({"py_executable": "p"}, {"num_cpus": 1}) == {
+        "num_cpus": 1,
+        "runtime_env": {"py_executable": "p"},
+    }
 
 
 def test_each_role_is_asked_for_its_own_stack() -> None:
-    assert "megatron.core" not in required_modules("trainer", megatron=False, rollout_backend="vllm", device_kind=None)
+    assert "megatron.core" not in required_modules(
+        "trainer", megatron=False, rollout_backend="vllm", device_kind=None
+    )
     npu_trainer = required_modules("trainer", megatron=True, rollout_backend="vllm", device_kind="NPU")
     assert {"megatron.core", "torch_npu", "mindspeed"} <= set(npu_trainer) and "vllm" not in npu_trainer
     npu_rollout = required_modules("rollout", megatron=True, rollout_backend="vllm", device_kind="NPU")
@@ -92,7 +100,10 @@ def test_each_role_is_asked_for_its_own_stack() -> None:
 
 
 def test_env_vars_expand_as_rays_workers_expand_them() -> None:
-    assert expand_env_vars({"P": "/a:${PYTHONPATH}", "Q": "${NOPE}x"}, {"PYTHONPATH": "/b"}) == {"P": "/a:/b", "Q": "x"}
+    assert expand_env_vars({"P": "/a:${PYTHONPATH}", "Q": "${NOPE}x"}, {"PYTHONPATH": "/b"}) == {
+        "P": "/a:/b",
+        "Q": "x",
+    }
 
 
 def test_the_start_up_comparisons_name_both_sides() -> None:
@@ -118,7 +129,10 @@ def test_the_start_up_comparisons_name_both_sides() -> None:
 def test_the_live_check_refuses_a_generation_unit_of_another_format() -> None:
     same = {"trainer_ranks": [_report().to_json()], "generation_units": [_report().to_json()] * 2}
     check_live(same, ENVS)
-    other = {**same, "generation_units": [_report().to_json(), _report(snapshot_format=3, project_path="/old").to_json()]}
+    other = {
+        **same,
+        "generation_units": [_report().to_json(), _report(snapshot_format=3, project_path="/old").to_json()],
+    }
     with pytest.raises(RoleEnvError, match=r"writes snapshot format 1.*/old\) reads snapshot format 3"):
         check_live(other, ENVS)
 
