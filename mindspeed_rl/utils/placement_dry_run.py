@@ -37,7 +37,6 @@ class Placeholder:
     """Reports where it runs; started with a role's real Ray options, does nothing else."""
 
     def report(self, kind: str, modules: Sequence[str] = ()) -> dict[str, Any]:
-        import os
         import sys
 
         import ray
@@ -51,8 +50,10 @@ class Placeholder:
             "node_id": context.get_node_id(),
             "visible_devices": list(binding.visible if binding.visible is not None else binding.assigned),
             "device_index": binding.index,
+            # As Ray started it (py_executable): a venv's bin/python resolves to its base
+            # interpreter, so the path, not its target, says which environment this is.
             "environment": sys.executable,
-            "environment_realpath": os.path.realpath(sys.executable),
+            "prefix": sys.prefix,
             "missing": [m for m in modules if module_version(m) is None],
         }
 
@@ -159,7 +160,7 @@ def _merged(
     return {**entry, "landed_node": node_index.get(report["node_id"], -1),
             "visible_devices": [int(d) for d in report["visible_devices"]],
             "device_index": report["device_index"], "environment": report["environment"],
-            "environment_realpath": report["environment_realpath"],
+            "prefix": report["prefix"],
             "missing": list(report["missing"])}  # fmt: skip
 
 
@@ -167,13 +168,11 @@ def _environment_problems(
     entries: list[dict[str, Any]], role_envs: RoleEnvs | None, require_modules: bool
 ) -> list[str]:
     """A placeholder outside its role's interpreter, or whose node's copy of it lacks a module."""
-    import os
-
     problems = []
     for e in entries:
         role = _ROLE_OF[e["role"]]
         expected = None if role_envs is None else role_envs.of(role).python
-        if expected is not None and e["environment_realpath"] != os.path.realpath(expected):
+        if expected is not None and e["environment"] != expected:
             problems.append(f"{e['name']}: runs {e['environment']}, not the {role} environment {expected}")
         if e["missing"] and require_modules:
             where = expected or e["environment"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,19 @@ def test_the_headline_dry_run_reports_each_actors_environment_on_a_fake_cluster(
     assert per_role["rollout"]["probe"]["executable"] == rollout
     assert per_role["trainer"]["probe"]["packages"]["megatron.core"]
     assert per_role["rollout"]["probe"]["packages"]["vllm"]
+
+
+def test_setup_role_envs_names_what_it_cannot_build_from(tmp_path: Path) -> None:
+    # A checkout without the stack files (make check-stacks writes them): refused before any venv.
+    tree = tmp_path / "repo"
+    (tree / "stacks").mkdir(parents=True)
+    (tree / "mindspeed_rl").mkdir()
+    shutil.copy(ROOT / "stacks" / "setup_role_envs.sh", tree / "stacks")
+    shutil.copy(ROOT / "mindspeed_rl" / "_pins.py", tree / "mindspeed_rl")
+    script = str(tree / "stacks" / "setup_role_envs.sh")
+    env = _env(tmp_path)
+    proc = _run([script, "--prefix", str(tmp_path / "envs"), "--python", sys.executable], env)
+    assert proc.returncode == 2 and "stacks/ascend-trainer.txt is missing" in proc.stderr
+    assert not (tmp_path / "envs").exists()
+    proc = _run([script, "--stack", "tpu"], env)
+    assert proc.returncode == 2 and "--stack tpu: use ascend or gpu" in proc.stderr
