@@ -203,8 +203,10 @@ log_dir="${LOG_DIR:-${repo_root}/runs/logs}"
 mkdir -p "${log_dir}"
 log="${log_dir}/${config_name}_$(date +%Y%m%d-%H%M%S).log"
 # The driver runs in the background so that a SIGTERM or Ctrl-C to this script is acted on at once
-# (bash runs traps only between commands, and `wait` is one it leaves for a signal).
-RAY_ADDRESS="${address}" "${python_bin}" "${entry}" "${config_dir_args[@]}" --config-name "${config_name}" \
+# (bash runs traps only between commands, and `wait` is one it leaves for a signal). It never
+# touches a device: TORCH_DEVICE_BACKEND_AUTOLOAD=0 keeps torch (which the driver imports for a
+# learned length predictor or a model it builds) from loading torch_npu in an environment that has it.
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 RAY_ADDRESS="${address}" "${python_bin}" "${entry}" "${config_dir_args[@]}" --config-name "${config_name}" \
   "${role_overrides[@]}" "$@" > >(tee "${log}") 2>&1 &
 driver_pid=$!
 set +e
