@@ -368,8 +368,10 @@ def create_tiny_model(path: str | os.PathLike[str], arch: Mapping[str, Any], see
             eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID, do_sample=True
         )
         model.save_pretrained(staging)
-        transformers_compat.write_portable_config(staging)  # read alike by transformers 4.x and 5.x
         build_char_tokenizer().save_pretrained(staging)
+        # Read alike by transformers 4.x and 5.x (each role's environment may hold either).
+        transformers_compat.write_portable_config(staging)
+        transformers_compat.write_portable_tokenizer(staging)
         staging.rename(target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

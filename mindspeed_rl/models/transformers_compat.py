@@ -14,11 +14,18 @@ checks them against the installed classes, and under ``make test-trainer-stack``
                             .py:4030-4056)
     RoPE base in a config   ``rope_theta=`` (+ ``rope_scaling``),         ``rope_parameters={"rope_type",
                             configuration_qwen3.py:170-207              "rope_theta"}``; writes no rope_theta
+    a fast tokenizer's      ``"tokenizer_class": "PreTrainedTokenizer    ``"TokenizersBackend"``, and
+    tokenizer_config.json   Fast"``, ``additional_special_tokens``      ``extra_special_tokens`` a list
+                            list; ``extra_special_tokens`` must be a    (4.x: "Tokenizer class Tokenizers
+                            dict (tokenization_utils_base.py:1209)      Backend does not exist", then
+                                                                        AttributeError on the list)
 
 Both read configs of the other major: 5.x converts a legacy top-level ``rope_theta``; 4.x does not
 know ``rope_parameters`` and silently takes its default base (10000 for Qwen3) unless
 ``load_config`` moves it over. So a config this project writes carries both spellings
-(``write_portable_config``), and one it reads goes through ``load_config``.
+(``write_portable_config``), and one it reads goes through ``load_config``; likewise a tokenizer
+folder (``write_portable_tokenizer``: the 4.x spelling, which 5.x reads as the same tokenizer,
+measured: same ids, special tokens and chat template; ``load_tokenizer``).
 """
 
 from __future__ import annotations
@@ -145,3 +152,54 @@ def write_portable_config(folder: str | os.PathLike[str]) -> None:
         changed = True
     if changed:
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _tokenizer_config(folder: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    path = Path(folder) / "tokenizer_config.json"
+    return path, (json.loads(path.read_text()) if path.is_file() else {})
+
+
+def _is_5x_fast(config: Mapping[str, Any]) -> bool:
+    return config.get("tokenizer_class") == "TokenizersBackend" or isinstance(
+        config.get("extra_special_tokens"), list
+    )
+
+
+def _portable_tokenizer_fields(config: dict[str, Any]) -> dict[str, Any]:
+    out = dict(config)
+    if out.get("tokenizer_class") == "TokenizersBackend":
+        out["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = out.get("extra_special_tokens")
+    if isinstance(extra, list):
+        del out["extra_special_tokens"]
+        known = list(out.get("additional_special_tokens") or [])
+        out["additional_special_tokens"] = known + [t for t in extra if t not in known]
+    return out
+
+
+def write_portable_tokenizer(folder: str | os.PathLike[str]) -> None:
+    """Make a fast tokenizer saved by transformers 5.x loadable by 4.x too (its 4.x spelling;
+    see the module docstring). A folder in the 4.x spelling already is left as it is."""
+    path, config = _tokenizer_config(folder)
+    if config and _is_5x_fast(config):
+        path.write_text(json.dumps(_portable_tokenizer_fields(config), indent=2, sort_keys=True) + "\n")
+
+
+def load_tokenizer(folder: str | os.PathLike[str]) -> Any:
+    """``AutoTokenizer.from_pretrained`` (local files only); under 4.x, a fast tokenizer a 5.x
+    environment saved is read as the ``PreTrainedTokenizerFast`` it is."""
+    from transformers import AutoTokenizer
+
+    if major_version() < 5:
+        _, config = _tokenizer_config(folder)
+        if _is_5x_fast(config):
+            from transformers import PreTrainedTokenizerFast
+
+            fields = _portable_tokenizer_fields(config)
+            return PreTrainedTokenizerFast.from_pretrained(
+                os.fspath(folder),
+                local_files_only=True,
+                extra_special_tokens={},
+                additional_special_tokens=fields.get("additional_special_tokens", []),
+            )
+    return AutoTokenizer.from_pretrained(os.fspath(folder), local_files_only=True)

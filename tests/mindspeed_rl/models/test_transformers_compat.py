@@ -117,3 +117,45 @@ def test_the_trainer_loads_a_5x_written_model_with_its_rope_base(tmp_path: Path)
     head_dim = ARCH["kv_channels"]
     expected = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     torch.testing.assert_close(inv_freq.float(), expected)
+
+
+def _as_saved_by_5x(folder: Path) -> None:
+    """The tokenizer_config.json fields transformers 5.19.0 writes for this fast tokenizer
+    (recorded from its save_pretrained), whichever major saved the folder."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    specials = config.pop("additional_special_tokens", None) or ["<|im_start|>", "<|im_end|>"]
+    extra = config.get("extra_special_tokens")
+    config.update(
+        tokenizer_class="TokenizersBackend",
+        backend="tokenizers",
+        extra_special_tokens=extra if isinstance(extra, list) else specials,
+    )
+    path.write_text(json.dumps(config))
+
+
+def _encodings(tokenizer: object) -> tuple[object, ...]:
+    chat = [{"role": "user", "content": "ab="}]
+    return (
+        tokenizer.encode("ab=<|im_start|>c"),  # type: ignore[attr-defined]
+        tokenizer.decode([1, 2, 3]),  # type: ignore[attr-defined]
+        tokenizer.eos_token, tokenizer.pad_token, sorted(tokenizer.all_special_tokens),  # type: ignore[attr-defined]
+        tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),  # type: ignore[attr-defined]
+    )  # fmt: skip
+
+
+def test_a_tokenizer_saved_by_5x_loads_alike_and_the_portable_spelling_too(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from mindspeed_rl.models.tiny import build_char_tokenizer
+
+    original = build_char_tokenizer()
+    expected = _encodings(original)
+    saved = tmp_path / "saved"
+    original.save_pretrained(saved)
+    _as_saved_by_5x(saved)
+    assert _encodings(compat.load_tokenizer(saved)) == expected
+    compat.write_portable_tokenizer(saved)
+    config = json.loads((saved / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "extra_special_tokens" not in config
+    assert _encodings(AutoTokenizer.from_pretrained(saved, local_files_only=True)) == expected

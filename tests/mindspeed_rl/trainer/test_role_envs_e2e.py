@@ -36,8 +36,11 @@ ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "configs"
 
 # 3 iterations x 4 prompts x 4 samples, one minibatch per global batch; a snapshot after each of
-# the first two steps, so the rollout reloads weights the trainer environment exported.
+# the first two steps. A lag bound of 1 makes the third minibatch wait for v1 (a sample of v0
+# consumed at step 2 would lag by 2), so the rollout always reloads weights the trainer
+# environment exported, however fast it generates.
 TINY = (
+    "async_config.max_policy_lag=1",
     "megatron_training.train_iters=3",
     "megatron_training.global_batch_size=4",
     "rl_config.mini_batch_size=4",
