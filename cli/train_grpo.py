@@ -168,10 +168,16 @@ def run(cfg: DictConfig, config_name: str | None, entry: str = "grpo") -> int:
         "run %s: pipeline=%s, ray %s %s", run_dir, config.rl_config.pipeline,
         "joined" if cluster.attached else "started", cluster.address,
     )  # fmt: skip
-    if hooks is None:
-        trainer.train(config, run_dir)
-    else:
-        trainer.train(config, run_dir, hooks=hooks)
+    from mindspeed_rl.utils.role_env_check import RoleEnvError
+
+    try:
+        if hooks is None:
+            trainer.train(config, run_dir)
+        else:
+            trainer.train(config, run_dir, hooks=hooks)
+    except RoleEnvError as err:  # a role's environment cannot run it: the message names it and the fix
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_TRAINER
     return 0
 
 

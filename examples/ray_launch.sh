@@ -5,6 +5,18 @@
 #   each other node:   RAY_HEAD=<head-ip>:6379 NPUS_PER_NODE=16 bash examples/ray_launch.sh --worker
 #   a running cluster: RAY_ADDRESS=<ip>:<port> bash examples/ray_launch.sh <config-name> [...]
 #                      (joins it with its token; starts and stops no Ray process)
+#   check mode:        NNODES=8 NPUS_PER_NODE=8 bash examples/ray_launch.sh <config-name> --dry-run [...]
+#                      (no run: the placement dry run on a fake NNODES x NPUS_PER_NODE cluster, or with
+#                      RAY_ADDRESS on that cluster: where each actor lands and, with role environments,
+#                      the interpreter each starts in; a missing environment is refused by name)
+#
+# Role environments (async pipeline): TRAINER_ENV and ROLLOUT_ENV name two environment folders (a venv
+# or conda env with bin/python; the same path on every node), e.g. the Ascend trainer set (MindSpeed,
+# megatron-core 0.12.1, torch 2.7.1) and the rollout set (vllm-ascend), which no single environment
+# can hold. `make setup-npu` builds them on a node (stacks/setup_role_envs.sh); stacks/Dockerfile.ascend
+# bakes them into an image. With them, every node this script starts (head and --worker) checks its
+# own copies first and stops naming the missing environment or package; Ray and the driver run from
+# TRAINER_ENV's interpreter unless PYTHON is set; and the run gets async_config.role_envs.
 #
 # Token: every Ray process this starts, the wait for nodes and the driver run with RAY_AUTH_MODE=token
 # and RAY_AUTH_TOKEN_PATH=<token file>: $RAY_AUTH_TOKEN_PATH if set, else Ray's ~/.ray/auth_token.
@@ -27,7 +39,11 @@
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-python_bin="${PYTHON:-${repo_root}/.venv/bin/python}"
+trainer_env="${TRAINER_ENV:-}"
+rollout_env="${ROLLOUT_ENV:-}"
+default_python="${repo_root}/.venv/bin/python"
+[[ -n "${trainer_env}" ]] && default_python="${trainer_env}/bin/python"
+python_bin="${PYTHON:-${default_python}}"
 [[ -x "${python_bin}" ]] || python_bin="python3"
 ray_bin="$(dirname "${python_bin}")/ray"
 [[ -x "${ray_bin}" ]] || ray_bin="ray"
@@ -48,22 +64,54 @@ elif [[ -n "${RAY_ADDRESS:-}" ]]; then
   mode="join"
 fi
 
-# Token authentication stays on for every process below (the cluster's only lock).
-if [[ -n "${RAY_AUTH_MODE:-}" && "${RAY_AUTH_MODE}" != "token" ]]; then
-  die "RAY_AUTH_MODE=${RAY_AUTH_MODE}: this launcher keeps Ray's token authentication on; unset RAY_AUTH_MODE"
+# --dry-run anywhere after the config name: check mode (see the top of this file).
+dry_run=0
+args=()
+for arg in "$@"; do
+  if [[ "${arg}" == "--dry-run" ]]; then dry_run=1; else args+=("${arg}"); fi
+done
+set -- "${args[@]+"${args[@]}"}"
+
+# This node's copies of the role environments, before any Ray process starts here (check mode: the
+# dry run probes them itself, reporting the device stacks a laptop lacks instead of refusing them).
+role_overrides=()
+if [[ -n "${trainer_env}" || -n "${rollout_env}" ]]; then
+  [[ -n "${trainer_env}" && -n "${rollout_env}" ]] \
+    || die "set both TRAINER_ENV and ROLLOUT_ENV (the two role environments), or neither"
+  device="cpu"
+  [[ "${npus}" != "0" ]] && device="npu"
+  for role in trainer rollout; do
+    env_dir="${trainer_env}"
+    [[ "${role}" == "rollout" ]] && env_dir="${rollout_env}"
+    [[ -x "${env_dir}/bin/python" ]] \
+      || die "the ${role} environment ${env_dir} has no bin/python on this node ($(hostname)); build it here with make setup-npu (stacks/setup_role_envs.sh) or fix ${role^^}_ENV"
+    role_overrides+=("++async_config.role_envs.${role}.python=${env_dir}/bin/python")
+    if [[ "${dry_run}" == "0" ]]; then
+      "${python_bin}" -m mindspeed_rl.utils.role_env_check node --role "${role}" \
+        --python "${env_dir}/bin/python" --device "${device}" || exit 2
+    fi
+  done
 fi
-export RAY_AUTH_MODE=token
-if [[ -z "${RAY_AUTH_TOKEN:-}" ]]; then
-  create=()
-  [[ "${mode}" == "head" ]] && create=(--create)
-  RAY_AUTH_TOKEN_PATH="$("${python_bin}" -m mindspeed_rl.utils.ray_auth token-file "${create[@]}")" || exit 2
-  export RAY_AUTH_TOKEN_PATH
-  token_note="token file ${RAY_AUTH_TOKEN_PATH}"
-else
-  token_note="token from \$RAY_AUTH_TOKEN"
+
+# Token authentication stays on for every process below (the cluster's only lock); check mode on a
+# fake cluster starts no cluster anyone else joins, so it needs no token.
+if [[ "${dry_run}" == "0" || "${mode}" != "head" ]]; then
+  if [[ -n "${RAY_AUTH_MODE:-}" && "${RAY_AUTH_MODE}" != "token" ]]; then
+    die "RAY_AUTH_MODE=${RAY_AUTH_MODE}: this launcher keeps Ray's token authentication on; unset RAY_AUTH_MODE"
+  fi
+  export RAY_AUTH_MODE=token
+  if [[ -z "${RAY_AUTH_TOKEN:-}" ]]; then
+    create=()
+    [[ "${mode}" == "head" ]] && create=(--create)
+    RAY_AUTH_TOKEN_PATH="$("${python_bin}" -m mindspeed_rl.utils.ray_auth token-file "${create[@]}")" || exit 2
+    export RAY_AUTH_TOKEN_PATH
+    token_note="token file ${RAY_AUTH_TOKEN_PATH}"
+  else
+    token_note="token from \$RAY_AUTH_TOKEN"
+  fi
+  # No SIGTERM drain of the node (Ray waits up to 30 s for Serve proxies; a training run has none).
+  export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}"
 fi
-# No SIGTERM drain of the node (Ray waits up to 30 s for Serve proxies; a training run has none).
-export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}"
 
 if [[ "${mode}" == "worker" ]]; then
   : "${RAY_HEAD:?set RAY_HEAD=<head-ip>:${port}}"
@@ -73,12 +121,24 @@ if [[ "${mode}" == "worker" ]]; then
     ${RAY_WORKER_ARGS:-} --block
 fi
 
-config_name="${1:?usage: $0 <config-name> [overrides...] | --worker}"
+config_name="${1:?usage: $0 <config-name> [--dry-run] [overrides...] | --worker}"
 shift
 nnodes="${NNODES:-1}"
 entry="${TRAIN_ENTRY:-cli/train_grpo.py}"
 config_dir_args=()
 [[ -n "${CONFIG_DIR:-}" ]] && config_dir_args=(--config-dir "${CONFIG_DIR}")
+
+if [[ "${dry_run}" == "1" ]]; then
+  fake=(--fake-cluster "${nnodes}x${npus}")
+  where="a fake ${nnodes}x${npus} cluster"
+  if [[ "${mode}" == "join" ]]; then
+    fake=()
+    where="the cluster at ${RAY_ADDRESS}"
+  fi
+  say "check mode: placement dry run of ${config_name} on ${where}"
+  exec "${python_bin}" cli/check_config.py "${config_dir_args[@]}" --config-name "${config_name}" \
+    --placement-dry-run "${fake[@]}" "${role_overrides[@]}" "$@"
+fi
 head_pid=""
 driver_pid=""
 
@@ -143,9 +203,11 @@ log_dir="${LOG_DIR:-${repo_root}/runs/logs}"
 mkdir -p "${log_dir}"
 log="${log_dir}/${config_name}_$(date +%Y%m%d-%H%M%S).log"
 # The driver runs in the background so that a SIGTERM or Ctrl-C to this script is acted on at once
-# (bash runs traps only between commands, and `wait` is one it leaves for a signal).
-RAY_ADDRESS="${address}" "${python_bin}" "${entry}" "${config_dir_args[@]}" --config-name "${config_name}" "$@" \
-  > >(tee "${log}") 2>&1 &
+# (bash runs traps only between commands, and `wait` is one it leaves for a signal). It never
+# touches a device: TORCH_DEVICE_BACKEND_AUTOLOAD=0 keeps torch (which the driver imports for a
+# learned length predictor or a model it builds) from loading torch_npu in an environment that has it.
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 RAY_ADDRESS="${address}" "${python_bin}" "${entry}" "${config_dir_args[@]}" --config-name "${config_name}" \
+  "${role_overrides[@]}" "$@" > >(tee "${log}") 2>&1 &
 driver_pid=$!
 set +e
 wait "${driver_pid}"

@@ -7,6 +7,7 @@ from typing import Literal
 
 from mindspeed_rl.config_cls.fields import opt, section
 from mindspeed_rl.config_cls.resources import ActorResources
+from mindspeed_rl.config_cls.role_envs import RoleEnvsConfig
 from mindspeed_rl.runtime.config import ControlKnobs
 
 
@@ -52,4 +53,9 @@ class AsyncConfig(ControlKnobs):
         "weight_transport=collective: bytes per send bucket, in MB (a larger tensor goes alone). "
         "A GU holds about 3 rounds of buckets (one per sending TU rank each) while it receives; "
         "a model of fewer than ~8 buckets per rank gains little from the receive/convert overlap.",
+    )
+    role_envs: RoleEnvsConfig | None = opt(
+        None,
+        "One Python environment per role: {trainer: {python: ...}, rollout: {python: ...}} "
+        "(config_cls/role_envs.py); null = every actor in the environment Ray was started from.",
     )

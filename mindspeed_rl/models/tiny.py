@@ -297,6 +297,8 @@ def config_from_arch(arch: Mapping[str, Any]) -> PretrainedConfig:
     """Map upstream (Megatron) architecture keys to a transformers Qwen3 / Qwen2 / Qwen3-MoE config."""
     from transformers import Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
+    from mindspeed_rl.models import transformers_compat
+
     a = _parse_arch(arch)
     common: dict[str, Any] = dict(
         vocab_size=a.padded_vocab_size,
@@ -310,7 +312,7 @@ def config_from_arch(arch: Mapping[str, Any]) -> PretrainedConfig:
         initializer_range=a.init_method_std,
         rms_norm_eps=a.norm_epsilon,
         tie_word_embeddings=a.tied,
-        rope_parameters={"rope_type": "default", "rope_theta": a.rotary_base},
+        **transformers_compat.rope_config_kwargs(a.rotary_base),
         use_sliding_window=False,
         pad_token_id=PAD_TOKEN_ID,
         eos_token_id=EOS_TOKEN_ID,
@@ -348,6 +350,8 @@ def create_tiny_model(path: str | os.PathLike[str], arch: Mapping[str, Any], see
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    from mindspeed_rl.models import transformers_compat
+
     target = Path(path)
     if target.exists():
         raise ValueError(f"{target} already exists; delete it or use ensure_model() to reuse it")
@@ -365,6 +369,9 @@ def create_tiny_model(path: str | os.PathLike[str], arch: Mapping[str, Any], see
         )
         model.save_pretrained(staging)
         build_char_tokenizer().save_pretrained(staging)
+        # Read alike by transformers 4.x and 5.x (each role's environment may hold either).
+        transformers_compat.write_portable_config(staging)
+        transformers_compat.write_portable_tokenizer(staging)
         staging.rename(target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

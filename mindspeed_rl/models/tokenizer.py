@@ -7,6 +7,7 @@ from typing import Any
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    from transformers import AutoTokenizer
+    """Through the transformers adapter: a 4.x trainer environment reads a tokenizer a 5.x one saved."""
+    from mindspeed_rl.models.transformers_compat import load_tokenizer as load
 
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return load(path)

@@ -46,6 +46,7 @@ from mindspeed_rl.plan.memory_section import MemoryPlan, memory_plan
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.placement import ClusterSpec, Placement, PlacementRequest, plan_placement
+from mindspeed_rl.utils.role_envs import HYBRID_REFUSAL
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import ASPConfig, GRPOConfig
@@ -192,6 +193,8 @@ def build_run_plan(config: GRPOConfig) -> RunPlan:
         dynamic_sampling=dapo.dynamic_sampling(config),
     )
     if not is_async:
+        if config.async_config.role_envs is not None:
+            raise ValueError(HYBRID_REFUSAL)
         return plan
     return parts.with_async(plan, config, runtime_config(config))
 

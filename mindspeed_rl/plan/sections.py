@@ -28,6 +28,7 @@ from mindspeed_rl.models.training.megatron.layout import MegatronLayout, check_t
 from mindspeed_rl.plan import correction, pipeline
 from mindspeed_rl.plan.colocation import OFFLOAD_KEYS, colocated_offload
 from mindspeed_rl.utils.logging_config import LoggingConfig
+from mindspeed_rl.utils.role_envs import RoleEnvs, role_envs_from_config
 from mindspeed_rl.weights.collective_backend import Backend, resolve_backend
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class AsyncSpec:
     """collective: MB per send bucket."""
     collective_backend: Backend = "gloo"
     """collective: the GU groups' backend, resolved for the run's device kind (``collective_backend.py``)."""
+    role_envs: RoleEnvs | None = None
+    """One Python environment per role (``utils.role_envs``); None = all in Ray's own."""
 
 
 def refuse_unsupported(config: GRPOConfig) -> None:
@@ -459,6 +462,7 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
             plan.placement.device_kind_reason,
             actors_on_device=plan.placement.generation.num_devices > 0,
         ),
+        role_envs=role_envs_from_config(a.role_envs),
     )
     return dataclasses.replace(plan, runtime=runtime, asp=asp, async_spec=spec)
 

@@ -67,6 +67,12 @@ class AsyncCluster:
         self._closing = False  # set by close: GU runs ending from then on are not failures
         self._started = 0.0
         self._evaluations = 0
+        self.env_reports: dict[str, Any] = {}
+        """Each process's interpreter and loaded engine stacks (``role_processes``), for summary.json."""
+
+    @property
+    def failed_gus(self) -> frozenset[int]:
+        return frozenset(self._failed)
 
     @classmethod
     def start(cls, run: RunStart, inputs: PipelineInputs, faults: FaultPlan) -> AsyncCluster:
@@ -76,10 +82,12 @@ class AsyncCluster:
         import ray
 
         from mindspeed_rl.utils.ray_setup import reserve
+        from mindspeed_rl.utils.role_envs import role_options, role_runtime_env
         from mindspeed_rl.workers.generation_unit import GenerationUnit
 
         plan = run.plan
         assert plan.async_spec is not None and plan.runtime is not None, "an async plan carries both"
+        rollout_env = role_runtime_env(plan.async_spec.role_envs, "rollout")
         reserved = reserve(run.placement)
         prompts = ray.put({r.prompt_id: r for r in inputs.prompts})
         snapshots = snapshot_root(plan.async_spec.snapshot_dir, run.run_dir)
@@ -98,12 +106,14 @@ class AsyncCluster:
                 faults,
                 forced_lengths=inputs.forced_lengths,
                 reserved=reserved,
+                runtime_env=rollout_env,
             )
+            # A GU converts snapshots (torch) and starts its actors: it lives in the rollout's environment.
             gu_remote: Any = ray.remote(GenerationUnit)
             cluster.gus = {
-                s.gu_id: gu_remote.options(**_gu_options(plan, reserved, s.gu_id), max_concurrency=4).remote(
-                    s, cu
-                )
+                s.gu_id: gu_remote.options(
+                    **role_options(rollout_env, _gu_options(plan, reserved, s.gu_id)), max_concurrency=4
+                ).remote(s, cu)
                 for s in specs
             }
             cluster._bring_up(plan.async_spec, snapshots)
@@ -116,9 +126,15 @@ class AsyncCluster:
         """The weight flow, then every engine, then the first dispatch and the GUs' loops."""
         import ray
 
+        from mindspeed_rl.trainer.role_processes import check_live, live_reports
         from mindspeed_rl.trainer.weight_channels import start_weight_flow
 
         assert self.trainer is not None
+        # Each process as it reports itself; with role envs, the trainer's and every GU's snapshot
+        # format must agree before any weight moves (the driver checked its own node's copies).
+        self.env_reports = live_reports(self)
+        if a.role_envs is not None:
+            check_live(self.env_reports, a.role_envs)
         # The shared-path probe and (collective) the GUs' process groups, before any engine starts.
         weights = start_weight_flow(self.tu, self.gus, a, self.trainer, snapshots)
         # Engine start-up is not part of any iteration's time (as in the hybrid loop).
@@ -230,6 +246,7 @@ class AsyncCluster:
         self._closing = True
         pipeline_seconds = time.perf_counter() - self._started
         control_cpu = self._control_plane_cpu(pipeline_seconds)
+        processes = self._processes_at_close()  # while the generation actors are still up
         self._stop_gus()
         summary: dict[str, Any] = {**ray.get(self.cu.summary.remote()), **control_cpu}
         # Per completed minibatch: the control plane's cost per unit of work, whatever the run length.
@@ -240,11 +257,22 @@ class AsyncCluster:
         ray.get(self.cu.close_events.remote())  # events.jsonl was streamed; this writes the tail
         summary.update(ray.get(self.tu.finish_snapshots.remote()))
         summary["training_layout"] = training_layout_summary(self.trainer)
+        summary["processes"] = processes
         self.save(run_dir / "final_model")
         write_summary(
             run_dir, pipeline="async", queue_limit_samples=summary.pop("queue_limit_samples"), **summary
         )
         self.kill()
+
+    def _processes_at_close(self) -> dict[str, Any]:
+        """The processes' reports now that every engine has loaded (the start's, where one is gone)."""
+        from mindspeed_rl.trainer.role_processes import live_reports
+
+        try:
+            return live_reports(self)
+        except Exception:  # a report must not fail a finished run
+            logger.warning("could not collect the processes' environment reports at close", exc_info=True)
+            return self.env_reports
 
     def kill(self) -> None:
         import ray
@@ -363,18 +391,23 @@ def _control_unit(run: RunStart, inputs: PipelineInputs) -> Any:
 
 
 def _training_unit(run: RunStart, inputs: PipelineInputs, prompts: Any, reserved: ReservedPlacement) -> Any:
-    """The TU: one rank per trainer device, each pinned to its bundle of the placement."""
+    """The TU: one rank per trainer device, each pinned to its bundle of the placement; its ranks
+    and their group's driver in the trainer's environment."""
+    from mindspeed_rl.utils.role_envs import role_options, role_runtime_env
     from mindspeed_rl.workers.training_group import remote_training_unit
 
     plan = run.plan
+    assert plan.async_spec is not None
+    env = role_runtime_env(plan.async_spec.role_envs, "trainer")
     return remote_training_unit(
         plan.trainer,
         run.policy_path,
         prompts,
         rank_options=[
-            reserved.trainer_rank_options(r, plan.trainer_resources) for r in range(plan.trainer.num_ranks)
+            role_options(env, reserved.trainer_rank_options(r, plan.trainer_resources))
+            for r in range(plan.trainer.num_ranks)
         ],
-        group_options=_control_options(plan),
+        group_options=role_options(env, _control_options(plan)),
         simulated_step_seconds=inputs.simulated_step_seconds,
     )
 
@@ -400,10 +433,13 @@ def gu_specs(
     *,
     forced_lengths: Mapping[str, tuple[int, ...]] | LengthPlan | None = None,
     reserved: ReservedPlacement | None = None,
+    runtime_env: Mapping[str, Any] | None = None,
 ) -> list[GuSpec]:
     """One spec per Generation Unit; ``prompts`` is the prompt mapping or a Ray reference to it.
-    ``reserved`` (the run's placement) gives each actor its own options (its bundle)."""
+    ``reserved`` (the run's placement) gives each actor its own options (its bundle);
+    ``runtime_env`` is the rollout role's environment (``role_processes.role_runtime_env``)."""
     from mindspeed_rl.utils.ray_setup import ray_actor_options
+    from mindspeed_rl.utils.role_envs import role_options
     from mindspeed_rl.workers.generation_unit import GuSpec
 
     a = plan.async_spec
@@ -415,11 +451,14 @@ def gu_specs(
             policy_path=policy_path,
             prompts=prompts,
             num_actors=a.actors_per_unit,
-            actor_options=ray_actor_options(a.actor_resources),
+            actor_options=role_options(runtime_env, ray_actor_options(a.actor_resources)),
             per_actor_options=()
             if reserved is None
             else tuple(
-                reserved.generation_actor_options(g * a.actors_per_unit + i, a.actor_resources)
+                role_options(
+                    runtime_env,
+                    reserved.generation_actor_options(g * a.actors_per_unit + i, a.actor_resources),
+                )
                 for i in range(a.actors_per_unit)
             ),
             actor_num_cpus=a.actor_resources.num_cpus,

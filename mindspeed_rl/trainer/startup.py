@@ -1,6 +1,6 @@
 """What every run does before its first iteration and after its last, whichever the pipeline.
 
-    build_run_plan ─► resume point ─► placement on the live cluster ─► policy model ─► prompt split
+    build_run_plan ─► role environments ─► resume point ─► placement on the live cluster ─► policy model ─► prompt split
         (the config is read once, here; everything after reads the plan)
     checkpointer(run, schedule)   the lineage of consumed prompts and its periodic checkpoints
     finish(run_dir, lineage)      the lineage's counts into summary.json
@@ -11,7 +11,7 @@ fits no node is refused before any model or data work (Ray would queue it foreve
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,12 +21,15 @@ from mindspeed_rl.trainer import checkpointing as ckpt
 from mindspeed_rl.trainer import run_end
 from mindspeed_rl.trainer.policy_model import prepare_policy_model
 from mindspeed_rl.trainer.prompts import load_run_split, streams_from_files
+from mindspeed_rl.trainer.role_processes import check_plan_envs
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
     from mindspeed_rl.datasets.split import PromptSplits
     from mindspeed_rl.runtime.records import ScheduledMinibatch
+    from mindspeed_rl.utils.env_probe import EnvReport
     from mindspeed_rl.utils.placement import Placement
+    from mindspeed_rl.utils.role_envs import Role
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +47,8 @@ class RunStart:
     splits: PromptSplits | None
     """The configured data's split (its ids are in ``split_ids.json``); None when the run was
     handed its prompts (a trace replay)."""
+    env_reports: Mapping[Role, EnvReport] | None = None
+    """Each role's environment as probed at start (``async_config.role_envs``); None without."""
 
     @property
     def rollout_path(self) -> str:
@@ -63,6 +68,8 @@ def start(
     from mindspeed_rl.utils.ray_setup import live_cluster
 
     plan = build_run_plan(config)
+    # Per-role environments: probed in their own interpreters before Ray work or any model load.
+    env_reports = check_plan_envs(plan)
     resumed = ckpt.resume_point(plan)  # a foreign checkpoint is refused first
     placement = plan.check_fits(live_cluster(plan.placement.device_kind))
     if check_placement is not None:
@@ -79,6 +86,7 @@ def start(
         )
         if load_split
         else None,
+        env_reports=env_reports,
     )
 
 

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from mindspeed_rl.weights.format import SNAPSHOT_FORMAT_VERSION
 from mindspeed_rl.weights.layout import PartitionSpec, RankCoords, TrainingLayout
 
-SCHEMA_VERSION = 1
+# The manifest's schema is the snapshot format (weights/format.py): one number for every carrier.
+SCHEMA_VERSION = SNAPSHOT_FORMAT_VERSION
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGO = "crc32"
 _CRC_CHUNK = 64 * 1024 * 1024

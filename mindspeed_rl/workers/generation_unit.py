@@ -214,6 +214,14 @@ class GenerationUnit:
     def call_counts(self) -> dict[str, int]:
         return dict(self.calls)
 
+    def actor_env_reports(self, modules: tuple[str, ...]) -> list[Any]:
+        """Each live actor's own environment report (``utils.env_probe``), for summary.json."""
+        import ray
+
+        from mindspeed_rl.utils.env_probe import report_of_process
+
+        return ray.get([h.__ray_call__.remote(report_of_process, modules) for h in self._handles.values()])
+
     def convert_cpu_seconds(self) -> float:
         """CPU the snapshot conversions used since ``run`` began (weight flow, not control)."""
         return self._weights.convert_cpu_seconds

@@ -151,6 +151,11 @@ class TrainingGroup:
     def rank_pids(self) -> list[int]:
         return list(self._gather([w.pid.remote() for w in self._ranks]))
 
+    def env_reports(self, modules: tuple[str, ...]) -> list[Any]:
+        from mindspeed_rl.utils.env_probe import report_of_process
+
+        return list(self._gather([w.__ray_call__.remote(report_of_process, modules) for w in self._ranks]))
+
     def shutdown(self) -> None:
         import ray
 
@@ -267,6 +272,10 @@ class GroupedTrainingUnit:
 
     def rank_pids(self) -> list[int]:
         return self._group.rank_pids()
+
+    def rank_env_reports(self, modules: tuple[str, ...]) -> list[Any]:
+        """Each rank's own environment report (``utils.env_probe``), for summary.json."""
+        return self._group.env_reports(modules)
 
     def shutdown(self) -> None:
         self._group.shutdown()

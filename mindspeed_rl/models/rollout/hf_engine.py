@@ -54,6 +54,8 @@ class HFEngine:
         contention between actors sharing few cores (measured: 2 threads under load ran ~70x slower)."""
         from transformers import AutoModelForCausalLM
 
+        from mindspeed_rl.models.transformers_compat import load_config
+
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1")
         if num_threads is not None and torch.device(device).type == "cpu":
@@ -61,7 +63,10 @@ class HFEngine:
         # Eager attention: with left padding, fully masked pad rows stay finite (sdpa can emit NaN
         # there, which would then leak into later layers through the KV cache).
         model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), attn_implementation="eager"
+            model_path,
+            config=load_config(model_path),  # transformers 4.x would misread a 5.x config's RoPE base
+            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+            attn_implementation="eager",
         )
         torch.nn.Module.to(model, torch.device(device))
         model.eval()

@@ -1,6 +1,7 @@
 """Between an HF model's in-memory parameters and its checkpoint (and vLLM's) tensor names.
 
-Two differences under transformers 5, both invisible to ``save_pretrained``/``from_pretrained``
+Two differences under transformers 5 (in-memory names; 4.x keeps experts unfused, which passes
+through unchanged), both invisible to ``save_pretrained``/``from_pretrained``
 but not to anyone who moves ``state_dict`` tensors by hand (a weight refresh does):
 
 - tied embeddings: ``state_dict`` lists ``lm_head.weight`` (the same tensor as
@@ -31,8 +32,11 @@ _DOWN = re.compile(r"^(?P<prefix>.+\.experts)\.down_proj$")
 def tied_targets(model: PreTrainedModel) -> dict[str, str]:
     """``{tied name: the name it shares storage with}``, e.g. ``{"lm_head.weight":
     "model.embed_tokens.weight"}``; empty for untied models. The same table ``save_pretrained``
-    uses to leave the tied names out of the checkpoint."""
-    return {str(k): str(v) for k, v in model.all_tied_weights_keys.items()}
+    uses to leave the tied names out of the checkpoint (transformers 4.x and 5.x find it
+    differently: ``models.transformers_compat``)."""
+    from mindspeed_rl.models import transformers_compat
+
+    return transformers_compat.tied_targets(model)
 
 
 def to_checkpoint_format(

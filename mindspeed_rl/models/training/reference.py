@@ -23,7 +23,10 @@ def load_causal_lm(
     ``dtype``: fp32 by default, for exact log-prob agreement with fp32 rollout engines."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=dtype)
+    from mindspeed_rl.models.transformers_compat import load_config
+
+    # The config through the adapter: transformers 4.x would read a 5.x config's RoPE base wrong.
+    model = AutoModelForCausalLM.from_pretrained(os.fspath(path), config=load_config(path), dtype=dtype)
     torch.nn.Module.to(model, torch.device(device))  # HF wraps .to with a decorator mypy cannot read
     return model
 

@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from mindspeed_rl.models import transformers_compat
 from mindspeed_rl.models.loss.aggregate import masked_token_mean
 from mindspeed_rl.models.training.batch import TrainBatch, pad_batch
 from mindspeed_rl.models.training.log_probs import response_logits, token_log_probs
@@ -101,6 +102,7 @@ def sft_warmup(
         num_tokens += micro.num_response_tokens
     seconds = time.perf_counter() - start
     model.save_pretrained(Path(model_path))
+    transformers_compat.write_portable_config(model_path)  # read alike by transformers 4.x and 5.x
     tail = max(1, steps // 10)
     return {
         "loss_first": losses[0],

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mindspeed_rl.models import transformers_compat
 from mindspeed_rl.models.loss.kl_control import build_kl_controller
 from mindspeed_rl.models.rollout.weight_stream import WeightStream
 from mindspeed_rl.models.training.batch import TrainBatch, pad_batch
@@ -130,6 +131,7 @@ class TorchTrainingEngine:
         target.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(target, max_shard_size=max_shard_size)
         copy_non_weight_files(self._source, target)
+        transformers_compat.write_portable_config(target)  # read alike by transformers 4.x and 5.x
 
     def save_state(self, path: str | os.PathLike[str], *, optimizer: bool = True, rng: bool = True) -> None:
         """A resumable checkpoint: the HF folder of ``save_hf`` (still loadable as a model) plus

@@ -22,6 +22,7 @@ from mindspeed_rl.models.tiny import (
     create_tiny_model,
     ensure_model,
 )
+from mindspeed_rl.models.transformers_compat import rope_base
 
 PRINTABLE = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")
 
@@ -58,7 +59,7 @@ def test_arch_keys_map_to_qwen3_config() -> None:
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size) == (2, 64, 128)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (4, 2, 32)
     assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.tie_word_embeddings) == (128, 512, False)
-    assert cfg.rope_parameters is not None and cfg.rope_parameters["rope_theta"] == 1e6
+    assert rope_base(cfg) == 1e6  # rope_parameters in transformers 5.x, rope_theta in 4.x
     no_vocab = {k: v for k, v in TINY_TEST_ARCH.items() if k != "padded_vocab_size"}
     assert config_from_arch({**no_vocab, "make_vocab_size_divisible_by": 64}).vocab_size == 128
 

@@ -31,6 +31,8 @@ VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("grpo_tiny_cpu", ("++actor_config.lr_decay_style=linear", "++actor_config.lr_warmup_iters=3",
                        "++actor_config.lr_decay_iters=20")),
     ("grpo_tiny_asp", ("++async_config.max_policy_lag=null",)),
+    ("grpo_tiny_asp", ("++async_config.role_envs.trainer.python=/envs/trainer/bin/python",
+                       "++async_config.role_envs.rollout.env_vars.PYTHONPATH=/src")),
 )  # fmt: skip
 
 
