@@ -232,6 +232,7 @@ def plan(args: argparse.Namespace, stages: list[Stage]) -> dict[str, Any]:
     return {
         "device": args.device,
         "size": args.size,
+        "dtype": args.dtype or "bfloat16",
         "budget_s": args.budget_s,
         "blocked_modules": [b for b in args.block.split(",") if b],
         "stages": [
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--size", choices=("full", "tiny"), help="full (0.6 B shape, the GPU) or tiny (CPU)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="bfloat16 on the GPU, float32 tiny")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="default bfloat16")
     parser.add_argument("--stages", help=f"comma-separated subset of {', '.join(BY_NAME)} (default: all)")
     parser.add_argument("--json", type=Path, help="write the one JSON here")
     parser.add_argument(

@@ -56,8 +56,9 @@ class StageContext:
 
 
 def context(*, device: str, size: str, work: Path, dtype: str | None) -> StageContext:
-    """The GPU sizes: gpu_smoke's (Qwen3-0.6B shape, 4 x 2048 tokens per step, 20 steps, bf16);
-    tiny: gpu_smoke's dry-run model, a few short steps."""
+    """The GPU sizes: gpu_smoke's (Qwen3-0.6B shape, 4 x 2048 tokens per step, 20 steps);
+    tiny: gpu_smoke's dry-run model, a few short steps. bf16 on both, as the recipes train: on
+    CPU too, so the fp32 masters, the fp32-gradient switch and their checkpointing are exercised."""
     tiny = size == "tiny"
     if device == "cpu":
         import torch
@@ -65,7 +66,7 @@ def context(*, device: str, size: str, work: Path, dtype: str | None) -> StageCo
         torch.set_num_threads(2)  # a shared CPU host
     settings = SmokeSettings(
         steps=2 if tiny else 20, seq_length=32 if tiny else 2048, samples_per_step=2 if tiny else 4,
-        micro_batch_size=1, param_dtype=dtype or ("float32" if tiny else "bfloat16"), device=device,
+        micro_batch_size=1, param_dtype=dtype or "bfloat16", device=device,
     )  # fmt: skip
     shape = gpu_smoke.QWEN3_TINY if tiny else gpu_smoke.QWEN3_SMALL
     return StageContext(
@@ -369,6 +370,7 @@ def stage_offload(ctx: StageContext) -> dict[str, Any]:
         raise StageFailed(f"train_state_tensors: {type(err).__name__}: {err}", figures) from err
     device_type = "cuda" if ctx.device == "cuda" else "cpu"
     figures["expected_gb"] = _unique_storage_bytes(moved, device_type) / GB
+    del moved  # a reference kept here would keep each moved tensor's device memory alive
     tic = time.perf_counter()
     offload_train_state(cycled.model, cycled.optimizer, ALL_PARTS)
     free_device_cache(ctx.device)

@@ -75,6 +75,10 @@ def _weights(model_dir: Path, device: str) -> dict[str, Any]:
     return out
 
 
+def _copy(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [a.copy() for a in arrays]
+
+
 def collective_round_trip(model_dir: Path, *, device: str, bucket_mb: float) -> dict[str, Any]:
     import torch
 
@@ -107,7 +111,9 @@ def collective_round_trip(model_dir: Path, *, device: str, bucket_mb: float) -> 
     # The channel as a GU announces it: TU rank 0 sends, the receiver is rank 1 (world_size - 1).
     address = ChannelAddress(gu_id=0, host="127.0.0.1", port=store.port, world_size=2, backend=backend)
     received = ReceivedSnapshots()
-    receiver = CollectiveReceiver(address, store, InferenceLayout(), received, put=lambda arrays: arrays)
+    # ``put`` copies, as ray.put does into the object store: the receiver reuses a bucket's memory
+    # for a later round once its tensors are put, so keeping views would read overwritten bytes.
+    receiver = CollectiveReceiver(address, store, InferenceLayout(), received, put=_copy)
     figures: dict[str, Any] = {
         "backend": backend, "tensors": len(host), "bytes": nbytes, "buckets": len(packed.buckets),
         "bucket_mb": bucket_mb, "export_s": export_s, "pack_s": pack_s,
@@ -131,7 +137,7 @@ def collective_round_trip(model_dir: Path, *, device: str, bucket_mb: float) -> 
     transfer_s = time.perf_counter() - tic
     if isinstance(snapshot, str):
         raise RuntimeError(f"the receiver reported no snapshot: {snapshot}")
-    tensors = fetch_tensors(snapshot, get=lambda parts: parts)  # ``put`` kept the arrays themselves
+    tensors = fetch_tensors(snapshot, get=lambda parts: parts)  # ``put`` kept the arrays (copies) themselves
     loaded = dict(iter_converted(snapshot, tensors, InferenceLayout()))
     unequal = [
         name for name, t in host.items()

@@ -176,10 +176,12 @@ def test_every_stage_runs_on_cpu_with_vllm_and_ray_blocked(tmp_path: Path) -> No
             smoke["tokens_per_s"] > 0 and smoke["planned_memory_gb"] > 0 and smoke["peak_memory_gb"] is None
         )
     dist = stages["dist_optimizer"]["figures"]
+    assert report["settings"]["dtype"] == "bfloat16"  # so fp32 gradients are the switch's doing
     assert dist["grad_buffer_dtypes"] == dist["main_grad_dtypes"] == ["torch.float32"]
     ckpt = stages["checkpoint"]["figures"]
     assert ckpt["params_differed_before_load"] and ckpt["params_bit_equal"] and ckpt["optimizer_bit_equal"]
-    assert ckpt["optimizer_tensors"] > ckpt["params"]  # parameters (or masters) and their Adam moments
+    # bf16 on CPU: the engine's fp32 masters and both Adam moments of every parameter, all restored.
+    assert ckpt["optimizer"] == "MasterWeightOptimizer" and ckpt["optimizer_tensors"] == 3 * ckpt["params"]
     assert ckpt["next_step_max_abs_diff"] == 0.0  # CPU kernels are deterministic
     offload = stages["offload"]["figures"]
     assert offload["grad_buffer_bytes_before"] > 0 and offload["grad_buffer_bytes_offloaded"] == 0
@@ -202,5 +204,4 @@ def test_a_failing_stage_leaves_the_others_running(tmp_path: Path) -> None:
     assert report["ok"] is False
     assert stages["model"]["ok"] and stages["collective"]["ok"], stages
     assert not stages["smoke_megatron"]["ok"]
-    assert "ModuleNotFoundError" in stages["smoke_megatron"]["error"]
-    assert "megatron" in stages["smoke_megatron"]["error"]
+    assert "needs megatron-core" in stages["smoke_megatron"]["error"]  # the engine's own message
