@@ -109,6 +109,16 @@ docs: setup
 bench: setup
 	$(PY) -m asp_scheduler bench --json runs/bench_scheduler.json
 
+# One CUDA GPU, no network (issue #39): benchmarks/device_check.sh. Here, with network:
+# `make device-check DEVICE_CHECK=--prepare` downloads the megatron-core wheel into .cache/device_wheels/
+# (git-ignored), `make device-check DEVICE_CHECK=--dry-run` prints the device's exact commands. On the
+# GPU: `bash benchmarks/device_check.sh` (or this target) with .cache/device_wheels carried along.
+# No `setup` prerequisite: the device has no network and uses its own torch.
+.PHONY: device-check
+DEVICE_CHECK ?=
+device-check:
+	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) bash benchmarks/device_check.sh $(DEVICE_CHECK)
+
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
 

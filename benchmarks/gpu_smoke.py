@@ -15,8 +15,10 @@ The GPU host needs torch with CUDA, transformers and megatron-core (``pip instal
 megatron_core-0.19.2-*.whl``); no vLLM, no Ray, no network. ``--dry-run`` runs the same code on a
 tiny model on CPU (gloo, the engines' torch-optimizer path, a few short steps): it proves the
 script, not the numbers. The JSON: ``{"engines": {"megatron": {"tokens_per_s", "mfu",
-"peak_memory_gb", "planned_memory_gb", ...}, "torch": {...}}, "device", "model", ...}``.
-``peak_memory_gb`` is None on CPU (no allocator statistics there).
+"peak_memory_gb", "planned_memory_gb", "peak_over_planned", "optimizer", ...}, "torch": {...}},
+"device", "model", ...}``. ``peak_memory_gb`` is None on CPU (no allocator statistics there);
+``optimizer`` names the class that stepped (on a GPU, megatron's ``ChainedOptimizer`` and what it
+chains). ``benchmarks/device_check.sh`` runs each engine of this script as one of its stages.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ class SmokeSettings:
     param_dtype: str
     device: str
     lr: float = 1e-6
+    distributed_optimizer: bool = False
+    """The megatron engine's ``use_distributed_optimizer`` (an accelerator only: the CPU path
+    steps a torch optimizer and ignores it)."""
+    grads_in_fp32: bool = False
+    """The megatron engine's ``accumulate_allreduce_grads_in_fp32``: an fp32 DDP gradient buffer."""
 
 
 def build_model(path: Path, shape: dict[str, Any], *, device: str, seed: int = 0) -> Path:
@@ -105,17 +112,19 @@ def model_shape(shape: dict[str, Any]) -> Any:
 def planned_memory(
     shape: dict[str, Any], settings: SmokeSettings, *, engine: str, device_memory_gb: float
 ) -> Any:
-    """``plan/memory.py``'s estimate for one rank. The megatron engine: DDP buffer in bf16
-    (accumulate_allreduce_grads_in_fp32 off), megatron's unfused attention with the local spec
-    unless TransformerEngine is installed. The torch engine: fp32 gradients (its masters' grads),
-    SDPA attention (no s x s scores kept)."""
+    """``plan/memory.py``'s estimate for one rank. The megatron engine: DDP buffer in the
+    parameters' dtype unless ``settings.grads_in_fp32``, the distributed optimizer as
+    ``settings`` says, megatron's unfused attention with the local spec unless TransformerEngine
+    is installed. The torch engine: fp32 gradients (its masters' grads), SDPA attention (no s x s
+    scores kept)."""
     from mindspeed_rl.models.training.megatron.layout import transformer_engine_importable
     from mindspeed_rl.plan.memory import TrainerMemorySpec, trainer_memory
 
     spec = TrainerMemorySpec(
         shape=model_shape(shape), tp=1, pp=1, ep=1, world_size=1, make_vocab_size_divisible_by=128,
         param_dtype=settings.param_dtype,  # type: ignore[arg-type]
-        grads_in_fp32=engine == "torch" or settings.param_dtype == "float32", distributed_optimizer=False,
+        grads_in_fp32=engine == "torch" or settings.param_dtype == "float32" or settings.grads_in_fp32,
+        distributed_optimizer=engine == "megatron" and settings.distributed_optimizer and settings.device != "cpu",
         reference=False, micro_batch_size=settings.micro_batch_size, seq_length=settings.seq_length,
         sequence_parallel=False,
         flash_attention=engine == "torch" or (settings.device == "cuda" and transformer_engine_importable()),
@@ -146,6 +155,8 @@ def engine_config(settings: SmokeSettings) -> Any:
         mini_batch_size=settings.samples_per_step, n_samples_per_prompt=1, loss=GRPOLossConfig(init_kl_coef=0.0),
         device=settings.device,  # type: ignore[arg-type]
         param_dtype=settings.param_dtype,  # type: ignore[arg-type]
+        use_distributed_optimizer=settings.distributed_optimizer,
+        accumulate_allreduce_grads_in_fp32=settings.grads_in_fp32,
     )  # fmt: skip
 
 
@@ -197,66 +208,104 @@ def time_updates(engine: Any, batch: Any, steps: int, device: str) -> list[float
     return seconds
 
 
+@dataclass(frozen=True, slots=True)
+class EngineRun:
+    seconds: list[float]
+    optimizer: str
+    """Which optimizer stepped (``describe_optimizer``): megatron's from ``get_megatron_optimizer``
+    on an accelerator, the torch engine's mixed-precision one on a CPU host."""
+
+
+def describe_optimizer(optimizer: Any) -> str:
+    """The optimizer's class, and for megatron's ``ChainedOptimizer`` the classes it chains
+    (``chained_optimizers`` in megatron-core 0.12.1 and 0.19.2, optimizer/optimizer.py)."""
+    name = type(optimizer).__name__
+    chained = getattr(optimizer, "chained_optimizers", None)
+    if chained is None:
+        return name
+    return f"{name}[{', '.join(type(o).__name__ for o in chained)}]"
+
+
 def _report(
-    name: str, seconds: list[float], tokens_per_step: int, n_params: int, settings: SmokeSettings,
+    name: str, run: EngineRun, tokens_per_step: int, n_params: int, settings: SmokeSettings,
     shape: dict[str, Any], device_memory_gb: float, peak_flops: float,
 ) -> dict[str, Any]:  # fmt: skip
+    seconds = run.seconds
     timed = seconds[1:] if len(seconds) > 1 else seconds  # the first step compiles and allocates
     tokens_per_s = tokens_per_step / float(np.mean(timed))
     plan = planned_memory(shape, settings, engine=name, device_memory_gb=device_memory_gb)
+    peak = _peak_memory_gb(settings.device)
     return {
         "tokens_per_s": tokens_per_s,
         "mfu": 6 * n_params * tokens_per_s / peak_flops,
-        "peak_memory_gb": _peak_memory_gb(settings.device),
+        "peak_memory_gb": peak,
         "planned_memory_gb": plan.total / 1e9,
+        "peak_over_planned": None if peak is None else peak / (plan.total / 1e9),
         "planned_terms_gb": plan.as_gb(),
         "step_seconds": seconds,
+        "optimizer": run.optimizer,
     }
 
 
-def run_megatron(model_dir: Path, settings: SmokeSettings, batch: Any) -> list[float]:
-    """The megatron engine at TP1 on this process (a world of one)."""
+def init_single_rank(device: str) -> None:
+    """A default process group of one rank (NCCL on CUDA, gloo on CPU), as megatron needs one."""
     import torch
     import torch.distributed as dist
 
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
+def run_megatron(model_dir: Path, settings: SmokeSettings, batch: Any) -> EngineRun:
+    """The megatron engine at TP1 on this process (a world of one)."""
     from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
     from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if settings.device == "cuda":
-            torch.cuda.set_device(0)
-        backend = "nccl" if settings.device == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    init_single_rank(settings.device)
     engine = MegatronTrainingEngine(model_dir, engine_config(settings), MegatronLayout())
     try:
-        return time_updates(engine, batch, settings.steps, settings.device)
+        seconds = time_updates(engine, batch, settings.steps, settings.device)
+        return EngineRun(seconds, describe_optimizer(engine.optimizer))
     finally:
         del engine
 
 
-def run_torch(model_dir: Path, settings: SmokeSettings, batch: Any) -> list[float]:
+def run_torch(model_dir: Path, settings: SmokeSettings, batch: Any) -> EngineRun:
     from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
 
     engine = TorchTrainingEngine(model_dir, engine_config(settings))
     try:
-        return time_updates(engine, batch, settings.steps, settings.device)
+        seconds = time_updates(engine, batch, settings.steps, settings.device)
+        return EngineRun(seconds, describe_optimizer(engine.optimizer))
     finally:
         del engine
 
 
-RUNNERS: dict[str, Callable[[Path, SmokeSettings, Any], list[float]]] = {
+RUNNERS: dict[str, Callable[[Path, SmokeSettings, Any], EngineRun]] = {
     "megatron": run_megatron,
     "torch": run_torch,
 }
 
 
-def run(settings: SmokeSettings, shape: dict[str, Any], engines: list[str], work: Path) -> dict[str, Any]:
+def run(
+    settings: SmokeSettings,
+    shape: dict[str, Any],
+    engines: list[str],
+    work: Path,
+    model_dir: Path | None = None,
+) -> dict[str, Any]:
+    """``engines`` on a random Qwen3 of ``shape``: built under ``work`` unless ``model_dir`` holds one."""
     import torch
 
-    model_dir = build_model(work / "model", shape, device=settings.device)
+    if model_dir is None:
+        model_dir = build_model(work / "model", shape, device=settings.device)
     n_params = num_parameters(shape)
     batch = smoke_batch(settings, shape["vocab_size"])
     tokens_per_step = settings.samples_per_step * settings.seq_length
@@ -268,9 +317,9 @@ def run(settings: SmokeSettings, shape: dict[str, Any], engines: list[str], work
     for name in engines:
         _reset_memory(settings.device)
         before = _allocated_gb(settings.device)
-        seconds = RUNNERS[name](model_dir, settings, batch)
+        engine_run = RUNNERS[name](model_dir, settings, batch)
         results[name] = _report(
-            name, seconds, tokens_per_step, n_params, settings, shape, device_memory_gb, peak_flops
+            name, engine_run, tokens_per_step, n_params, settings, shape, device_memory_gb, peak_flops
         )
         results[name]["allocated_before_gb"] = before  # left over by what ran earlier in the process
         print(f"{name}: {json.dumps({k: v for k, v in results[name].items() if k != 'planned_terms_gb'})}")
@@ -284,6 +333,8 @@ def run(settings: SmokeSettings, shape: dict[str, Any], engines: list[str], work
             "samples_per_step": settings.samples_per_step,
             "micro_batch_size": settings.micro_batch_size,
             "param_dtype": settings.param_dtype,
+            "distributed_optimizer": settings.distributed_optimizer,
+            "grads_in_fp32": settings.grads_in_fp32,
         },  # fmt: skip
         "peak_flops": peak_flops,
     }
