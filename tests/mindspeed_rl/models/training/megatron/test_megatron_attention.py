@@ -104,7 +104,11 @@ def _nvte_switches(config: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, st
 
     names = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
     for name in names:
-        monkeypatch.delenv(name, raising=False)
+        # setenv first so the undo removes what megatron exports here: delenv of an absent variable
+        # records nothing, and the switches would leak into every later spawned rank, whose own
+        # GPTModel then asserts they match its backend.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     holder = LanguageModule.__new__(LanguageModule)
     object.__setattr__(holder, "config", config)
     LanguageModule._set_attention_backend(holder)
