@@ -93,8 +93,13 @@ def restore_kernel_layout(model: Any, hidden_size: int) -> list[str]:
 def restore_worker_kernel_layout(worker: Any) -> list[str]:
     """:func:`restore_kernel_layout` on an NPUWorker's model, under ``wake_up``'s own condition
     (an unquantized model) and with its ``hidden_size`` (``model_config.hf_text_config``)."""
+    model = getattr(worker.model_runner, "model", None)
+    # Dense models (and runners without a loaded model) have nothing wake_up could have swapped:
+    # decided by the names alone, before reading any config.
+    if model is None or not any(rule_for(name) for name, _ in model.named_parameters()):
+        return []
     config = worker.vllm_config
     if config.quant_config is not None:
         return []
     hidden_size = int(config.model_config.hf_text_config.hidden_size)
-    return restore_kernel_layout(worker.model_runner.model, hidden_size)
+    return restore_kernel_layout(model, hidden_size)
