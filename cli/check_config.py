@@ -13,7 +13,11 @@ indices of every trainer rank and generation actor (``utils.placement``) and, wh
 ``model:`` gives the shape, ``memory_gb`` of each by term (``plan.memory``; exit 2 naming the rank,
 its largest term and a key that shrinks it when one does not fit ``--device-memory-gb``); the device kind is NPU
 when the config asks ``num_npus``, GPU when it asks ``num_gpus`` (a CPU-only config uses no
-devices). The run does the same check against its live cluster's nodes. Keys that have no effect
+devices). The run does the same check against its live cluster's nodes. A colocated hybrid on
+devices also gets its start-up memory on stderr, with or without ``--cluster``
+(``plan.memory.ColocatedStart``: what a trainer rank keeps on its device when its rollout engine
+starts, against the ``(1 - gpu_memory_utilization) x`` device memory vLLM leaves, and the peak of
+each weight push), and exit 2 naming the key to change when it would not start. Keys that have no effect
 here are listed on stderr (``--list-inert`` prints only that list, on stdout).
 
 ``--placement-dry-run`` joins the running Ray cluster (``--fake-cluster NxD``: starts Ray's test
@@ -142,7 +146,7 @@ def colocated_start(plan: RunPlan, device_memory_gb: float | None) -> dict[str, 
         f"colocated start-up ({kind}, {memory:g} GB): the trainer keeps {start['resident_at_engine_start']:g} GB "
         f"on its device when the rollout engine starts, {start['allowed']:g} GB allowed "
         f"((1 - gpu_memory_utilization {plan.memory.rollout.gpu_memory_utilization:g}) x {memory:g} GB); "
-        f"each push peaks at {start['push_peak']:g} GB (pipeline stage {start['pipeline_stage']})",
+        f"each push peaks at {start['push_peak']:g} GB (the fullest rank: pipeline stage {start['pipeline_stage']})",
         file=sys.stderr,
     )
     return start

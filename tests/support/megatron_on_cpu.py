@@ -36,16 +36,34 @@ class CudaTypeNames(patches.CudaDeviceToCpu):
         return super().__torch_function__(func, types, args, kwargs)
 
 
+def _no_fp8_shards(model_params: Any, *args: Any, **kwargs: Any) -> None:
+    """What TransformerEngine's ``quantize_param_shard`` does with no fp8 parameters: nothing."""
+    if len(model_params):
+        raise RuntimeError("fp8 parameter shards need TransformerEngine")
+
+
 @contextlib.contextmanager
 def megatron_optimizers_on_cpu() -> Iterator[None]:
     """The engine's CPU runtime shims plus :class:`CudaTypeNames`, and the engine building and
-    stepping megatron's optimizer (``get_megatron_optimizer``) as on an accelerator."""
+    stepping megatron's optimizer (``get_megatron_optimizer``) as on an accelerator.
+
+    megatron-core 0.12.1's ``DistributedOptimizer`` also calls ``fp8_utils.quantize_param_shard``
+    on every step (distrib_optimizer.py:2019), whose fallback without TransformerEngine raises even
+    with no fp8 parameter (fp8_utils.py:297-302); where it does, it is replaced by what TE's does
+    with none (0.19.2's needs no stand-in)."""
+    from megatron.core import fp8_utils
+    from megatron.core.optimizer import distrib_optimizer
+
     from mindspeed_rl.models.training.megatron import engine
 
-    original = engine.uses_megatron_optimizer
+    original = engine.uses_megatron_optimizer, distrib_optimizer.quantize_param_shard
+    try:
+        fp8_utils.quantize_param_shard([], [], [], None)
+    except RuntimeError:
+        distrib_optimizer.quantize_param_shard = _no_fp8_shards  # type: ignore[assignment]
     engine.uses_megatron_optimizer = lambda: True  # type: ignore[assignment]
     try:
         with patches.cpu_runtime_mode(), CudaTypeNames():
             yield
     finally:
-        engine.uses_megatron_optimizer = original  # type: ignore[assignment]
+        engine.uses_megatron_optimizer, distrib_optimizer.quantize_param_shard = original  # type: ignore[assignment]
