@@ -24,7 +24,8 @@ CUDA context records its error and the next stage starts clean::
 
 Every stage runs with ``vllm`` and ``ray`` (and the other packages the device lacks, ``--block``)
 made unimportable, as on the device, so a stage that reaches for them fails here as it would there.
-The JSON: ``{"ok", "stages": {name: {"ok", "seconds", "figures", "error"}}, "settings", ...}``.
+The JSON: ``{"ok", "complete", "stages": {name: {"ok", "seconds", "figures", "error"}}, "settings",
+...}``, rewritten after every stage.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ STAGES = (
 BY_NAME = {s.name: s for s in STAGES}
 BLOCKED = ("vllm", "ray", "omegaconf", "hydra", "math_verify")
 """Absent on the device (its package list, /work/.library/device/KINDS.md, has none of them)."""
-BUDGET_S = 450.0
-"""Every stage together, under the 8 minutes the device check is sized for."""
+BUDGET_S = 440.0
+"""Every stage together, under the 8 minutes the device check is sized for (device_check.sh)."""
 MIN_STAGE_S = 20.0
 """A stage that would get less than this of the budget is skipped, not started."""
 
@@ -174,20 +175,35 @@ def run_stage(stage: Stage, cmd: list[str], *, timeout_s: float, work: Path, log
 
 
 def run_all(args: argparse.Namespace, stages: list[Stage]) -> dict[str, Any]:
+    """Every stage in order; the report is rewritten after each (``complete`` False until the
+    last), so a check cut off from outside still leaves the figures of the stages that ran."""
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
     log: Path = args.log or work / "device_check.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
     blocked = tuple(b for b in args.block.split(",") if b)
     started = time.perf_counter()
     deadline = started + args.budget_s
     records: dict[str, dict[str, Any]] = {}
+    report: dict[str, Any] = {
+        "settings": plan(args, stages), "complete": False, "ok": False, "device": args.device,
+        "size": args.size, "wall_s": 0.0, "budget_s": args.budget_s, "blocked_modules": list(blocked),
+        "commit": os.environ.get("DEVICE_CHECK_COMMIT"), "stages": records,
+    }  # fmt: skip
     for stage in stages:
         failed_needs = [n for n in stage.needs if n in records and not records[n]["ok"]]
         left = deadline - time.perf_counter()
         if failed_needs:
-            records[stage.name] = {"ok": False, "skipped": True, "figures": {},
-                                   "error": f"skipped: needs stage {', '.join(failed_needs)}, which failed"}  # fmt: skip
+            why = ", ".join(
+                f"{n}, which {'was skipped' if records[n].get('skipped') else 'failed'}" for n in failed_needs
+            )
+            records[stage.name] = {
+                "ok": False,
+                "skipped": True,
+                "figures": {},
+                "error": f"skipped: needs stage {why}",
+            }
         elif left < MIN_STAGE_S:
             records[stage.name] = {"ok": False, "skipped": True, "figures": {},
                                    "error": f"skipped: {left:.0f} s of the {args.budget_s:.0f} s budget left"}  # fmt: skip
@@ -200,16 +216,20 @@ def run_all(args: argparse.Namespace, stages: list[Stage]) -> dict[str, Any]:
             records[stage.name] = run_stage(stage, cmd, timeout_s=timeout, work=work, log=log)
             records[stage.name]["timeout_s"] = timeout
         _print_line(stage, records[stage.name])
-    return {
-        "ok": all(r["ok"] for r in records.values()),
-        "device": args.device,
-        "size": args.size,
-        "wall_s": time.perf_counter() - started,
-        "budget_s": args.budget_s,
-        "blocked_modules": list(blocked),
-        "commit": os.environ.get("DEVICE_CHECK_COMMIT"),
-        "stages": records,
-    }
+        report["wall_s"] = time.perf_counter() - started
+        _save(args.json, report)
+    report.update(complete=True, ok=all(r["ok"] for r in records.values()))
+    _save(args.json, report)
+    return report
+
+
+def _save(path: Path | None, report: dict[str, Any]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(report, indent=1, default=str))
+    partial.replace(path)  # never a half-written file, even when killed mid-write
 
 
 def _print_line(stage: Stage, record: dict[str, Any]) -> None:
@@ -284,10 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         print(json.dumps(plan(args, stages), indent=1))
         return 0
-    report = {"settings": plan(args, stages), **run_all(args, stages)}
+    report = run_all(args, stages)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1, default=str))
         print(f"[device_check] wrote {args.json}")
     failed = [n for n, r in report["stages"].items() if not r["ok"]]
     print(f"[device_check] {'all stages ok' if not failed else 'failed: ' + ', '.join(failed)} "

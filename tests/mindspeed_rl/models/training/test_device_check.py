@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -63,9 +64,9 @@ def test_dry_run_prints_the_device_commands_and_runs_none(tmp_path: Path) -> Non
     assert any(install in c for c in commands), commands
     run = next(c for c in commands if "-m benchmarks.device_check" in c)
     assert f"env PYTHONPATH={site}:{REPO} " in run
-    assert "timeout --kill-after=15 480 " in run  # the whole check under 8 minutes
+    assert "timeout --kill-after=15 465 " in run  # with the install, under 8 minutes
     out = tmp_path / "out"
-    assert f"--device cuda --budget-s 450 --work {tmp_path / 'work'} --json {out}/device_check.json" in run
+    assert f"--device cuda --budget-s 440 --work {tmp_path / 'work'} --json {out}/device_check.json" in run
     assert run.endswith("--stages env\\,offload")  # the arguments after -- reach device_check.py
     assert "torch.cuda.is_available()" in commands[0]  # the Python 3.12 + CUDA check comes first
     assert "dry run:" in done.stdout
@@ -205,3 +206,23 @@ def test_a_failing_stage_leaves_the_others_running(tmp_path: Path) -> None:
     assert stages["model"]["ok"] and stages["collective"]["ok"], stages
     assert not stages["smoke_megatron"]["ok"]
     assert "needs megatron-core" in stages["smoke_megatron"]["error"]  # the engine's own message
+
+
+def test_stages_past_the_budget_are_skipped_not_started(tmp_path: Path) -> None:
+    out = tmp_path / "check.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.device_check", "--device", "cpu", "--budget-s", "5",
+         "--work", str(tmp_path / "work"), "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    report = json.loads(out.read_text())
+    assert report["complete"] is True and report["ok"] is False
+    assert list(report["stages"]) == [s.name for s in device_check.STAGES]
+    for name, record in report["stages"].items():
+        assert record["skipped"], name
+        if name in ("env", "model"):
+            assert re.fullmatch(r"skipped: \d+ s of the 5 s budget left", record["error"]), record
+        else:  # the stages that load the model say why they did not start
+            assert record["error"] == "skipped: needs stage model, which was skipped"
+    assert not list((tmp_path / "work").glob("*.result.json"))  # no stage process was started
