@@ -80,6 +80,16 @@ def _processes_under(marker: str) -> list[str]:
     return found
 
 
+def _left_behind(marker: str, grace_s: float = 30.0) -> list[str]:
+    """``_processes_under(marker)`` once none is left or ``grace_s`` has passed: a process the
+    launcher stopped may take a moment to be gone from /proc. Polls, so it returns as soon as the
+    last one has exited (no fixed sleep before the check)."""
+    deadline = time.monotonic() + grace_s
+    while (found := _processes_under(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
 def _listening(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -195,7 +205,7 @@ def test_launcher_never_starts_on_a_port_another_cluster_holds(tmp_path: Path, r
         env = _launcher_env(tmp_path, RAY_PORT=str(port), RAY_TEMP_DIR=str(ray_temp_dir))
         proc = subprocess.run(["bash", str(LAUNCH), "grpo_tiny_asp"], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and f"port {port} is in use" in proc.stderr
-    assert not _processes_under(str(ray_temp_dir))
+    assert not _left_behind(str(ray_temp_dir))
 
 
 # ---- integration: the launcher end to end -----------------------------------------------------
@@ -309,7 +319,7 @@ def launched_run(
         yield LaunchedRun(
             proc=proc, env=env, home=tmp_path / "home", runs=tmp_path / "runs", ray_temp_dir=ray_temp_dir,
             probe=json.loads(results.read_text()) if results.is_file() else {},
-            leftover=_processes_under(str(ray_temp_dir)), port_listening=_listening(int(env["RAY_PORT"])),
+            leftover=_left_behind(str(ray_temp_dir)), port_listening=_listening(int(env["RAY_PORT"])),
         )  # fmt: skip
     finally:
         subprocess.run(["rm", "-rf", str(ray_temp_dir)], check=False)
@@ -382,8 +392,8 @@ def test_a_sigterm_to_the_launcher_stops_its_driver_and_its_head(tmp_path: Path,
             launcher.kill()
     assert launcher.returncode == 143, out[-3000:]
     assert "stopping the driver" in out and "stopping the Ray head this script started" in out
-    assert not _processes_under(str(wrapper)), "the driver outlived the launcher"
-    assert not _processes_under(str(ray_temp_dir)), "the launcher left Ray processes behind"
+    assert not _left_behind(str(wrapper)), "the driver outlived the launcher"
+    assert not _left_behind(str(ray_temp_dir)), "the launcher left Ray processes behind"
 
 
 NODE_COUNTER = """
@@ -435,5 +445,5 @@ def test_a_worker_joins_with_the_heads_token_and_the_head_waits_for_it(
     out = "".join(lines) + rest
     assert head.returncode == 0, out[-4000:]
     assert "2 node(s) alive" in out and "DRIVER_SEES_NODES 2" in out
-    assert not _processes_under(str(ray_temp_dir)), "the head left Ray processes behind"
-    assert not _processes_under(address.group(1)), "the worker left Ray processes behind"
+    assert not _left_behind(str(ray_temp_dir)), "the head left Ray processes behind"
+    assert not _left_behind(address.group(1)), "the worker left Ray processes behind"

@@ -5,10 +5,12 @@ once started a run apiece now assert, each in its own test function, on the one 
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.cli_runs import CliRun, run_cli
+from tests.support.cli_runs import ROOT, CliRun, WatchedRun, run_cli, run_watching_descendants
 from tests.support.models import PolicyModels
 
 # The hybrid loop on vLLM at test size: 6 iterations x 8 prompts x 4 samples, an evaluation of the
@@ -48,3 +50,38 @@ def hybrid_run(workdir: Path, policy_models: PolicyModels) -> HybridRun:
     save = workdir / "save"
     run = run_cli(workdir, "grpo_tiny_cpu", (*HYBRID, f"actor_config.save={save}"), timeout=600)
     return HybridRun(run=run, workdir=workdir, save=save)
+
+
+# One GU with one TP2 vLLM actor (``grpo_tiny_tp2``) on the tied-embedding Qwen3 layout: 6
+# iterations x 4 prompts x 4 samples; max_policy_lag 1 forces two or more reloads whatever the
+# timing (step 3 needs samples of v2 or later, step 5 of v4 or later).
+TP2_TIED_MODEL = "tiny_qwen3_tied"
+TP2_TIED_ITERS, TP2_TIED_PROMPTS = 6, 4
+TP2_TIED = (
+    f"model={TP2_TIED_MODEL}", f"megatron_training.model={TP2_TIED_MODEL}",
+    f"megatron_training.train_iters={TP2_TIED_ITERS}", f"megatron_training.global_batch_size={TP2_TIED_PROMPTS}",
+    "rl_config.mini_batch_size=4", "rl_config.n_samples_per_prompt=4", "actor_config.micro_batch_size=16",
+    "rl_config.actor_forward_micro_batch_size=16", "rl_config.ref_forward_micro_batch_size=16",
+    "warmup_config.steps=5", "asp_config.b=2", "asp_config.kappa=0", "asp_config.k=2",
+    "asp_config.sa_iterations=1000", "async_config.queue_max_samples=24", "async_config.queue_resume_samples=12",
+    "async_config.gu_queue_low=1", "async_config.gu_queue_high=2", "async_config.max_policy_lag=1",
+    "generate_config.sampling_config.max_tokens=24", "rl_config.use_tensorboard=false",
+)  # fmt: skip
+
+
+def tp2_child_env() -> dict[str, str]:
+    """This process's environment minus what an in-process (TP1) vLLM engine of an earlier test set
+    here: VLLM_ENABLE_V1_MULTIPROCESSING=0 would (rightly) refuse a TP2 engine in the child."""
+    return {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+
+
+def tp2_tied_run(workdir: Path, policy_models: PolicyModels) -> WatchedRun:
+    """``grpo_tiny_tp2`` with ``TP2_TIED``, its processes watched: read by test_tp2_actor_e2e (a TP2
+    actor in the async pipeline, reloading, leaving no process behind) and by
+    test_real_checkpoints_e2e (the tied layout refreshed in a CLI run)."""
+    policy_models.provide(workdir / "model", "grpo_tiny_tp2", TP2_TIED)
+    cmd = [
+        sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_tp2",
+        f"run_dir={workdir / 'runs'}", f"megatron_training.tokenizer_name_or_path={workdir / 'model'}", *TP2_TIED,
+    ]  # fmt: skip
+    return run_watching_descendants(cmd, workdir, timeout_s=800, env=tp2_child_env())

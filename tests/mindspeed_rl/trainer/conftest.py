@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support import shared_runs
+from tests.support.cli_runs import WatchedRun
 from tests.support.models import PolicyModels
 
 
@@ -13,3 +14,8 @@ def hybrid_run(
     tmp_path_factory: pytest.TempPathFactory, policy_models: PolicyModels
 ) -> shared_runs.HybridRun:
     return shared_runs.hybrid_run(tmp_path_factory.mktemp("hybrid"), policy_models)
+
+
+@pytest.fixture(scope="session")
+def tp2_tied_run(tmp_path_factory: pytest.TempPathFactory, policy_models: PolicyModels) -> WatchedRun:
+    return shared_runs.tp2_tied_run(tmp_path_factory.mktemp("tp2_tied"), policy_models)

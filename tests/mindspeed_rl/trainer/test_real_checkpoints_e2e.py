@@ -3,7 +3,8 @@
 1. In process: the torch trainer updates, its export reloads a live vLLM engine, and vLLM's
    log-probs of what it then samples match the trainer's (<= 1e-4 in fp32), refresh after refresh.
 2. The async pipeline through the CLI (1 GU x 1 actor, few iterations): the run completes with
-   >= 2 weight refreshes of the actor (forced by max_policy_lag 1).
+   >= 2 weight refreshes of the actor (forced by max_policy_lag 1). The tied layout's run is the
+   TP2 test's (``tests/support/shared_runs.py``: the same settings, a TP2 actor).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.cli_runs import WatchedRun
 from tests.support.models import PolicyModels
+from tests.support.shared_runs import TP2_TIED_MODEL
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -98,22 +101,29 @@ TINY = (
 
 @pytest.mark.parametrize("name", MODELS)
 def test_async_run_refreshes_real_checkpoint_layouts(
-    tmp_path: Path, policy_models: PolicyModels, name: str
+    request: pytest.FixtureRequest, tmp_path: Path, policy_models: PolicyModels, name: str
 ) -> None:
-    policy_models.provide(
-        tmp_path / "model", "grpo_tiny_asp", (f"model={name}", f"megatron_training.model={name}", *TINY)
-    )
-    runs = tmp_path / "runs"
-    cmd = [
-        sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_asp",
-        f"run_dir={runs}", f"megatron_training.tokenizer_name_or_path={tmp_path / 'model'}",
-        f"model={name}", f"megatron_training.model={name}", *TINY,
-    ]  # fmt: skip
-    proc = subprocess.run(
-        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=dict(os.environ)
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    (run_dir,) = list(runs.iterdir())
+    if name == TP2_TIED_MODEL:
+        # The tied layout's run is the TP2 test's (conftest.tp2_tied_run): the same settings, with
+        # the one actor's engine over two TP workers (its TP1 reload: the in-process test above).
+        watched: WatchedRun = request.getfixturevalue("tp2_tied_run")
+        assert watched.returncode == 0 and watched.run_dir is not None, watched.output[-6000:]
+        run_dir = watched.run_dir
+    else:
+        policy_models.provide(
+            tmp_path / "model", "grpo_tiny_asp", (f"model={name}", f"megatron_training.model={name}", *TINY)
+        )
+        runs = tmp_path / "runs"
+        cmd = [
+            sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_asp",
+            f"run_dir={runs}", f"megatron_training.tokenizer_name_or_path={tmp_path / 'model'}",
+            f"model={name}", f"megatron_training.model={name}", *TINY,
+        ]  # fmt: skip
+        proc = subprocess.run(
+            cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=dict(os.environ)
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        (run_dir,) = list(runs.iterdir())
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     loaded = [e for e in events if e["event"] == "WeightsLoaded"]
     assert len(loaded) >= 2, f"{name}: {len(loaded)} weight refreshes"

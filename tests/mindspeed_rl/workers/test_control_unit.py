@@ -26,6 +26,9 @@ from mindspeed_rl.workers.evaluator import EvalJob, EvalSettings, HeldOutDecode
 from mindspeed_rl.workers.gu_messages import ConversionReport, GuPoll, GuReport, ReloadReport, StartRequest
 
 N = 2  # samples per prompt
+# The waits a test expects to be woken from: longer than the suite's per-test timeout, so only the
+# wake-up ends them (a missed one fails by that timeout), never a race against a wall-clock bound.
+WAKE_ONLY_S = 3600.0
 
 
 def schedule(num_minibatches: int, prompts_each: int = 2, group_size: int = 2) -> list[ScheduledMinibatch]:
@@ -183,14 +186,15 @@ def test_wait_global_batch_wakes_on_the_completion_that_makes_the_batch() -> Non
     cu.start()
     assert cu.wait_global_batch(0, timeout_s=0.01) is None  # nothing generated yet: times out
     got: list[GlobalBatch | None] = []
-    waiter = threading.Thread(target=lambda: got.append(cu.wait_global_batch(0, timeout_s=30.0)))
+    waiter = threading.Thread(
+        target=lambda: got.append(cu.wait_global_batch(0, timeout_s=WAKE_ONLY_S)), daemon=True
+    )
     waiter.start()
     pending = _complete_on_actors(cu, 1)  # half a global batch: the waiter must keep waiting
     waiter.join(timeout=0.2)
     assert waiter.is_alive() and not got
     _complete_on_actors(cu, 1, pending)
-    waiter.join(timeout=10.0)  # woken by the completion, long before its 30 s timeout
-    assert not waiter.is_alive()
+    waiter.join()  # only the completion can end this wait (WAKE_ONLY_S)
     assert got[0] is not None and got[0].step == 0 and got[0].num_prompts == 4
     with pytest.raises(ValueError, match="timeout_s"):
         cu.wait_global_batch(1, timeout_s=-1.0)
@@ -278,7 +282,7 @@ def test_unknown_gu_assignment_is_an_internal_error() -> None:
 
 def _poll_in_thread(cu: ControlUnit, gu_id: int) -> tuple[threading.Thread, list[object]]:
     got: list[object] = []
-    waiter = threading.Thread(target=lambda: got.append(cu.poll(gu_id, wait_s=30.0)))
+    waiter = threading.Thread(target=lambda: got.append(cu.poll(gu_id, wait_s=WAKE_ONLY_S)), daemon=True)
     waiter.start()
     return waiter, got
 
@@ -296,8 +300,7 @@ def test_long_poll_waits_for_news_and_returns_when_the_pause_flips() -> None:
     waiter.join(timeout=0.2)
     assert waiter.is_alive()  # no news yet: still waiting, and not holding the lock:
     _complete_on_actors(cu, 3)  # GU 0's completions go through and pause the pipeline
-    waiter.join(timeout=10.0)
-    assert not waiter.is_alive()
+    waiter.join()  # only news ends this wait (WAKE_ONLY_S)
     answer = got[0]
     assert isinstance(answer, GuPoll) and answer.paused and answer.seq > first.seq
 
@@ -389,8 +392,7 @@ def test_a_busy_gu_is_woken_only_by_a_snapshot_and_an_idle_one_by_any_news() -> 
     # Its only actor is busy: pause flips and trainer steps wait for its next exchange.
     assert busy.is_alive() and not got_busy
     cu.on_snapshot_published(SnapshotInfo(version=1, path="/s/v1", created_at=0.0))
-    busy.join(timeout=10.0)  # a snapshot wakes it: it converts while its actor generates
-    assert not busy.is_alive()
+    busy.join()  # a snapshot wakes it: it converts while its actor generates
     assert isinstance(got_busy[0], GuPoll) and got_busy[0].latest_snapshot is not None
     cu.poll(0)  # GU 0 catches up; its actors are idle, so ordinary news now wakes it
     idle, got_idle = _poll_in_thread(cu, 0)
@@ -398,8 +400,7 @@ def test_a_busy_gu_is_woken_only_by_a_snapshot_and_an_idle_one_by_any_news() -> 
     assert idle.is_alive()
     cu.exchange(_report(1), completed(head.minibatch, gu=1, actor=0))
     assert cu.pop_global_batch(1) is not None  # a trainer step: ordinary news
-    idle.join(timeout=10.0)
-    assert not idle.is_alive()
+    idle.join()
     assert isinstance(got_idle[0], GuPoll) and got_idle[0].latest_snapshot == got_busy[0].latest_snapshot
 
 
@@ -415,8 +416,8 @@ def test_news_an_exchange_answer_delivered_does_not_wake_the_outstanding_poll() 
     waiter.join(timeout=0.3)
     assert waiter.is_alive() and not got  # it was told already: the poll keeps waiting
     cu.on_actor_failed(0, 1)  # real news
-    waiter.join(timeout=10.0)
-    assert not waiter.is_alive() and isinstance(got[0], GuPoll) and got[0].seq == answer.seq + 1
+    waiter.join()
+    assert isinstance(got[0], GuPoll) and got[0].seq == answer.seq + 1
 
 
 def test_a_paused_gu_is_woken_by_the_resume_not_by_trainer_steps_before_it() -> None:
@@ -435,8 +436,8 @@ def test_a_paused_gu_is_woken_by_the_resume_not_by_trainer_steps_before_it() -> 
     assert waiter.is_alive() and not got
     cu.on_train_step_done(0)
     assert cu.pop_global_batch(1) is not None  # drained: resumed
-    waiter.join(timeout=10.0)
-    assert not waiter.is_alive() and isinstance(got[0], GuPoll) and not got[0].paused
+    waiter.join()
+    assert isinstance(got[0], GuPoll) and not got[0].paused
 
 
 @dataclass(frozen=True)
@@ -567,10 +568,10 @@ def test_an_evaluation_reaches_one_gu_and_keeps_a_finished_run_open_until_decode
     assert cu.poll(0).eval_jobs == () and cu.poll(1).eval_jobs == ()  # delivered once, to one GU
     assert cu.wait_eval(0, timeout_s=0.01) is None
     got: list[HeldOutDecode | None] = []
-    waiter = threading.Thread(target=lambda: got.append(cu.wait_eval(0, timeout_s=30.0)))
+    waiter = threading.Thread(target=lambda: got.append(cu.wait_eval(0, timeout_s=WAKE_ONLY_S)), daemon=True)
     waiter.start()
     cu.on_eval_done(0, 0, _decode(0), None)
-    waiter.join(timeout=10.0)
+    waiter.join()
     assert got == [_decode(0)]
     assert cu.poll(0, wait_s=5.0).finished  # now the GUs may stop
     cu.on_eval_done(0, 0, _decode(0), None)  # a late duplicate is ignored
