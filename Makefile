@@ -46,7 +46,7 @@ demo: setup
 	@echo "  bash examples/data/preprocess_data.sh deepscaler input=<your.jsonl> tokenizer_name_or_path=runs/models/tiny_qwen3"
 
 test: setup lint typecheck docs
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadscope --durations=15
 
 # The megatron engine against MindSpeed's megatron-core (MEGATRON_CORE_NPU in _pins.py, 0.12.1) on
 # CPU: the wheel goes into a side folder put first on PYTHONPATH, so .venv keeps 0.19.2. Runs the
@@ -65,7 +65,7 @@ test-mcore012: $(MCORE012_STAMP)
 	PYTHONPATH=$(CURDIR)/$(MCORE012) $(PY) benchmarks/megatron_parity.py --json runs/megatron_parity_mcore012.json > /dev/null
 	$(PY) -c 'import json, sys; r = json.load(open("runs/megatron_parity_mcore012.json")); print("parity ok:", r["ok"]); sys.exit(not r["ok"])'
 
-# The trainer side against the Ascend trainer set's CPU-installable versions (transformers 4.x,
+# The trainer side against the Ascend trainer set's CPU-installable versions (transformers 5.19,
 # tokenizers, huggingface-hub, numpy 1.26, megatron-core 0.12.1: the pins of
 # stacks/ascend-trainer.txt) in a side folder: first on PYTHONPATH for the transformers adapter, the
 # torch engine, HF names and the tiny model (as test-mcore012 does for megatron-core), then as the

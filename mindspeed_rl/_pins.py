@@ -95,6 +95,7 @@ EXTRAS = {
         "mypy==2.4.1",
         "pytest==9.2.0",
         "pytest-timeout==2.4.0",
+        "pytest-xdist==3.8.0",
         # rl_config.use_wandb; the test of its offline mode is skipped without it
         "wandb==0.31.0",
         # The documentation site (make docs). Sphinx 9.0.4 is the newest release that supports

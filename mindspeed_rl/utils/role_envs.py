@@ -27,7 +27,7 @@ format version (``utils.role_env_check`` compares all three before any model loa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -151,3 +151,49 @@ HYBRID_REFUSAL = (
     "stacks/ascend-trainer.txt, stacks/ascend-rollout.txt), and vllm-ascend 0.11's vLLM cannot reload "
     "weights in place (models/rollout/vllm_reload.py)."
 )
+
+
+def missing_in_one_process(
+    *,
+    megatron: bool,
+    rollout_backend: str,
+    device_kind: str | None,
+    find: Callable[[str], object | None] | None = None,
+) -> tuple[str, ...]:
+    """The modules a colocated hybrid rank (trainer and rollout engine in one process) lacks here:
+    both roles' requirements, looked up without importing (``find`` is ``importlib.util.find_spec``)."""
+    import importlib.util
+
+    def present(name: str) -> bool:
+        try:
+            return (find or importlib.util.find_spec)(name) is not None
+        except (ImportError, ValueError):  # a parent package that is itself missing or broken
+            return False
+
+    wanted = dict.fromkeys(
+        required_modules(
+            "trainer", megatron=megatron, rollout_backend=rollout_backend, device_kind=device_kind
+        )
+        + required_modules(
+            "rollout", megatron=megatron, rollout_backend=rollout_backend, device_kind=device_kind
+        )
+    )
+    return tuple(name for name in wanted if not present(name))
+
+
+def one_process_refusal(missing: Sequence[str], device_kind: str | None) -> str:
+    """Why a colocated hybrid rank cannot start in this environment, and what to do instead."""
+    text = (
+        f"rl_config.pipeline: hybrid (colocated) runs the trainer and the rollout engine in one process, "
+        f"and this environment lacks {', '.join(missing)}."
+    )
+    if device_kind == "NPU":
+        text += (
+            " On Ascend no one environment holds MindSpeed (torch 2.7.1, numpy <= 1.26) and vllm-ascend "
+            ">= 0.23 (torch 2.10, numpy >= 2): stacks/ascend-trainer.txt, stacks/ascend-rollout.txt. "
+            "Run the async pipeline with one environment per role instead (rl_config.pipeline: async, "
+            "TRAINER_ENV / ROLLOUT_ENV with examples/ray_launch.sh, docs/guides/ascend.md)."
+        )
+    else:
+        text += " Install both stacks into this environment, or run rl_config.pipeline: async."
+    return text

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mindspeed_rl.runtime.records import CompletedMinibatch, ScheduledMinibatch
+from mindspeed_rl.utils.role_envs import missing_in_one_process, one_process_refusal
 from mindspeed_rl.workers.colocation import (
     ColocatedPhases,
     ColocatedTrainerCalls,
@@ -144,6 +145,13 @@ class ColocatedRank(ColocatedTrainerCalls):
                 f"{dist.get_world_size()} trainer ranks for {grid.engines} colocated engines x TP{grid.tp}; "
                 "the engines must cover the trainer's devices exactly (generate_config.infer_tensor_parallel_size)"
             )
+        # Before any model loads: both roles' stacks must be importable in this one process.
+        kind = {"npu": "NPU", "cuda": "GPU"}.get(trainer_spec.engine.device)
+        missing = missing_in_one_process(
+            megatron=trainer_spec.megatron is not None, rollout_backend=rollout_spec.backend, device_kind=kind
+        )
+        if missing:
+            raise RuntimeError(one_process_refusal(missing, kind))
         self.grid = grid
         self.engine, self.engine_rank = grid.of_rank(dist.get_rank())
         self.trainer = TrainingUnit(trainer_spec, policy_path, prompts)

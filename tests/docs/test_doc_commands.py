@@ -57,6 +57,7 @@ COVERED_BY = {
     "cli/check_config.py": ["tests/cli/test_placement_dry_run.py"],
     "cli/simulate.py": ["tests/cli/test_simulate.py"],
     "examples/ray_launch.sh": ["tests/mindspeed_rl/test_launcher.py"],
+    "examples/grpo_qwen3_30b_asp.sh": ["tests/mindspeed_rl/test_launcher_role_envs.py"],
     "examples/data/preprocess_data.sh": ["tests/cli/test_preprocess_data.py"],
     "cli/plot_metrics.py": ["tests/mindspeed_rl/utils/test_plots.py"],
     "asp_scheduler": ["tests/asp_scheduler/test_bench.py"],

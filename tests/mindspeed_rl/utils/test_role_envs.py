@@ -18,7 +18,15 @@ from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.trainer.role_processes import check_live, plan_modules
 from mindspeed_rl.utils.env_probe import ENGINE_MODULES, EnvReport, module_version
 from mindspeed_rl.utils.role_env_check import RoleEnvError, expand_env_vars, problems_of
-from mindspeed_rl.utils.role_envs import HYBRID_REFUSAL, RoleEnv, RoleEnvs, required_modules, role_options
+from mindspeed_rl.utils.role_envs import (
+    HYBRID_REFUSAL,
+    RoleEnv,
+    RoleEnvs,
+    missing_in_one_process,
+    one_process_refusal,
+    required_modules,
+    role_options,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "configs"
@@ -171,3 +179,31 @@ print(json.dumps(sorted(m for m in ("torch", *ENGINES) if m in sys.modules)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_colocated_hybrid_rank_on_npu_names_what_its_one_environment_lacks() -> None:
+    # The colocated hybrid needs both roles' stacks in one process. An Ascend trainer-set env
+    # (MindSpeed, no vllm-ascend) is refused before any model loads, naming the missing modules
+    # and the async pipeline with one environment per role.
+    trainer_set = {
+        "ray", "numpy", "torch", "safetensors", "transformers", "yaml", "megatron.core", "torch_npu", "mindspeed",
+    }  # fmt: skip
+    find = lambda name: object() if name in trainer_set else None  # noqa: E731
+    missing = missing_in_one_process(megatron=True, rollout_backend="vllm", device_kind="NPU", find=find)
+    assert missing == ("vllm", "vllm_ascend")
+    text = one_process_refusal(missing, "NPU")
+    assert "lacks vllm, vllm_ascend" in text and "rl_config.pipeline: async" in text and "TRAINER_ENV" in text
+    # The same env with the rollout stack added has nothing missing; on GPU, TE-less megatron is
+    # the engine's own concern, not this check's.
+    both = trainer_set | {"vllm", "vllm_ascend"}
+    assert (
+        missing_in_one_process(
+            megatron=True,
+            rollout_backend="vllm",
+            device_kind="NPU",
+            find=lambda n: object() if n in both else None,
+        )
+        == ()
+    )
+    # This machine's .venv (the tests' one environment) holds everything a CPU colocated run needs.
+    assert missing_in_one_process(megatron=True, rollout_backend="vllm", device_kind=None) == ()
