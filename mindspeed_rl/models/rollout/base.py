@@ -73,10 +73,14 @@ class Completion:
     """Per-token behaviour-policy log-probs (see the module docstring)."""
     finish_reason: str
     """"stop" (EOS sampled) or "length" (max_tokens reached)."""
+    loss_mask: tuple[int, ...] | None = None
+    """Multi-turn rollouts: 1 for the policy's own tokens, 0 for tool-response tokens (context
+    only, log-prob 0); None = every token is the policy's."""
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.log_probs), "one log-prob per token"
         assert self.finish_reason in ("stop", "length"), self.finish_reason
+        assert self.loss_mask is None or len(self.loss_mask) == len(self.token_ids), "one mask value per token"
 
 
 @runtime_checkable
