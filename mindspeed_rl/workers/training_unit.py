@@ -425,6 +425,10 @@ class TrainingUnit:
             # several versions), for the off-policy correction and its metrics.
             rollout_log_probs=[s.rollout_log_probs for s in samples],
             versions=[_token_versions(s) for s in samples],
+            # Multi-turn samples: tool-response tokens stay in the sequence, out of the loss.
+            loss_masks=[s.loss_mask or (1,) * len(s.response_token_ids) for s in samples]
+            if any(s.loss_mask for s in samples)
+            else None,
         )
 
     def _advantages(self, rewards: np.ndarray) -> np.ndarray:
