@@ -193,7 +193,9 @@ class RLConfig:
         "Multi-turn rollouts: the model may call the tools of tool_config_path between turns; "
         "tool responses stay in the context but are masked out of the loss.",
         refused=_MULTI_TURN,
-        accepts=lambda value, rl: not value or (rl.rollout_backend == "hf" and rl.partial_rollout_max_split <= 1),
+        accepts=lambda value, rl: (
+            not value or (rl.rollout_backend == "hf" and rl.partial_rollout_max_split <= 1)
+        ),
     )
     tool_config_path: str | None = opt(
         None, "Tool YAML (upstream's shape: tools: [{class_name, config, tool_schema}]); relative to the cwd."
@@ -203,13 +205,16 @@ class RLConfig:
         0, "Calls of one turn run concurrently (>= 1 when multi_turn_enable); further calls get an error."
     )
     max_total_response_length: int = opt(
-        0, "Tokens of a whole response, model turns and tool responses together; 0 = sampling_config.max_tokens."
+        0,
+        "Tokens of a whole response, model turns and tool responses together; 0 = sampling_config.max_tokens.",
     )
     max_tool_response_length: int = opt(0, "Tokens of one tool response after truncation; 0 = no cap.")
     tool_response_truncate_side: Literal["left", "right", "middle"] | None = opt(
         None, "Which part of a long tool response is cut (left keeps its end); null = middle."
     )
-    tool_parser_format: str | None = opt(None, "Tool-call syntax (registered parsers: hermes); null = hermes.")
+    tool_parser_format: str | None = opt(
+        None, "Tool-call syntax (registered parsers: hermes); null = hermes."
+    )
     is_multimodal: bool = opt(False, "Image/video prompts.", refused=_MULTIMODAL)
     reuse_image_embeds: bool = opt(False, "Reuse vision-encoder outputs.", refused=_MULTIMODAL)
     colocate_actor_and_vit: bool = opt(False, "Vision encoder on the actor's devices.", refused=_MULTIMODAL)

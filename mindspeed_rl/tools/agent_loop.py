@@ -87,7 +87,9 @@ class ObservationFormat:
 class TurnEngine(Protocol):
     """One turn for each context, ending at EOS, right after a stop sequence, or at its cap."""
 
-    def generate_turns(self, contexts: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> list[Completion]: ...
+    def generate_turns(
+        self, contexts: Sequence[Sequence[int]], max_tokens: Sequence[int]
+    ) -> list[Completion]: ...
 
 
 class TextCodec(Protocol):
@@ -195,9 +197,9 @@ class AgentLoop:
                 for future in done:
                     waiting, index = pending.pop(future)
                     waiting.responses[index], waiting.seconds[index] = future.result()
-                    if all(r is not None for r in waiting.responses):
-                        if self._append_responses(waiting):
-                            decoding.append(waiting.trajectory)
+                    answered = all(r is not None for r in waiting.responses)
+                    if answered and self._append_responses(waiting):
+                        decoding.append(waiting.trajectory)
         return [self._result(t) for t in trajectories]
 
     def _take_turns(
@@ -219,12 +221,16 @@ class AgentLoop:
                 trajectory.finish = "length" if len(trajectory.tokens) >= budget else "stop"
                 continue
             # At least one call runs (left >= 1), so every waiting trajectory has a future pending.
-            waiting = _Waiting(trajectory=trajectory, responses=[None] * len(calls), seconds=[0.0] * len(calls))
+            waiting = _Waiting(
+                trajectory=trajectory, responses=[None] * len(calls), seconds=[0.0] * len(calls)
+            )
             for index, future in enumerate(self._submit(waiting, calls)):
                 if future is not None:
                     pending[future] = (waiting, index)
 
-    def _submit(self, waiting: _Waiting, calls: list[ParsedCall]) -> list[Future[tuple[ToolResult, float]] | None]:
+    def _submit(
+        self, waiting: _Waiting, calls: list[ParsedCall]
+    ) -> list[Future[tuple[ToolResult, float]] | None]:
         settings = self._settings
         allowed = min(settings.max_parallel_calls, settings.max_tool_calls - waiting.trajectory.calls)
         futures: list[Future[tuple[ToolResult, float]] | None] = []

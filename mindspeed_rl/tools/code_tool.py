@@ -68,7 +68,9 @@ class CodeInterpreterTool:
         if config.get("enable_global_rate_limit", False):
             workers = min(workers, int(config.get("rate_limit", workers)))
         if workers < 1:
-            raise ValueError(f"code tool: num_workers / rate_limit give {workers} concurrent runs; use 1 or more")
+            raise ValueError(
+                f"code tool: num_workers / rate_limit give {workers} concurrent runs; use 1 or more"
+            )
         # Bounds concurrent executions of this tool whatever the agent loop's pool size.
         self._slots = threading.BoundedSemaphore(workers)
 

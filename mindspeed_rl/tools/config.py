@@ -44,7 +44,9 @@ def read_tool_config(path: str | Path) -> tuple[ToolEntry, ...]:
     raw = yaml.safe_load(file.read_text()) or {}
     tools = raw.get("tools") if isinstance(raw, dict) else None
     if not isinstance(tools, list) or not tools:
-        raise ValueError(f"{path}: needs a non-empty 'tools:' list (class_name, config, tool_schema per tool)")
+        raise ValueError(
+            f"{path}: needs a non-empty 'tools:' list (class_name, config, tool_schema per tool)"
+        )
     entries = []
     for i, item in enumerate(tools):
         where = f"{path}: tools[{i}]"
@@ -52,7 +54,9 @@ def read_tool_config(path: str | Path) -> tuple[ToolEntry, ...]:
             raise ValueError(f"{where} needs a class_name string (e.g. mindspeed_rl.tools.retool.ReTool)")
         unknown = sorted(set(item) - {"class_name", "config", "tool_schema"})
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; an entry has class_name, config, tool_schema")
+            raise ValueError(
+                f"{where}: unknown key(s) {unknown}; an entry has class_name, config, tool_schema"
+            )
         schema = item.get("tool_schema")
         function = schema.get("function") if isinstance(schema, dict) else None
         if (

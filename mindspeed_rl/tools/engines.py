@@ -27,13 +27,17 @@ class EngineTurns:
     """One turn per context from an engine whose ``generate`` takes ``stop_token_sequences``
     (``HFEngine``): each turn may stop right after the tool-call close marker."""
 
-    def __init__(self, engine: Any, sampling: SamplingConfig, stop_token_sequences: Sequence[Sequence[int]]) -> None:
+    def __init__(
+        self, engine: Any, sampling: SamplingConfig, stop_token_sequences: Sequence[Sequence[int]]
+    ) -> None:
         self._engine = engine
         # min_tokens would forbid EOS early in every turn; it is meant for a whole response.
         self._sampling = dataclasses.replace(sampling, min_tokens=0)
         self._stops = [tuple(s) for s in stop_token_sequences if s]
 
-    def generate_turns(self, contexts: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> list[Completion]:
+    def generate_turns(
+        self, contexts: Sequence[Sequence[int]], max_tokens: Sequence[int]
+    ) -> list[Completion]:
         out = self._engine.generate(
             contexts, self._sampling, n=1, max_tokens_per_prompt=max_tokens, stop_token_sequences=self._stops
         )

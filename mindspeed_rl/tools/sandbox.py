@@ -19,6 +19,7 @@ exploits, or exhausting the process table (there is no per-call PID limit withou
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -105,9 +106,10 @@ def run_python_locally(code: str, limits: SandboxLimits) -> RunResult:
                 "or set isolate_network: false in the tool config to run code with network access"
             )
         prefix = ["unshare", "--net", "--map-root-user"]
-    with tempfile.TemporaryDirectory(prefix="msrl-sandbox-") as scratch, tempfile.TemporaryDirectory(
-        prefix="msrl-sandbox-io-"
-    ) as io_dir:
+    with (
+        tempfile.TemporaryDirectory(prefix="msrl-sandbox-") as scratch,
+        tempfile.TemporaryDirectory(prefix="msrl-sandbox-io-") as io_dir,
+    ):
         work = Path(scratch)
         (work / "main.py").write_text(code)
         out_path, err_path = Path(io_dir) / "stdout", Path(io_dir) / "stderr"
@@ -130,10 +132,8 @@ def run_python_locally(code: str, limits: SandboxLimits) -> RunResult:
             except subprocess.TimeoutExpired:
                 timed_out = True
             # Kill the group either way: a finished parent may have left children running.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
         elapsed = time.monotonic() - started
         stdout = _read_capped(out_path, limits.max_output_bytes)
@@ -149,7 +149,9 @@ def run_python_locally(code: str, limits: SandboxLimits) -> RunResult:
     code_ = proc.returncode
     if code_ < 0:
         stderr += f"\nKilled by signal {signal.Signals(-code_).name} (a resource limit was exceeded)"
-    return RunResult(status="Finished", return_code=code_, stdout=stdout, stderr=stderr, execution_time=elapsed)
+    return RunResult(
+        status="Finished", return_code=code_, stdout=stdout, stderr=stderr, execution_time=elapsed
+    )
 
 
 def _read_capped(path: Path, cap: int) -> str:
@@ -159,9 +161,7 @@ def _read_capped(path: Path, cap: int) -> str:
     return text + ("\n[output truncated]" if len(data) > cap else "")
 
 
-def run_code_on_sandbox_fusion(
-    url: str, code: str, *, language: str, limits: SandboxLimits
-) -> RunResult:
+def run_code_on_sandbox_fusion(url: str, code: str, *, language: str, limits: SandboxLimits) -> RunResult:
     """POST to a SandboxFusion ``run_code`` endpoint (its request and response shapes)."""
     body = json.dumps(
         {

@@ -80,7 +80,9 @@ class Completion:
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.log_probs), "one log-prob per token"
         assert self.finish_reason in ("stop", "length"), self.finish_reason
-        assert self.loss_mask is None or len(self.loss_mask) == len(self.token_ids), "one mask value per token"
+        assert self.loss_mask is None or len(self.loss_mask) == len(self.token_ids), (
+            "one mask value per token"
+        )
 
 
 @runtime_checkable

@@ -121,7 +121,9 @@ class HFEngine:
         """``stop_token_sequences``: a row also stops (finish_reason "stop") right after its
         tokens end with one of these (the agent loop's tool-call close); they stay in the output."""
         check_num_samples(n)
-        stops = [torch.tensor(list(seq), dtype=torch.long, device=self._device) for seq in stop_token_sequences]
+        stops = [
+            torch.tensor(list(seq), dtype=torch.long, device=self._device) for seq in stop_token_sequences
+        ]
         if any(seq.numel() == 0 for seq in stops):
             raise ValueError("stop_token_sequences holds an empty sequence; every stop needs >= 1 token")
         if sampling.repetition_penalty != 1.0:

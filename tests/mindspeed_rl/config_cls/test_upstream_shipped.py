@@ -41,7 +41,7 @@ REFUSED = {
     "dapo_qwen25_7b_A2_multi_turn": [
         # Its rollout_backend is vllm; the agent loop runs on the HF engine so far.
         "rl_config.multi_turn_enable: multi-turn tool rollouts run on the HF rollout engine",
-        "set rl_config.rollout_backend: hf"
+        "set rl_config.rollout_backend: hf",
     ],
     "grpo_lora_qwen25_32b_A2": ["megatron_training.lora_r: LoRA is not supported"],
 }

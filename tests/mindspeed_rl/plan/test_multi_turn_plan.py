@@ -61,7 +61,10 @@ def test_off_by_default() -> None:
     ("overrides", "phrase"),
     [
         (("++rl_config.max_tool_calls=2",), "multi_turn_enable is false"),
-        (("rl_config.rollout_backend=hf", "++rl_config.multi_turn_enable=true"), "needs rl_config.tool_config_path"),
+        (
+            ("rl_config.rollout_backend=hf", "++rl_config.multi_turn_enable=true"),
+            "needs rl_config.tool_config_path",
+        ),
         ((*MULTI_TURN, "++rl_config.max_parallel_calls=0"), "max_parallel_calls=0 must be >= 1"),
         ((*MULTI_TURN, "++rl_config.tool_parser_format=xml"), "not a known tool-call parser"),
         ((*MULTI_TURN, "++rl_config.tool_config_path=/nope.yaml"), "is not a file"),

@@ -41,7 +41,9 @@ class ScriptedModel:
         self.turns: dict[str, int] = {}
         self.batches: list[list[str]] = []
 
-    def generate_turns(self, contexts: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> list[Completion]:
+    def generate_turns(
+        self, contexts: Sequence[Sequence[int]], max_tokens: Sequence[int]
+    ) -> list[Completion]:
         out = []
         self.batches.append([])
         for context, cap in zip(contexts, max_tokens):
@@ -52,7 +54,9 @@ class ScriptedModel:
             self.batches[-1].append(prompt)
             ids = CharCodec().encode(self.script(prompt, k, text))
             cut = ids[:cap]
-            out.append(Completion(tuple(cut), tuple([-0.5] * len(cut)), "stop" if len(cut) == len(ids) else "length"))
+            out.append(
+                Completion(tuple(cut), tuple([-0.5] * len(cut)), "stop" if len(cut) == len(ids) else "length")
+            )
         return out
 
 
@@ -218,7 +222,9 @@ def test_truncate_tokens_keeps_short_input() -> None:
 
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="max_parallel_calls=0"):
-        AgentSettings(max_tool_calls=1, max_parallel_calls=0, max_total_response_length=10, max_tool_response_length=0)
+        AgentSettings(
+            max_tool_calls=1, max_parallel_calls=0, max_total_response_length=10, max_tool_response_length=0
+        )
     with pytest.raises(ValueError, match="tool_response_truncate_side"):
         AgentSettings(
             max_tool_calls=1,

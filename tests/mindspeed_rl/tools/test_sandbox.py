@@ -63,7 +63,9 @@ def test_allocating_past_the_memory_limit_fails() -> None:
 def test_children_do_not_outlive_the_call(tmp_path: Path) -> None:
     marker = tmp_path / "child_alive"
     child = f"import time; time.sleep(3); open({str(marker)!r}, 'w').close()"
-    code = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\nprint('parent done')\n"
+    code = (
+        f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\nprint('parent done')\n"
+    )
     result = run_python_locally(code, LIMITS)
     assert result.ok and "parent done" in result.stdout, result.stderr
     time.sleep(4)  # past the child's sleep: had it survived the group kill it would have written
@@ -125,14 +127,19 @@ class _FakeSandboxFusion(BaseHTTPRequestHandler):
 
     received: list[dict[str, object]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.received.append(body)
         answer = {
             "status": "Success",
             "message": "",
-            "run_result": {"status": "Finished", "return_code": 0, "stdout": "remote 42\n", "stderr": "",
-                           "execution_time": 0.01},
+            "run_result": {
+                "status": "Finished",
+                "return_code": 0,
+                "stdout": "remote 42\n",
+                "stderr": "",
+                "execution_time": 0.01,
+            },
         }
         data = json.dumps(answer).encode()
         self.send_response(200)

@@ -47,7 +47,12 @@ def test_actor_returns_masked_trajectories_within_the_total_budget(tmp_path: Pat
         done = actor.generate_minibatch(mb)
     finally:
         actor.shutdown()
-    assert [(s.prompt_id, s.sample_index) for s in done.samples] == [("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1)]
+    assert [(s.prompt_id, s.sample_index) for s in done.samples] == [
+        ("p0", 0),
+        ("p0", 1),
+        ("p1", 0),
+        ("p1", 1),
+    ]
     for s in done.samples:
         assert 1 <= len(s.response_token_ids) <= 12  # the total budget, not max_tokens (64)
         assert len(s.loss_mask) == len(s.response_token_ids)

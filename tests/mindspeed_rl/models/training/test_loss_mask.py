@@ -47,7 +47,9 @@ def _hidden_grad(path: Path, masks: list[list[int]] | None) -> torch.Tensor:
     batch = batch.with_log_probs(old=old, ref=[lp - 0.3 for lp in old])
     captured: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def keep(module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object) -> None:
+    def keep(
+        module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object
+    ) -> None:
         hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state  # type: ignore[attr-defined]
         hidden.retain_grad()
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -66,6 +68,7 @@ def _hidden_grad(path: Path, masks: list[list[int]] | None) -> torch.Tensor:
     positions = [len(PROMPT) - 1 + j for j in range(len(RESPONSE))]
     assert hidden.grad is not None
     return hidden.grad[row, positions].norm(dim=-1)
+
 
 def test_tool_response_logits_get_zero_gradient_and_later_tokens_keep_theirs(tiny_model_path: Path) -> None:
     masked = _hidden_grad(tiny_model_path, [MASK, [1, 1]])
@@ -102,7 +105,10 @@ def test_loss_mask_shapes_are_checked_and_padded() -> None:
     with pytest.raises(ValueError, match="loss_masks"):
         TrainBatch.from_lists(prompt_ids=[[1]], response_ids=[[2, 3]], advantages=[0.0], loss_masks=[[1]])
     batch = TrainBatch.from_lists(
-        prompt_ids=[[1], [1]], response_ids=[[2, 3, 4], [5]], advantages=[0.0, 0.0], loss_masks=[[1, 0, 1], [1]]
+        prompt_ids=[[1], [1]],
+        response_ids=[[2, 3, 4], [5]],
+        advantages=[0.0, 0.0],
+        loss_masks=[[1, 0, 1], [1]],
     )
     assert batch.num_response_tokens == 4 and batch.num_loss_tokens == 3
     assert batch.select([1]).num_loss_tokens == 1
