@@ -150,6 +150,24 @@ def resolve_max_tokens(
     return limits
 
 
+def cut_at_stop_sequences(completion: Completion, sequences: Sequence[Sequence[int]]) -> Completion:
+    """The completion ended right after the first of ``sequences`` it contains ("stop"), or as it
+    was. Tokens sampled after that point are dropped; the kept prefix and its log-probs are exactly
+    what a decode that stopped there would have produced."""
+    tokens = completion.token_ids
+    ends = [
+        start + len(seq)
+        for seq in sequences
+        for start in range(len(tokens) - len(seq) + 1)
+        if tuple(tokens[start : start + len(seq)]) == tuple(seq)
+    ]
+    if not ends:
+        return completion
+    end = min(ends)
+    mask = None if completion.loss_mask is None else completion.loss_mask[:end]
+    return Completion(tokens[:end], completion.log_probs[:end], "stop", loss_mask=mask)
+
+
 def check_num_samples(n: int) -> None:
     if n < 1:
         raise ValueError(f"n={n}: the number of samples per prompt must be >= 1")

@@ -75,9 +75,10 @@ def test_bad_multi_turn_settings_name_the_fix(overrides: tuple[str, ...], phrase
         plan(*overrides)
 
 
-def test_vllm_backend_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="set rl_config.rollout_backend: hf"):
-        plan(*MULTI_TURN, "rl_config.rollout_backend=vllm")
+def test_vllm_backend_is_accepted_and_partial_rollouts_are_refused_by_name() -> None:
+    assert plan(*MULTI_TURN, "rl_config.rollout_backend=vllm").rollout.multi_turn is not None
+    with pytest.raises(ValueError, match="set rl_config.partial_rollout_max_split: 1"):
+        plan(*MULTI_TURN, "++rl_config.partial_rollout_max_split=2")
 
 
 def test_shipped_tool_yaml_builds_upstreams_class(tmp_path: Path) -> None:

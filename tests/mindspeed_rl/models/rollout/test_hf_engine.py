@@ -52,17 +52,9 @@ def test_factory_builds_hf_engine_from_generate_config(tiny_model_dir: Path) -> 
         build_rollout_engine("sglang", str(tiny_model_dir), {})
 
 
-def test_stop_token_sequences_end_a_row_right_after_the_sequence(engine: HFEngine) -> None:
-    sampling = SamplingConfig(max_tokens=12, seed=5, ignore_eos=True)
-    (free,) = engine.generate([PROMPTS[0]], sampling)[0]
-    stop = free.token_ids[3:5]  # what the row samples at steps 3-4 (seeded, so it samples it again)
-    first = next(i for i in range(len(free.token_ids) - 1) if free.token_ids[i : i + 2] == stop)
-    (cut,) = engine.generate([PROMPTS[0]], sampling, stop_token_sequences=[stop])[0]
-    assert cut.token_ids == free.token_ids[: first + 2]
-    assert cut.log_probs == pytest.approx(free.log_probs[: first + 2])
-    assert cut.finish_reason == "stop"
+def test_empty_stop_sequence_is_refused(engine: HFEngine) -> None:
     with pytest.raises(ValueError, match="empty sequence"):
-        engine.generate([PROMPTS[0]], sampling, stop_token_sequences=[()])
+        engine.generate([PROMPTS[0]], SamplingConfig(max_tokens=4), stop_token_sequences=[()])
 
 
 def test_engine_turns_adapter_gives_one_turn_per_context(engine: HFEngine) -> None:
