@@ -52,6 +52,19 @@ class ScheduledMinibatch:
         return len(self.prompt_ids)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolUse:
+    """What a multi-turn trajectory did with its tools (``tools.agent_loop.TrajectoryStats``)."""
+
+    turns: int
+    calls: int
+    errors: int
+    truncated: int
+    """Tool responses cut to ``max_tool_response_length``."""
+    seconds: float
+    """Wall-clock seconds of its tool calls, summed over calls."""
+
+
 @dataclass(slots=True, kw_only=True)
 class Sample:
     """One prompt–response trajectory with everything needed to train on it and to audit lag.
@@ -85,6 +98,8 @@ class Sample:
     loss_mask: tuple[int, ...] = ()
     """Multi-turn rollouts: 1 for each token the policy generated, 0 for tool-response tokens
     (kept in the context, excluded from every loss term); empty = all the policy's."""
+    tool_use: ToolUse | None = None
+    """Multi-turn rollouts: its tool calls, for the per-iteration ``tools/*`` metrics."""
 
     def __post_init__(self) -> None:
         if len(self.rollout_log_probs) != len(self.response_token_ids):

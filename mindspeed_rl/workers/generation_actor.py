@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mindspeed_rl.models.rollout.host_weights import HostWeights
 from mindspeed_rl.models.rollout.weight_stream import WeightStream
-from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
+from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch, ToolUse
 from mindspeed_rl.workers.forced_lengths import LengthPlan, as_length_plan, check_lengths
 from mindspeed_rl.workers.gu_messages import GenerationReceipt
 from mindspeed_rl.workers.training_unit import torch_threads_for
@@ -109,6 +109,7 @@ class GenerationActor:
 
             self._filter = FilterScorer(spec.filter_scorer, policy_path)
         self._agent: AgentLoop | None = None
+        self._tool_use: list[ToolUse] = []
         if spec.multi_turn is not None:
             if self._forced is not None or self._partial is not None:
                 raise ValueError(
@@ -173,10 +174,12 @@ class GenerationActor:
                 finish_reason=completion.finish_reason,
                 segments=segments,
                 loss_mask=completion.loss_mask or (),
+                tool_use=self._tool_use[i * self._n + j] if self._tool_use else None,
             )
-            for pid, completions in zip(minibatch.prompt_ids, outputs)
+            for i, (pid, completions) in enumerate(zip(minibatch.prompt_ids, outputs))
             for j, (completion, segments) in enumerate(completions)
         )
+        self._tool_use = []
         if self._filter is not None:
             self._filter.score(samples, table)
         return CompletedMinibatch(
@@ -315,7 +318,16 @@ class GenerationActor:
         """Every sample is its own trajectory (the agent loop batches their turns)."""
         assert self._agent is not None
         results = self._agent.run([ids for ids in token_ids for _ in range(self._n)])
-        # Per-iteration tool metrics (metrics.jsonl, summary.json) are not wired yet; the log has them.
+        self._tool_use = [
+            ToolUse(
+                turns=r.stats.turns,
+                calls=r.stats.tool_calls,
+                errors=r.stats.tool_errors,
+                truncated=r.stats.truncated_responses,
+                seconds=r.stats.tool_seconds,
+            )
+            for r in results
+        ]
         logger.info(
             "multi-turn minibatch: %d trajectories, %d turns, %d tool calls, %d tool errors, %d truncated "
             "responses, %.2f tool seconds",

@@ -57,6 +57,35 @@ def test_actor_returns_masked_trajectories_within_the_total_budget(tmp_path: Pat
         assert 1 <= len(s.response_token_ids) <= 12  # the total budget, not max_tokens (64)
         assert len(s.loss_mask) == len(s.response_token_ids)
         assert s.loss_mask[0] == 1  # a response starts with a model turn
+        assert s.tool_use is not None and s.tool_use.turns >= 1
+        # Tool-response tokens exist exactly when the trajectory made calls.
+        assert (s.tool_use.calls == 0) == (sum(s.loss_mask) == len(s.loss_mask))
+
+
+def test_tool_metrics_of_a_step() -> None:
+    from mindspeed_rl.runtime.records import Sample, ToolUse
+    from mindspeed_rl.workers.training_unit import tool_metrics
+
+    def sample(mask: tuple[int, ...], use: ToolUse | None) -> Sample:
+        return Sample(
+            prompt_id="p", sample_index=0, minibatch_id=0, response_token_ids=(1,) * len(mask),
+            rollout_log_probs=(0.0,) * len(mask), reward=None, policy_version=0, gu_id=0, actor_id=0,
+            sent_at=0.0, loss_mask=mask, tool_use=use,
+        )  # fmt: skip
+
+    samples = [
+        sample((1, 1, 0, 0, 1, 1), ToolUse(turns=2, calls=2, errors=1, truncated=1, seconds=0.5)),
+        sample((1, 1), ToolUse(turns=1, calls=0, errors=0, truncated=0, seconds=0.0)),
+    ]
+    assert tool_metrics(samples) == {
+        "tools/calls_per_sample": 1.0,
+        "tools/turns_per_sample": 1.5,
+        "tools/error_fraction": 0.5,
+        "tools/truncated_responses": 1.0,
+        "tools/seconds": 0.5,
+        "tools/response_token_fraction": 0.25,
+    }
+    assert tool_metrics([sample((1,), None)]) == {}
 
 
 def test_multi_turn_with_forced_lengths_is_refused(tmp_path: Path) -> None:
