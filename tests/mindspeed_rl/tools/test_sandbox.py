@@ -183,3 +183,10 @@ def test_pid_is_not_leaked_to_caller_env() -> None:
     # The sandbox never runs in the caller's process: its pid differs.
     result = run_python_locally("import os\nprint(os.getpid())", LIMITS)
     assert int(result.stdout) != os.getpid()
+
+
+def test_retool_leaves_a_last_statement_alone() -> None:
+    tool = ReTool({"isolate_network": False}, SCHEMA)
+    assert tool.prepare("x = 1") == "x = 1"
+    assert tool.prepare("raise ValueError('bad')") == "raise ValueError('bad')"
+    assert tool.prepare("x = 2\nx + 1\n") == "x = 2\nprint(x + 1)\n"
