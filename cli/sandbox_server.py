@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), int(server.server_address[1])
     print(f"sandbox server on http://{host}:{port}/run_code", flush=True)
     try:
         server.serve_forever()
