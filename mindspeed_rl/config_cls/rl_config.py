@@ -23,10 +23,6 @@ _TRANSFER = "upstream's inter-worker data transport; batches travel between this
 _SWANLAB = (
     "SwanLab is not wired; metrics go to metrics.jsonl, TensorBoard (use_tensorboard) and W&B (use_wandb)"
 )
-_MULTI_TURN = (
-    "multi-turn tool rollouts cannot be combined with partial rollouts yet (a trajectory would cross "
-    "weight refreshes between tool calls); set rl_config.partial_rollout_max_split: 1"
-)
 _MULTIMODAL = "multimodal models are not supported: the policy is a text-only Qwen model"
 _PPO = (
     "PPO with a critic is not supported: this framework trains GRPO (group_norm advantages, no value model)"
@@ -192,8 +188,6 @@ class RLConfig:
         False,
         "Multi-turn rollouts: the model may call the tools of tool_config_path between turns; "
         "tool responses stay in the context but are masked out of the loss.",
-        refused=_MULTI_TURN,
-        accepts=lambda value, rl: not value or rl.partial_rollout_max_split <= 1,
     )
     tool_config_path: str | None = opt(
         None, "Tool YAML (upstream's shape: tools: [{class_name, config, tool_schema}]); relative to the cwd."

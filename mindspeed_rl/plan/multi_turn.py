@@ -36,6 +36,12 @@ def multi_turn_spec(config: GRPOConfig, max_tokens: int) -> MultiTurnSpec | None
                 "rollouts or remove them"
             )
         return None
+    if rl.pipeline == "async" and rl.partial_rollout_max_split > 1:
+        raise ValueError(
+            "rl_config.multi_turn_enable with partial rollouts (partial_rollout_max_split > 1) is not supported "
+            "yet: a trajectory would cross weight refreshes between tool calls; set "
+            "rl_config.partial_rollout_max_split: 1"
+        )
     if rl.tool_config_path is None:
         raise ValueError(
             "rl_config.multi_turn_enable needs rl_config.tool_config_path (a tool YAML such as "
