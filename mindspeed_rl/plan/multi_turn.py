@@ -56,4 +56,12 @@ def multi_turn_spec(config: GRPOConfig, max_tokens: int) -> MultiTurnSpec | None
         max_tool_response_length=rl.max_tool_response_length,
         truncate_side=rl.tool_response_truncate_side or "middle",
     )
+    limit = config.generate_config.max_model_len
+    if limit is not None and rl.max_prompt_length + settings.max_total_response_length > limit:
+        # Each turn's context is prompt + response so far; the last one would not fit the engine.
+        raise ValueError(
+            f"rl_config.max_prompt_length {rl.max_prompt_length} + max_total_response_length "
+            f"{settings.max_total_response_length} > generate_config.max_model_len {limit}; lower one of "
+            "the first two or raise max_model_len"
+        )
     return MultiTurnSpec(settings=settings, parser=parser, tools=read_tool_config(rl.tool_config_path))

@@ -68,6 +68,10 @@ def test_off_by_default() -> None:
         ((*MULTI_TURN, "++rl_config.max_parallel_calls=0"), "max_parallel_calls=0 must be >= 1"),
         ((*MULTI_TURN, "++rl_config.tool_parser_format=xml"), "not a known tool-call parser"),
         ((*MULTI_TURN, "++rl_config.tool_config_path=/nope.yaml"), "is not a file"),
+        (
+            (*MULTI_TURN, "++rl_config.max_total_response_length=100000"),
+            "max_total_response_length 100000 > generate_config.max_model_len",
+        ),
     ],
 )
 def test_bad_multi_turn_settings_name_the_fix(overrides: tuple[str, ...], phrase: str) -> None:
