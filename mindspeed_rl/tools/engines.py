@@ -38,7 +38,9 @@ class EngineTurns:
     def generate_turns(
         self, contexts: Sequence[Sequence[int]], max_tokens: Sequence[int]
     ) -> list[Completion]:
+        # sampling_config.max_tokens caps one turn; the loop's caps are what the total budget leaves.
+        caps = [min(cap, self._sampling.max_tokens) for cap in max_tokens]
         out = self._engine.generate(
-            contexts, self._sampling, n=1, max_tokens_per_prompt=max_tokens, stop_token_sequences=self._stops
+            contexts, self._sampling, n=1, max_tokens_per_prompt=caps, stop_token_sequences=self._stops
         )
         return [per_prompt[0] for per_prompt in out]
