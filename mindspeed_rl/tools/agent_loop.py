@@ -218,7 +218,9 @@ class AgentLoop:
             calls = self._parser.parse(self._codec.decode(turn.token_ids))
             left = self._settings.max_tool_calls - trajectory.calls
             if not calls or left <= 0 or len(trajectory.tokens) >= budget:
-                trajectory.finish = "length" if len(trajectory.tokens) >= budget else "stop"
+                # "length": cut by the budget, or a last turn that hit its own cap mid-answer.
+                cut = len(trajectory.tokens) >= budget or (not calls and turn.finish_reason == "length")
+                trajectory.finish = "length" if cut else "stop"
                 continue
             # At least one call runs (left >= 1), so every waiting trajectory has a future pending.
             waiting = _Waiting(

@@ -233,3 +233,15 @@ def test_settings_are_checked() -> None:
             max_tool_response_length=0,
             truncate_side="top",  # type: ignore[arg-type]
         )
+
+
+def test_a_last_turn_cut_by_its_own_cap_ends_with_length() -> None:
+    class CappedTurns(ScriptedModel):
+        def generate_turns(
+            self, contexts: Sequence[Sequence[int]], max_tokens: Sequence[int]
+        ) -> list[Completion]:
+            return super().generate_turns(contexts, [min(cap, 5) for cap in max_tokens])  # a 5-token turn cap
+
+    loop = make_loop(CappedTurns(lambda p, k, ctx: "a long answer"), [], max_total_response_length=100)
+    (result,) = loop.run([prompt("A")])
+    assert text(result.completion) == "a lon" and result.completion.finish_reason == "length"
