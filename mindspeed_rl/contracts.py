@@ -17,6 +17,8 @@ from mindspeed_rl.models.rewards.config import RewardConfig
 from mindspeed_rl.models.rollout.base import SamplingConfig
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
+from mindspeed_rl.tools.agent_loop import AgentSettings
+from mindspeed_rl.tools.config import ToolEntry
 
 OldLogProbs = Literal["rollout", "recompute", "current"]
 
@@ -100,6 +102,17 @@ class PartialRollout:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MultiTurnSpec:
+    """``rl_config.multi_turn_enable``: what a generation actor needs to run the agent loop
+    (``tools.agent_loop``). The tools travel as checked config entries; each actor builds its own."""
+
+    settings: AgentSettings
+    parser: str
+    """A registered tool-call parser (``tools.parsers``)."""
+    tools: tuple[ToolEntry, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RolloutSpec:
     """What a generation actor needs."""
 
@@ -114,6 +127,8 @@ class RolloutSpec:
     """Dynamic sampling: the filter metric each sample is scored with (``DynamicSampling.scorer``)."""
     partial: PartialRollout | None = None
     """Partial rollouts (async only); None: every response finishes on its starting weights."""
+    multi_turn: MultiTurnSpec | None = None
+    """Multi-turn rollouts with tools; None: one model turn per response."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

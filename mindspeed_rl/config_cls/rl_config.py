@@ -23,7 +23,6 @@ _TRANSFER = "upstream's inter-worker data transport; batches travel between this
 _SWANLAB = (
     "SwanLab is not wired; metrics go to metrics.jsonl, TensorBoard (use_tensorboard) and W&B (use_wandb)"
 )
-_MULTI_TURN = "multi-turn tool rollouts are not supported: a rollout is one response per prompt"
 _MULTIMODAL = "multimodal models are not supported: the policy is a text-only Qwen model"
 _PPO = (
     "PPO with a critic is not supported: this framework trains GRPO (group_norm advantages, no value model)"
@@ -184,17 +183,30 @@ class RLConfig:
         "Kept prompts each trainer step (iteration) trains on; generation runs in batches of "
         "global_batch_size prompts, so a smaller value trains several steps on one generation batch.",
     )
-    # Families this framework does not train.
-    multi_turn_enable: bool = opt(False, "Multi-turn rollouts with tool calls.", refused=_MULTI_TURN)
-    tool_config_path: str | None = opt(None, "Tool definitions YAML.", refused=_MULTI_TURN)
-    max_tool_calls: int = opt(0, "Tool calls per rollout.", refused=_MULTI_TURN)
-    max_parallel_calls: int = opt(0, "Tool calls run together.", refused=_MULTI_TURN)
-    max_total_response_length: int = opt(0, "Tokens over all turns.", refused=_MULTI_TURN)
-    max_tool_response_length: int = opt(0, "Tokens of one tool response.", refused=_MULTI_TURN)
-    tool_response_truncate_side: str | None = opt(
-        None, "Where long tool responses are cut.", refused=_MULTI_TURN
+    # Multi-turn rollouts with tools (upstream's keys and defaults; docs/guides/multi_turn_tools.md).
+    multi_turn_enable: bool = opt(
+        False,
+        "Multi-turn rollouts: the model may call the tools of tool_config_path between turns; "
+        "tool responses stay in the context but are masked out of the loss.",
     )
-    tool_parser_format: str | None = opt(None, "Tool-call syntax (hermes, ...).", refused=_MULTI_TURN)
+    tool_config_path: str | None = opt(
+        None, "Tool YAML (upstream's shape: tools: [{class_name, config, tool_schema}]); relative to the cwd."
+    )
+    max_tool_calls: int = opt(0, "Tool calls one response may make (>= 1 when multi_turn_enable).")
+    max_parallel_calls: int = opt(
+        0, "Calls of one turn run concurrently (>= 1 when multi_turn_enable); further calls get an error."
+    )
+    max_total_response_length: int = opt(
+        0,
+        "Tokens of a whole response, model turns and tool responses together; 0 = sampling_config.max_tokens.",
+    )
+    max_tool_response_length: int = opt(0, "Tokens of one tool response after truncation; 0 = no cap.")
+    tool_response_truncate_side: Literal["left", "right", "middle"] | None = opt(
+        None, "Which part of a long tool response is cut (left keeps its end); null = middle."
+    )
+    tool_parser_format: str | None = opt(
+        None, "Tool-call syntax (registered parsers: hermes); null = hermes."
+    )
     is_multimodal: bool = opt(False, "Image/video prompts.", refused=_MULTIMODAL)
     reuse_image_embeds: bool = opt(False, "Reuse vision-encoder outputs.", refused=_MULTIMODAL)
     colocate_actor_and_vit: bool = opt(False, "Vision encoder on the actor's devices.", refused=_MULTIMODAL)

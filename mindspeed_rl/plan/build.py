@@ -43,6 +43,7 @@ from mindspeed_rl.plan import correction, dapo
 from mindspeed_rl.plan import placement as placing
 from mindspeed_rl.plan import sections as parts
 from mindspeed_rl.plan.memory_section import MemoryPlan, memory_plan
+from mindspeed_rl.plan.multi_turn import multi_turn_spec
 from mindspeed_rl.runtime.config import RuntimeConfig
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.placement import ClusterSpec, Placement, PlacementRequest, plan_placement
@@ -306,6 +307,7 @@ def rollout_spec(config: GRPOConfig) -> RolloutSpec:
         seed=config.megatron_training.training.seed,
         filter_scorer=None if sampling is None else sampling.scorer,
         partial=partial_rollout(config, decode.max_tokens),
+        multi_turn=multi_turn_spec(config, decode.max_tokens),
     )
 
 

@@ -52,6 +52,19 @@ class ScheduledMinibatch:
         return len(self.prompt_ids)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolUse:
+    """What a multi-turn trajectory did with its tools (``tools.agent_loop.TrajectoryStats``)."""
+
+    turns: int
+    calls: int
+    errors: int
+    truncated: int
+    """Tool responses cut to ``max_tool_response_length``."""
+    seconds: float
+    """Wall-clock seconds of its tool calls, summed over calls."""
+
+
 @dataclass(slots=True, kw_only=True)
 class Sample:
     """One prompt–response trajectory with everything needed to train on it and to audit lag.
@@ -82,12 +95,24 @@ class Sample:
     """Partial rollouts: the versions that produced the response, oldest first, when it crossed
     a weight refresh; empty when every token is ``policy_version``'s. ``policy_version`` is the
     oldest token's version, so the lag bound and ``d_off`` count from it."""
+    loss_mask: tuple[int, ...] = ()
+    """Multi-turn rollouts: 1 for each token the policy generated, 0 for tool-response tokens
+    (kept in the context, excluded from every loss term); empty = all the policy's."""
+    tool_use: ToolUse | None = None
+    """Multi-turn rollouts: its tool calls, for the per-iteration ``tools/*`` metrics."""
 
     def __post_init__(self) -> None:
         if len(self.rollout_log_probs) != len(self.response_token_ids):
             raise ValueError(
                 f"sample {self.prompt_id}#{self.sample_index}: {len(self.rollout_log_probs)} log-probs for "
                 f"{len(self.response_token_ids)} tokens; the engine must return one log-prob per token."
+            )
+        if self.loss_mask and (
+            len(self.loss_mask) != len(self.response_token_ids) or not set(self.loss_mask) <= {0, 1}
+        ):
+            raise ValueError(
+                f"sample {self.prompt_id}#{self.sample_index}: loss_mask must hold one 0/1 per response token "
+                f"({len(self.loss_mask)} values for {len(self.response_token_ids)} tokens)"
             )
         if self.segments:
             check_aligned(self.segments, len(self.response_token_ids))

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mindspeed_rl.models.rollout.host_weights import HostWeights
 from mindspeed_rl.models.rollout.weight_stream import WeightStream
-from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch
+from mindspeed_rl.runtime.records import CompletedMinibatch, Sample, ScheduledMinibatch, ToolUse
 from mindspeed_rl.workers.forced_lengths import LengthPlan, as_length_plan, check_lengths
 from mindspeed_rl.workers.gu_messages import GenerationReceipt
 from mindspeed_rl.workers.training_unit import torch_threads_for
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rollout.base import Completion, SamplingConfig
     from mindspeed_rl.runtime.segments import TokenSegment
+    from mindspeed_rl.tools.agent_loop import AgentLoop
     from mindspeed_rl.weights.reload import ReloadPolicy, ReloadResult
     from mindspeed_rl.weights.slots import EngineSlots
     from mindspeed_rl.workers.evaluator import EvalJob, HeldOutDecode
@@ -107,6 +108,15 @@ class GenerationActor:
             from mindspeed_rl.workers.filter_scores import FilterScorer
 
             self._filter = FilterScorer(spec.filter_scorer, policy_path)
+        self._agent: AgentLoop | None = None
+        self._tool_use: list[ToolUse] = []
+        if spec.multi_turn is not None:
+            if self._forced is not None or self._partial is not None:
+                raise ValueError(
+                    "multi-turn rollouts cannot be combined with forced lengths (trace replay) or partial "
+                    "rollouts; turn one of them off"
+                )
+            self._agent = _agent_loop(spec, self._engine, policy_path)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -139,7 +149,11 @@ class GenerationActor:
         start_version = self.policy_version
         self._mid_reloads = []
         outputs: list[list[tuple[Completion, tuple[TokenSegment, ...]]]]
-        if self._partial is None:
+        if self._agent is not None:
+            with self._generating():
+                plain = self._generate_multi_turn(token_ids)
+            outputs = [[(c, ()) for c in per_prompt] for per_prompt in plain]
+        elif self._partial is None:
             with self._generating():
                 plain = self._generate(minibatch.prompt_ids, token_ids)
             outputs = [[(c, ()) for c in per_prompt] for per_prompt in plain]
@@ -159,10 +173,13 @@ class GenerationActor:
                 sent_at=sent_at,
                 finish_reason=completion.finish_reason,
                 segments=segments,
+                loss_mask=completion.loss_mask or (),
+                tool_use=self._tool_use[i * self._n + j] if self._tool_use else None,
             )
-            for pid, completions in zip(minibatch.prompt_ids, outputs)
+            for i, (pid, completions) in enumerate(zip(minibatch.prompt_ids, outputs))
             for j, (completion, segments) in enumerate(completions)
         )
+        self._tool_use = []
         if self._filter is not None:
             self._filter.score(samples, table)
         return CompletedMinibatch(
@@ -297,6 +314,33 @@ class GenerationActor:
             )
         return None
 
+    def _generate_multi_turn(self, token_ids: list[tuple[int, ...]]) -> list[list[Completion]]:
+        """Every sample is its own trajectory (the agent loop batches their turns)."""
+        assert self._agent is not None
+        results = self._agent.run([ids for ids in token_ids for _ in range(self._n)])
+        self._tool_use = [
+            ToolUse(
+                turns=r.stats.turns,
+                calls=r.stats.tool_calls,
+                errors=r.stats.tool_errors,
+                truncated=r.stats.truncated_responses,
+                seconds=r.stats.tool_seconds,
+            )
+            for r in results
+        ]
+        logger.info(
+            "multi-turn minibatch: %d trajectories, %d turns, %d tool calls, %d tool errors, %d truncated "
+            "responses, %.2f tool seconds",
+            len(results),
+            sum(r.stats.turns for r in results),
+            sum(r.stats.tool_calls for r in results),
+            sum(r.stats.tool_errors for r in results),
+            sum(r.stats.truncated_responses for r in results),
+            sum(r.stats.tool_seconds for r in results),
+        )
+        flat = [r.completion for r in results]
+        return [flat[i * self._n : (i + 1) * self._n] for i in range(len(token_ids))]
+
     def _generate(
         self, prompt_ids: Sequence[str], token_ids: list[tuple[int, ...]]
     ) -> list[list[Completion]]:
@@ -403,6 +447,8 @@ class GenerationActor:
         self._engine.wake_up(tags)  # type: ignore[attr-defined]
 
     def shutdown(self) -> None:
+        if self._agent is not None:
+            self._agent.close()
         self._engine.shutdown()
 
 
@@ -420,3 +466,29 @@ def _inject(fault: str, gu_id: int, actor_id: int, what: str) -> None:
     if fault == "raise":
         raise InjectedFault(f"fault injection: actor {gu_id}/{actor_id} raised on {what}")
     raise ValueError(f"unknown fault {fault!r}; use exit, hang or raise")
+
+
+def _agent_loop(spec: RolloutSpec, engine: Any, policy_path: str) -> AgentLoop:
+    """The agent loop over this actor's engine: tools built here (each actor its own), tool calls
+    stop a turn right after the parser's close marker."""
+    from mindspeed_rl.models.tokenizer import load_tokenizer
+    from mindspeed_rl.tools.agent_loop import AgentLoop
+    from mindspeed_rl.tools.config import build_tools
+    from mindspeed_rl.tools.engines import EngineTurns, TokenizerCodec
+    from mindspeed_rl.tools.parsers import get_parser
+
+    multi = spec.multi_turn
+    assert multi is not None
+    codec = TokenizerCodec(load_tokenizer(policy_path))
+    parser = get_parser(multi.parser)
+    settings = multi.settings
+    return AgentLoop(
+        engine=EngineTurns(engine, spec.sampling, [codec.encode(parser.close_marker)]),
+        parser=parser,
+        tools=build_tools(multi.tools),
+        codec=codec,
+        settings=settings,
+        # One call in flight per parallel slot of every trajectory a minibatch can hold is plenty;
+        # each tool bounds its own concurrency further (num_workers / rate_limit).
+        tool_workers=max(1, min(64, 8 * settings.max_parallel_calls)),
+    )

@@ -214,6 +214,7 @@ class TrainingUnit:
             "num_samples": float(len(samples)),
             "num_response_tokens": float(lengths.sum()),
             "truncated_fraction": float(np.mean([s.finish_reason == "length" for s in samples])),
+            **tool_metrics(samples),
             **{(k if k.startswith("rollout_corr/") else f"actor/{k}"): v for k, v in update.items()},
             **kl_stats,
             "lr": update["lr"],
@@ -425,6 +426,10 @@ class TrainingUnit:
             # several versions), for the off-policy correction and its metrics.
             rollout_log_probs=[s.rollout_log_probs for s in samples],
             versions=[_token_versions(s) for s in samples],
+            # Multi-turn samples: tool-response tokens stay in the sequence, out of the loss.
+            loss_masks=[s.loss_mask or (1,) * len(s.response_token_ids) for s in samples]
+            if any(s.loss_mask for s in samples)
+            else None,
         )
 
     def _advantages(self, rewards: np.ndarray) -> np.ndarray:
@@ -434,6 +439,26 @@ class TrainingUnit:
 
         n = self._spec.n_samples_per_prompt
         return group_norm_advantages(torch.as_tensor(rewards, dtype=torch.float32), n).numpy()
+
+
+def tool_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """``tools/*`` of a multi-turn step (none without tool use): calls and turns per sample, the
+    fraction of calls answered with an error, truncated responses, tool seconds, and the share of
+    response tokens that are tool responses (masked out of the loss)."""
+    used = [s.tool_use for s in samples if s.tool_use is not None]
+    if not used:
+        return {}
+    calls = sum(u.calls for u in used)
+    tokens = sum(len(s.response_token_ids) for s in samples)
+    tool_tokens = sum(len(s.loss_mask) - sum(s.loss_mask) for s in samples)
+    return {
+        "tools/calls_per_sample": calls / len(samples),
+        "tools/turns_per_sample": sum(u.turns for u in used) / len(samples),
+        "tools/error_fraction": sum(u.errors for u in used) / calls if calls else 0.0,
+        "tools/truncated_responses": float(sum(u.truncated for u in used)),
+        "tools/seconds": float(sum(u.seconds for u in used)),
+        "tools/response_token_fraction": tool_tokens / tokens if tokens else 0.0,
+    }
 
 
 def _simulated_step(samples: Sequence[Sample], seconds: float) -> dict[str, float]:

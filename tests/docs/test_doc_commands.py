@@ -60,6 +60,7 @@ COVERED_BY = {
     "examples/grpo_qwen3_30b_asp.sh": ["tests/mindspeed_rl/test_launcher_role_envs.py"],
     "examples/data/preprocess_data.sh": ["tests/cli/test_preprocess_data.py"],
     "cli/plot_metrics.py": ["tests/mindspeed_rl/utils/test_plots.py"],
+    "cli/sandbox_server.py": ["tests/mindspeed_rl/tools/test_sandbox_server.py"],
     "asp_scheduler": ["tests/asp_scheduler/test_bench.py"],
     "make demo": ["tests/mindspeed_rl/trainer/test_async_e2e.py"],
     "make test": ["the suite itself"],

@@ -5,6 +5,7 @@ imports alike), so a climb back up fails here naming the edge instead of growing
     config_cls   (the typed schema)           ─► runtime
     weights      (weight-format library)      ─► utils
     models       (engines, losses, rewards)   ─► weights, datasets, utils, runtime
+    tools        (tool calls, sandbox, agent loop) ─► models
     contracts    (specs the workers receive)  ─► models
     plan         (the one reader of the config) ─► config_cls, contracts, models, runtime, utils, ...
     workers      (Ray actors: TU, GU, CU)     ─► everything above except plan and trainer
@@ -30,15 +31,17 @@ FORBIDDEN: dict[str, frozenset[str]] = {
             "models",
             "plan",
             "sim",
+            "tools",
             "trainer",
             "utils",
             "weights",
             "workers",
         }
     ),
-    "config_cls": frozenset({"contracts", "models", "plan", "sim", "trainer", "weights", "workers"}),
-    "models": frozenset({"contracts", "plan", "sim", "trainer", "workers"}),
-    "weights": frozenset({"contracts", "models", "plan", "sim", "trainer", "workers"}),
+    "config_cls": frozenset({"contracts", "models", "plan", "sim", "tools", "trainer", "weights", "workers"}),
+    "models": frozenset({"contracts", "plan", "sim", "tools", "trainer", "workers"}),
+    "tools": frozenset({"config_cls", "contracts", "plan", "sim", "trainer", "weights", "workers"}),
+    "weights": frozenset({"contracts", "models", "plan", "sim", "tools", "trainer", "workers"}),
     "contracts": frozenset({"config_cls", "plan", "sim", "trainer", "weights", "workers"}),
     "datasets": frozenset({"plan", "trainer", "workers"}),
     "utils": frozenset({"plan", "trainer", "workers"}),

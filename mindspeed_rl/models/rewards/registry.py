@@ -74,8 +74,8 @@ _LAZY: dict[str, tuple[str, str, bool]] = {
 # when the run plan is built (check_config), not at the first reward call.
 _REFUSED: dict[str, str] = {
     "retool_reward": (
-        "scores multi-turn tool rollouts (ReTool), which are not supported: a rollout is one response "
-        "per prompt; use a single-turn verifier such as 'acc'"
+        "is upstream's ReTool scorer for multi-turn tool rollouts, not implemented yet; score the final "
+        "answer with a verifier such as 'acc' (multi-turn responses are scored on their whole text)"
     ),
 }
 

@@ -73,10 +73,16 @@ class Completion:
     """Per-token behaviour-policy log-probs (see the module docstring)."""
     finish_reason: str
     """"stop" (EOS sampled) or "length" (max_tokens reached)."""
+    loss_mask: tuple[int, ...] | None = None
+    """Multi-turn rollouts: 1 for the policy's own tokens, 0 for tool-response tokens (context
+    only, log-prob 0); None = every token is the policy's."""
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.log_probs), "one log-prob per token"
         assert self.finish_reason in ("stop", "length"), self.finish_reason
+        assert self.loss_mask is None or len(self.loss_mask) == len(self.token_ids), (
+            "one mask value per token"
+        )
 
 
 @runtime_checkable
@@ -142,6 +148,24 @@ def resolve_max_tokens(
                 f"{max_model_len}; shorten the prompt, lower max_tokens or raise max_model_len"
             )
     return limits
+
+
+def cut_at_stop_sequences(completion: Completion, sequences: Sequence[Sequence[int]]) -> Completion:
+    """The completion ended right after the first of ``sequences`` it contains ("stop"), or as it
+    was. Tokens sampled after that point are dropped; the kept prefix and its log-probs are exactly
+    what a decode that stopped there would have produced."""
+    tokens = completion.token_ids
+    ends = [
+        start + len(seq)
+        for seq in sequences
+        for start in range(len(tokens) - len(seq) + 1)
+        if tuple(tokens[start : start + len(seq)]) == tuple(seq)
+    ]
+    if not ends:
+        return completion
+    end = min(ends)
+    mask = None if completion.loss_mask is None else completion.loss_mask[:end]
+    return Completion(tokens[:end], completion.log_probs[:end], "stop", loss_mask=mask)
 
 
 def check_num_samples(n: int) -> None:

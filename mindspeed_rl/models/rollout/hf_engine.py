@@ -116,8 +116,16 @@ class HFEngine:
         sampling: SamplingConfig,
         n: int = 1,
         max_tokens_per_prompt: Sequence[int] | None = None,
+        stop_token_sequences: Sequence[Sequence[int]] = (),
     ) -> list[list[Completion]]:
+        """``stop_token_sequences``: a row also stops (finish_reason "stop") right after its
+        tokens end with one of these (the agent loop's tool-call close); they stay in the output."""
         check_num_samples(n)
+        stops = [
+            torch.tensor(list(seq), dtype=torch.long, device=self._device) for seq in stop_token_sequences
+        ]
+        if any(seq.numel() == 0 for seq in stops):
+            raise ValueError("stop_token_sequences holds an empty sequence; every stop needs >= 1 token")
         if sampling.repetition_penalty != 1.0:
             raise ValueError(
                 f"repetition_penalty={sampling.repetition_penalty} is not implemented by the HF engine; "
@@ -138,12 +146,17 @@ class HFEngine:
         flat: list[Completion] = []
         for start in range(0, len(rows), self._max_num_seqs):
             chunk = rows[start : start + self._max_num_seqs]
-            flat.extend(self._generate_chunk(chunk, step, sampling.ignore_eos, generator))
+            flat.extend(self._generate_chunk(chunk, step, sampling.ignore_eos, generator, stops))
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     @torch.no_grad()
     def _generate_chunk(
-        self, rows: Sequence[_Row], step: SamplingStep, ignore_eos: bool, generator: torch.Generator
+        self,
+        rows: Sequence[_Row],
+        step: SamplingStep,
+        ignore_eos: bool,
+        generator: torch.Generator,
+        stops: Sequence[torch.Tensor] = (),
     ) -> list[Completion]:
         input_ids, attention = self._left_pad([r.prompt for r in rows])
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -170,6 +183,10 @@ class HFEngine:
             log_probs.append(token_lp)
             if not ignore_eos:
                 stopped |= ~done & torch.isin(token, stop_ids)
+            for seq in stops:
+                if len(tokens) >= seq.numel():
+                    tail = torch.stack(tokens[-seq.numel() :], dim=1)
+                    stopped |= ~done & (tail == seq).all(dim=1)
             now_done = done | stopped | (t + 1 >= max_tokens)
             lengths = torch.where(now_done & ~done, t + 1, lengths)
             done = now_done

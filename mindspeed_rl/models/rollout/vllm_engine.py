@@ -33,6 +33,7 @@ from mindspeed_rl.models.rollout.base import (
     SamplingConfig,
     check_num_samples,
     check_weight_names,
+    cut_at_stop_sequences,
     resolve_max_tokens,
 )
 from mindspeed_rl.models.rollout.vllm_reload import detect_vllm_install, weight_reloader
@@ -120,11 +121,20 @@ class VLLMEngine:
         sampling: SamplingConfig,
         n: int = 1,
         max_tokens_per_prompt: Sequence[int] | None = None,
+        stop_token_sequences: Sequence[Sequence[int]] = (),
     ) -> list[list[Completion]]:
+        """``stop_token_sequences``: a request also stops right after one of these (kept in the
+        output, finish_reason "stop"). One-token sequences are vLLM's ``stop_token_ids`` (which
+        vLLM 0.x keeps in ``token_ids``, as it does EOS); longer ones are cut after decoding, since
+        vLLM stops on token ids only one at a time (its ``stop`` strings need detokenized text)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         check_num_samples(n)
+        if any(len(seq) == 0 for seq in stop_token_sequences):
+            raise ValueError("stop_token_sequences holds an empty sequence; every stop needs >= 1 token")
+        stop_ids = sorted({int(seq[0]) for seq in stop_token_sequences if len(seq) == 1})
+        longer = [tuple(seq) for seq in stop_token_sequences if len(seq) > 1]
         if self._asleep:
             raise RuntimeError("generate on a sleeping engine; call wake_up() first")
         limits = resolve_max_tokens(prompts, sampling, max_tokens_per_prompt, self._max_model_len)
@@ -143,12 +153,19 @@ class VLLMEngine:
                 seed=None if sampling.seed is None else sampling.seed + i * n,
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=sampling.detokenize,
+                stop_token_ids=stop_ids or None,
             )
             for i, limit in enumerate(limits)
         ]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = self._llm.generate(requests, params, use_tqdm=False)
-        return [[_completion(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
+        return [
+            [
+                cut_at_stop_sequences(_completion(c), longer)
+                for c in sorted(out.outputs, key=lambda c: c.index)
+            ]
+            for out in outputs
+        ]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if isinstance(named_tensors, WeightStream):

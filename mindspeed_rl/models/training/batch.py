@@ -30,6 +30,9 @@ class TrainBatch:
     ``rollout_log_probs`` are the behaviour policy's (the rollout engine's own, kept apart from
     ``old_log_probs`` for the off-policy correction) and ``versions`` the weights version that
     produced each response token.
+    ``loss_masks`` (multi-turn rollouts) hold 1 for the policy's tokens and 0 for tool-response
+    tokens: those stay in the sequence the log-probs are computed on, but no loss term (policy,
+    KL, entropy, off-policy correction) counts them. None = every response token counts.
     """
 
     prompt_ids: tuple[np.ndarray, ...]
@@ -39,6 +42,7 @@ class TrainBatch:
     ref_log_probs: tuple[np.ndarray, ...] | None = None
     rollout_log_probs: tuple[np.ndarray, ...] | None = None
     versions: tuple[np.ndarray, ...] | None = None
+    loss_masks: tuple[np.ndarray, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -53,7 +57,7 @@ class TrainBatch:
                     f"sample {i} has an empty prompt or response; the engine scores response tokens from the "
                     "position before them, so both need >= 1 token (drop empty responses before training)"
                 )
-        for name in ("old_log_probs", "ref_log_probs", "rollout_log_probs", "versions"):
+        for name in ("old_log_probs", "ref_log_probs", "rollout_log_probs", "versions", "loss_masks"):
             values = getattr(self, name)
             if values is None:
                 continue
@@ -74,6 +78,7 @@ class TrainBatch:
         ref_log_probs: Sequence[FloatSeq] | None = None,
         rollout_log_probs: Sequence[FloatSeq] | None = None,
         versions: Sequence[IntSeq] | None = None,
+        loss_masks: Sequence[IntSeq] | None = None,
     ) -> TrainBatch:
         def ints(rows: Sequence[IntSeq]) -> tuple[np.ndarray, ...]:
             return tuple(np.asarray(r, dtype=np.int64).reshape(-1) for r in rows)
@@ -89,6 +94,7 @@ class TrainBatch:
             ref_log_probs=floats(ref_log_probs),
             rollout_log_probs=floats(rollout_log_probs),
             versions=None if versions is None else ints(versions),
+            loss_masks=None if loss_masks is None else ints(loss_masks),
         )
 
     @property
@@ -98,6 +104,13 @@ class TrainBatch:
     @property
     def num_response_tokens(self) -> int:
         return int(sum(r.size for r in self.response_ids))
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Response tokens the loss counts: the policy's own (all of them without loss masks)."""
+        if self.loss_masks is None:
+            return self.num_response_tokens
+        return int(sum(int(m.sum()) for m in self.loss_masks))
 
     def select(self, indices: Sequence[int] | np.ndarray) -> TrainBatch:
         idx = [int(i) for i in indices]
@@ -113,6 +126,7 @@ class TrainBatch:
             ref_log_probs=pick(self.ref_log_probs),
             rollout_log_probs=pick(self.rollout_log_probs),
             versions=pick(self.versions),
+            loss_masks=pick(self.loss_masks),
         )
 
     def with_advantages(self, advantages: FloatSeq) -> TrainBatch:
@@ -155,6 +169,14 @@ class PaddedBatch:
     rollout_log_probs: torch.Tensor | None = None
     versions: torch.Tensor | None = None
     """``[B, R]`` int64 weights version of each response token (padding: 0)."""
+    loss_mask: torch.Tensor | None = None
+    """``[B, R]`` 1 = a policy token, 0 = a tool-response token or padding; None = no tool tokens."""
+
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """The tokens every loss term counts: real response tokens the policy generated.
+        ``response_mask`` alone still selects what log-probs are computed for."""
+        return self.response_mask if self.loss_mask is None else self.response_mask * self.loss_mask
 
 
 def _pad_rows(rows: Sequence[np.ndarray], width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -195,6 +217,9 @@ def pad_batch(batch: TrainBatch, *, pad_token_id: int, device: torch.device | st
         versions=None
         if batch.versions is None
         else _pad_rows(batch.versions, resp_width, torch.long).to(device),
+        loss_mask=None
+        if batch.loss_masks is None
+        else _pad_rows(batch.loss_masks, resp_width, torch.long).to(device),
     )
 
 

@@ -129,7 +129,7 @@ REFUSED = _refused_fields()
 def test_the_refused_families_are_all_there() -> None:
     keys = {key for _, key, _ in REFUSED}
     families = {"lora_r", "multi_latent_attention", "q_lora_rank", "rope_scaling_type", "dpo_loss_type",
-                "is_pairwise_dataset", "multi_turn_enable", "tool_config_path", "is_multimodal", "mm_model",
+                "is_pairwise_dataset", "is_multimodal", "mm_model",
                 "spec",
                 "attention_bias", "moe_router_score_function", "critic_resource", "stage"}  # fmt: skip
     assert families <= keys, families - keys

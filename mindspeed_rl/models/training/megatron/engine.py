@@ -263,7 +263,7 @@ class _MegatronStep:
         terms = loss(padded, logp, entropy)
         # Scalars as one-element tensors; the correction statistics are vectors already.
         stats = {name: value.reshape(-1) for name, value in loss_term_values(terms).items()}
-        return terms.loss, padded.response_mask.sum().to(torch.int64), stats
+        return terms.loss, padded.policy_mask.sum().to(torch.int64), stats
 
     def apply_gradients(self, *, lr: float, max_norm: float) -> float:
         engine = self._engine

@@ -97,6 +97,7 @@ def _fill_rows(batch: TrainBatch, rows: int, pad_token_id: int) -> TrainBatch:
         ref_log_probs=more(batch.ref_log_probs, zero),
         rollout_log_probs=more(batch.rollout_log_probs, zero),
         versions=more(batch.versions, np.zeros(1, dtype=np.int64)),
+        loss_masks=more(batch.loss_masks, np.zeros(1, dtype=np.int64)),
     )
 
 
@@ -117,6 +118,7 @@ def real_rows(padded: PaddedBatch, count: int) -> PaddedBatch:
         ref_log_probs=head(padded.ref_log_probs),
         rollout_log_probs=head(padded.rollout_log_probs),
         versions=head(padded.versions),
+        loss_mask=head(padded.loss_mask),
     )
 
 

@@ -50,3 +50,17 @@ def test_factory_builds_hf_engine_from_generate_config(tiny_model_dir: Path) -> 
         build_rollout_engine("hf", str(tiny_model_dir), {"max_num_seq": 8})
     with pytest.raises(ValueError, match="unknown rollout backend"):
         build_rollout_engine("sglang", str(tiny_model_dir), {})
+
+
+def test_empty_stop_sequence_is_refused(engine: HFEngine) -> None:
+    with pytest.raises(ValueError, match="empty sequence"):
+        engine.generate([PROMPTS[0]], SamplingConfig(max_tokens=4), stop_token_sequences=[()])
+
+
+def test_engine_turns_adapter_gives_one_turn_per_context(engine: HFEngine) -> None:
+    from mindspeed_rl.tools.engines import EngineTurns
+
+    turns = EngineTurns(engine, SamplingConfig(max_tokens=64, min_tokens=5, seed=1), [])
+    out = turns.generate_turns([PROMPTS[0], PROMPTS[1]], [3, 5])
+    assert [len(c.token_ids) <= cap for c, cap in zip(out, [3, 5])] == [True, True]
+    assert all(c.loss_mask is None for c in out)

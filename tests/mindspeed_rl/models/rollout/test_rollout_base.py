@@ -90,3 +90,12 @@ def test_greedy_picks_argmax_with_raw_log_prob() -> None:
     step = _step(temperature=0.0)
     tokens, lps = sample_tokens(processed_log_probs(LOGITS, step), step, torch.Generator())
     assert tokens.tolist() == [0] and math.isclose(lps.item(), math.log(0.5), rel_tol=1e-6)
+
+
+def test_cut_at_stop_sequences_keeps_the_prefix_through_the_first_stop() -> None:
+    from mindspeed_rl.models.rollout.base import Completion, cut_at_stop_sequences
+
+    c = Completion((1, 2, 3, 4, 2, 3), (-0.1, -0.2, -0.3, -0.4, -0.5, -0.6), "length")
+    cut = cut_at_stop_sequences(c, [(4, 2), (2, 3)])
+    assert cut == Completion((1, 2, 3), (-0.1, -0.2, -0.3), "stop")
+    assert cut_at_stop_sequences(c, [(9, 9)]) is c

@@ -154,3 +154,18 @@ def test_max_tokens_overrides_n_and_seed(engine: RolloutEngine, tiny_model_dir: 
     default = engine.generate(PROMPTS, sampling)
     assert [len(s) for s in default] == [1, 1, 1]
     assert all(len(s[0].token_ids) == 9 for s in default)
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_stop_token_sequences_end_a_response_right_after_them(engine: RolloutEngine, width: int) -> None:
+    """The agent loop's tool-call close: a one-token stop (vLLM: stop_token_ids) and a longer one
+    (vLLM: cut after decoding) both end the response right after their first occurrence, the
+    kept tokens and log-probs being those of the same seeded draw without the stop."""
+    sampling = SamplingConfig(max_tokens=16, seed=11, ignore_eos=True)
+    (free,) = engine.generate([PROMPTS[0]], sampling)[0]
+    stop = free.token_ids[5 : 5 + width]
+    end = next(i + width for i in range(len(free.token_ids)) if free.token_ids[i : i + width] == stop)
+    (cut,) = engine.generate([PROMPTS[0]], sampling, stop_token_sequences=[stop])[0]  # type: ignore[call-arg]
+    assert cut.token_ids == free.token_ids[:end]
+    assert cut.log_probs == pytest.approx(free.log_probs[:end], abs=1e-4)
+    assert cut.finish_reason == "stop"

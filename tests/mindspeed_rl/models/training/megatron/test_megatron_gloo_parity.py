@@ -101,3 +101,50 @@ def test_several_shuffled_steps_with_clipping_and_sequence_loss_match_at_tp2(tmp
     assert want_metrics["grad_norm"] > 0.5  # clipping was active
     assert abs(meg["metrics"]["grad_norm"] / want_metrics["grad_norm"] - 1) <= 1e-4
     assert max(update_rel_diffs(before, meg["weights_after"], want).values()) <= 1e-3
+
+
+@pytest.mark.timeout(300)
+def test_loss_masks_of_multi_turn_samples_match_the_torch_engine_at_tp2(tmp_path: Path) -> None:
+    """Tool-response tokens masked out of the loss (``TrainBatch.loss_masks``): the megatron
+    engine's update equals the torch engine's, and differs from the unmasked update (the mask acts)."""
+    import dataclasses
+
+    import numpy as np
+
+    from benchmarks.parity.engine import (
+        LAYOUTS,
+        parity_batch,
+        parity_engine_config,
+        run_megatron_side,
+        update_rel_diffs,
+        with_behaviour_log_probs,
+    )
+    from mindspeed_rl.models.loss.config import GRPOLossConfig
+    from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+    from mindspeed_rl.weights.megatron_dims import load_dims
+
+    model_dir = build_parity_model(tmp_path / "qwen3", "qwen3")
+    batch = parity_batch(load_dims(model_dir).vocab_size)
+    # Mask the middle third of every response of 3+ tokens: a "tool response" between two turns.
+    masks = []
+    for r in batch.response_ids:
+        m = np.ones(r.size, dtype=np.int64)
+        if r.size >= 3:
+            m[r.size // 3 : 2 * r.size // 3] = 0
+        masks.append(m)
+    assert sum(int(m.size - m.sum()) for m in masks) > 0
+    config = dataclasses.replace(
+        parity_engine_config(num_samples=batch.num_samples),
+        loss=GRPOLossConfig(init_kl_coef=0.05, entropy_coeff=0.01),
+    )
+    weights = {}
+    for name, masked in (("masked", dataclasses.replace(batch, loss_masks=tuple(masks))), ("plain", batch)):
+        torch_engine = TorchTrainingEngine(model_dir, config)
+        masked = with_behaviour_log_probs(masked, torch_engine.compute_log_probs(masked, temperature=0.7))
+        before = {k: v.clone() for k, v in torch_engine.named_weights_for_inference()}
+        torch_engine.update(masked, temperature=0.7)
+        weights[name] = dict(torch_engine.named_weights_for_inference())
+        if name == "masked":
+            meg = run_megatron_side(model_dir, LAYOUTS["tp2"], masked, config)
+            assert max(update_rel_diffs(before, meg["weights_after"], weights[name]).values()) <= 1e-3
+    assert max(update_rel_diffs(before, weights["plain"], weights["masked"]).values()) > 1e-2
