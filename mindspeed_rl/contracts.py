@@ -19,6 +19,7 @@ from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 
 OldLogProbs = Literal["rollout", "recompute", "current"]
+RoutingReplay = Literal["R2", "R3"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +43,9 @@ class TrainerSpec:
     of a ``TrainingGroup`` of ``num_ranks``; None: the torch engine in one process."""
     num_ranks: int = 1
     """Ranks of the Training Unit (TP x PP x DP of the megatron layout; 1 for the torch engine)."""
+    routing_replay: RoutingReplay | None = None
+    """``rl_config.routing_replay``: R3 replays the rollout's routing (``Sample.routing``) in every
+    forward; R2 replays the routing the trainer's own log-prob recompute chose. None: off."""
 
     def layout_summary(self) -> dict[str, int]:
         """The parallel layout for summary.json (the torch engine: one rank)."""
@@ -114,6 +118,8 @@ class RolloutSpec:
     """Dynamic sampling: the filter metric each sample is scored with (``DynamicSampling.scorer``)."""
     partial: PartialRollout | None = None
     """Partial rollouts (async only); None: every response finishes on its starting weights."""
+    record_routing: bool = False
+    """Routing replay R3: the engine records each sample's MoE routing (``Sample.routing``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -290,6 +290,39 @@ def _warmup(config: GRPOConfig, p: Problems) -> None:
         p.add("warmup_config", "when enabled, need steps, batch_size, num_examples >= 1 and lr > 0")
 
 
+def _routing_replay(config: GRPOConfig, p: Problems) -> None:
+    """Routing replay is refused where it cannot work, each by name (``docs/guides/routing_replay.md``)."""
+    mode = config.rl_config.routing_replay
+    if mode is None:
+        return
+    key = "rl_config.routing_replay"
+    arch = config.model
+    if arch.num_layers and not arch.is_moe:
+        p.add(
+            key,
+            f"{mode} replays MoE routing, but model {config.model_name or '?'} is dense (no num_experts); "
+            "set routing_replay: null",
+        )
+    if config.actor_config.megatron_only.use_mcore_models:
+        p.add(
+            key,
+            f"{mode} is not wired into the megatron engine yet (megatron-core's router replay, "
+            "transformer/moe/router_replay.py, is not driven by it): use the torch engine "
+            "(actor_config.use_mcore_models: false) or set routing_replay: null",
+        )
+    backend = config.rl_config.rollout_backend
+    if mode == "R3" and backend in NO_ROUTING_BACKENDS:
+        p.add(
+            key,
+            f"R3 replays the routing the rollout engine returns, and rollout_backend {backend!r} cannot "
+            f"return it ({NO_ROUTING_BACKENDS[backend]}); use R2, or routing_replay: null",
+        )
+
+
+# Rollout backends that cannot return each completion's routing (R3), and why.
+NO_ROUTING_BACKENDS: dict[str, str] = {}
+
+
 RULES: tuple[Callable[[GRPOConfig, Problems], None], ...] = (
     _batch_units,
     _run_keys,
@@ -302,4 +335,5 @@ RULES: tuple[Callable[[GRPOConfig, Problems], None], ...] = (
     _async,
     _resources,
     _warmup,
+    _routing_replay,
 )

@@ -289,6 +289,7 @@ def trainer_spec(config: GRPOConfig) -> TrainerSpec:
         adv_estimator=rl.adv_estimator,
         old_log_probs=old,
         num_cpus=resources.num_cpus,
+        routing_replay=rl.routing_replay,
     )
 
 
@@ -306,6 +307,7 @@ def rollout_spec(config: GRPOConfig) -> RolloutSpec:
         seed=config.megatron_training.training.seed,
         filter_scorer=None if sampling is None else sampling.scorer,
         partial=partial_rollout(config, decode.max_tokens),
+        record_routing=rl.routing_replay == "R3",
     )
 
 

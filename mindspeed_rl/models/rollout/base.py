@@ -73,6 +73,9 @@ class Completion:
     """Per-token behaviour-policy log-probs (see the module docstring)."""
     finish_reason: str
     """"stop" (EOS sampled) or "length" (max_tokens reached)."""
+    routing: Any = None
+    """Engines started to record MoE routing: ``[prompt + response - 1, moe_layers, top_k]`` int64
+    expert ids (numpy; the row convention is ``runtime.routing``'s); None otherwise."""
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.log_probs), "one log-prob per token"
