@@ -215,7 +215,10 @@ class TrainingUnit:
             "num_samples": float(len(samples)),
             "num_response_tokens": float(lengths.sum()),
             "truncated_fraction": float(np.mean([s.finish_reason == "length" for s in samples])),
-            **{(k if k.startswith(("rollout_corr/", "routing/")) else f"actor/{k}"): v for k, v in update.items()},
+            **{
+                (k if k.startswith(("rollout_corr/", "routing/")) else f"actor/{k}"): v
+                for k, v in update.items()
+            },
             **kl_stats,
             **self._routing_metrics,
             "lr": update["lr"],
