@@ -21,6 +21,7 @@ from mindspeed_rl.tools.agent_loop import AgentSettings
 from mindspeed_rl.tools.config import ToolEntry
 
 OldLogProbs = Literal["rollout", "recompute", "current"]
+RoutingReplay = Literal["R2", "R3"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +45,9 @@ class TrainerSpec:
     of a ``TrainingGroup`` of ``num_ranks``; None: the torch engine in one process."""
     num_ranks: int = 1
     """Ranks of the Training Unit (TP x PP x DP of the megatron layout; 1 for the torch engine)."""
+    routing_replay: RoutingReplay | None = None
+    """``rl_config.routing_replay``: R3 replays the rollout's routing (``Sample.routing``) in every
+    forward; R2 replays the routing the trainer's own log-prob recompute chose. None: off."""
 
     def layout_summary(self) -> dict[str, int]:
         """The parallel layout for summary.json (the torch engine: one rank)."""
@@ -129,6 +133,8 @@ class RolloutSpec:
     """Partial rollouts (async only); None: every response finishes on its starting weights."""
     multi_turn: MultiTurnSpec | None = None
     """Multi-turn rollouts with tools; None: one model turn per response."""
+    record_routing: bool = False
+    """Routing replay R3: the engine records each sample's MoE routing (``Sample.routing``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

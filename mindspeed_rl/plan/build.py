@@ -290,6 +290,7 @@ def trainer_spec(config: GRPOConfig) -> TrainerSpec:
         adv_estimator=rl.adv_estimator,
         old_log_probs=old,
         num_cpus=resources.num_cpus,
+        routing_replay=rl.routing_replay,
     )
 
 
@@ -308,6 +309,7 @@ def rollout_spec(config: GRPOConfig) -> RolloutSpec:
         filter_scorer=None if sampling is None else sampling.scorer,
         partial=partial_rollout(config, decode.max_tokens),
         multi_turn=multi_turn_spec(config, decode.max_tokens),
+        record_routing=rl.routing_replay == "R3",
     )
 
 

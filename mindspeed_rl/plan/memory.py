@@ -121,6 +121,8 @@ class TrainerMemorySpec:
     recompute_method: Literal["uniform", "block"] | None = None
     stage_layers: tuple[int, ...] = ()
     """Real layers per pipeline stage (uneven stages, noop layers left out); () = num_layers / PP."""
+    routing_replay: bool = False
+    """MoE routing replay: the micro-batch's routing to replay sits on the device beside it."""
 
     def layers_on_stage(self, pp_rank: int) -> int:
         return self.stage_layers[pp_rank] if self.stage_layers else self.shape.num_layers // self.pp
@@ -146,6 +148,9 @@ class RolloutMemorySpec:
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    routing_capture: bool = False
+    """Routing replay R3: vLLM's routed-experts capture buffer (vllm 0.32 ``RoutedExpertsCapturer``:
+    int32, one row per token of the step's budget, every MoE layer, top-k)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +242,20 @@ def trainer_memory(spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank:
         "activations": activation_bytes(spec, pp_rank=pp_rank),
         "headroom": TRAINER_HEADROOM_GB * GB,
     }
+    if spec.routing_replay and spec.shape.is_moe:
+        tokens = spec.micro_batch_size * spec.seq_length
+        terms["routing_replay"] = float(
+            routing_buffer_bytes_per_token(spec.shape, layers=spec.layers_on_stage(pp_rank), dtype_bytes=8)
+            * tokens
+        )
     return MemoryEstimate(terms=terms, budget=device_memory_gb * GB)
+
+
+def routing_buffer_bytes_per_token(shape: ModelShape, *, layers: int | None = None, dtype_bytes: int) -> int:
+    """Routing replay: bytes one token's routing costs in a buffer of ``dtype_bytes`` integers,
+    MoE layers x top-k x dtype (the trainer holds int64 indices for its micro-batch, vLLM's capture
+    buffer int32; samples carry the compact dtype, ``runtime.routing.routing_bytes_per_token``)."""
+    return (shape.num_layers if layers is None else layers) * shape.moe_topk * dtype_bytes
 
 
 def activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
@@ -296,8 +314,13 @@ def rollout_memory(spec: RolloutMemorySpec, device_memory_gb: float) -> MemoryEs
     activations = pbytes * tokens * (4 * shape.hidden_size + 3 * width) / spec.tp
     activations += 4 * spec.max_num_seqs * shape.vocab_size
     reserved = spec.gpu_memory_utilization * device_memory_gb * GB
-    kv_cache = max(0.0, reserved - weights - activations)
+    capture = 0.0
+    if spec.routing_capture and shape.is_moe:
+        capture = float(routing_buffer_bytes_per_token(shape, dtype_bytes=4) * tokens)
+    kv_cache = max(0.0, reserved - weights - activations - capture)
     terms = {"weights": weights, "activations": activations, "kv_cache": kv_cache}
+    if capture:
+        terms["routing_capture"] = capture
     estimate = MemoryEstimate(terms=terms, budget=reserved)
     return estimate
 
@@ -312,7 +335,13 @@ def rollout_shortfall(spec: RolloutMemorySpec, estimate: MemoryEstimate) -> str 
     """Why vLLM would refuse to start, or None: its KV cache must hold one ``max_model_len``
     sequence, and the weights plus activations must fit its reserved share."""
     needed = kv_bytes_per_token(spec.shape, tp=spec.tp, dtype=spec.dtype) * spec.max_model_len
-    if estimate.terms["weights"] + estimate.terms["activations"] > estimate.budget:
+    fixed = estimate.terms["weights"] + estimate.terms["activations"]
+    if fixed + estimate.terms.get("routing_capture", 0.0) > estimate.budget:
+        if fixed <= estimate.budget:
+            return (
+                "vLLM's routed-experts capture buffer (rl_config.routing_replay: R3) does not fit beside the "
+                "weights and activations; lower generate_config.max_num_batched_tokens or turn routing replay off"
+            )
         return "weights and activations exceed gpu_memory_utilization of the device"
     if estimate.terms["kv_cache"] < needed:
         return (

@@ -85,6 +85,7 @@ def memory_plan(
             recompute_num_layers=layout.recompute_num_layers if layout else None,
             recompute_method=layout.recompute_method if layout else None,  # type: ignore[arg-type]
             stage_layers=layout.stage_layers if layout else (),
+            routing_replay=trainer.routing_replay is not None,
         ),
         rollout=RolloutMemorySpec(
             shape=shape,
@@ -95,6 +96,7 @@ def memory_plan(
             max_model_len=g.max_model_len or seq_length,
             max_num_seqs=g.max_num_seqs,
             max_num_batched_tokens=g.max_num_batched_tokens or (g.max_model_len or seq_length),
+            routing_capture=trainer.routing_replay == "R3",
         ),
     )
 

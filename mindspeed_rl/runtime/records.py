@@ -20,6 +20,7 @@ from mindspeed_rl.runtime.segments import TokenSegment, check_aligned
 
 if TYPE_CHECKING:
     from mindspeed_rl.runtime.group_filter import StepFilterStats
+    from mindspeed_rl.runtime.routing import Routing
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +101,10 @@ class Sample:
     (kept in the context, excluded from every loss term); empty = all the policy's."""
     tool_use: ToolUse | None = None
     """Multi-turn rollouts: its tool calls, for the per-iteration ``tools/*`` metrics."""
+    routing: Routing | None = None
+    """MoE routing replay (``rl_config.routing_replay: R3``): the experts the rollout engine chose
+    for every prompt and response position (``runtime.routing``); with partial rollouts each
+    segment's positions carry the routing of the version that decoded them. None: not recorded."""
 
     def __post_init__(self) -> None:
         if len(self.rollout_log_probs) != len(self.response_token_ids):
@@ -121,6 +126,10 @@ class Sample:
                     f"sample {self.prompt_id}#{self.sample_index}: policy_version {self.policy_version} but its "
                     f"oldest token is from version {self.segments[0].version}; they must be the same"
                 )
+
+    @property
+    def routing_bytes(self) -> int:
+        return 0 if self.routing is None else self.routing.nbytes
 
     @property
     def num_segments(self) -> int:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.contracts import RolloutSpec
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rollout.base import Completion, SamplingConfig
+    from mindspeed_rl.runtime.routing import Routing
     from mindspeed_rl.runtime.segments import TokenSegment
     from mindspeed_rl.tools.agent_loop import AgentLoop
     from mindspeed_rl.weights.reload import ReloadPolicy, ReloadResult
@@ -86,8 +87,13 @@ class GenerationActor:
         self._forced = as_length_plan(forced_lengths, n) if forced_lengths is not None else None
         engine_keys = {**spec.engine_keys, "num_threads": torch_threads_for(spec.num_cpus)}
         self._engine = build_rollout_engine(
-            spec.backend, policy_path, engine_keys, seed=spec.seed if seed is None else seed
+            spec.backend,
+            policy_path,
+            engine_keys,
+            seed=spec.seed if seed is None else seed,
+            record_routing=spec.record_routing,
         )
+        self._num_experts = _num_experts(policy_path) if spec.record_routing else None
         self._sampling = spec.sampling
         self._n = n
         if self._forced is not None:
@@ -175,6 +181,7 @@ class GenerationActor:
                 segments=segments,
                 loss_mask=completion.loss_mask or (),
                 tool_use=self._tool_use[i * self._n + j] if self._tool_use else None,
+                routing=self._routing(completion),
             )
             for i, (pid, completions) in enumerate(zip(minibatch.prompt_ids, outputs))
             for j, (completion, segments) in enumerate(completions)
@@ -193,6 +200,18 @@ class GenerationActor:
             finished_at=time.time(),
             reload_seconds=sum(seconds for _, seconds in self._mid_reloads),
         )
+
+    def _routing(self, completion: Completion) -> Routing | None:
+        if self._num_experts is None:
+            return None
+        from mindspeed_rl.runtime.routing import Routing
+
+        if completion.routing is None:
+            raise RuntimeError(
+                f"actor {self.gu_id}/{self.actor_id}: routing replay R3 is on but the rollout engine returned "
+                "no routing for a completion; the backend must record it (rl_config.routing_replay)"
+            )
+        return Routing.from_array(completion.routing, self._num_experts)
 
     def generate_with_receipt(
         self,
@@ -450,6 +469,21 @@ class GenerationActor:
         if self._agent is not None:
             self._agent.close()
         self._engine.shutdown()
+
+
+def _num_experts(policy_path: str) -> int:
+    """The routed experts of the policy folder's model (transformers 5 writes num_local_experts for
+    some MoE configs, 4.x num_experts): what each sample's routing is packed for."""
+    import json
+
+    config = json.loads((Path(policy_path) / "config.json").read_text())
+    count = config.get("num_experts") or config.get("num_local_experts")
+    if not count:
+        raise ValueError(
+            f"{policy_path}/config.json names no num_experts: routing replay needs a MoE policy "
+            "(set rl_config.routing_replay: null for a dense model)"
+        )
+    return int(count)
 
 
 class InjectedFault(RuntimeError):

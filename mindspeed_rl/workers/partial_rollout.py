@@ -22,9 +22,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mindspeed_rl.contracts import PartialRollout
 from mindspeed_rl.models.rollout.base import Completion, SamplingConfig
+from mindspeed_rl.runtime.routing import append_rows
 from mindspeed_rl.runtime.segments import TokenSegment, extend
 
 
@@ -51,6 +53,9 @@ class _Open:
     log_probs: list[float] = field(default_factory=list)
     segments: tuple[TokenSegment, ...] = ()
     finish: str | None = None
+    routing: Any = None
+    """MoE routing so far (engines that record it): each round adds the rows of the positions it
+    decoded, under the version it ran on (``runtime.routing.append_rows``)."""
 
 
 def generate_in_segments(
@@ -107,7 +112,9 @@ def generate_in_segments(
     return [
         [
             SegmentedCompletion(
-                completion=Completion(tuple(o.tokens), tuple(o.log_probs), o.finish or "length"),  # all set
+                completion=Completion(
+                    tuple(o.tokens), tuple(o.log_probs), o.finish or "length", o.routing
+                ),  # finish: all set
                 segments=o.segments,
             )
             for o in opened[i * n : (i + 1) * n]
@@ -124,6 +131,8 @@ def _take(o: _Open, completion: Completion, cap: int, *, version: int, max_split
     o.tokens.extend(completion.token_ids)
     o.log_probs.extend(completion.log_probs)
     o.segments = extend(o.segments, version, len(completion.token_ids), max_split=max_split)
+    if completion.routing is not None:
+        o.routing = append_rows(o.routing, completion.routing)
     if final or completion.finish_reason == "stop" or len(o.tokens) >= o.limit:
         o.finish = completion.finish_reason
 

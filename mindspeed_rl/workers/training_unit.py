@@ -193,6 +193,7 @@ class TrainingUnit:
             times["time/ref_log_probs_s"] = time.perf_counter() - tic
         shaped, kl_stats = self._kl_shaped(rewards, samples, batch)
         batch = batch.with_advantages(self._advantages(shaped))
+        self._routing_metrics: dict[str, float] = {}
         batch = self._with_old_log_probs(batch, samples, times)
         tic = time.perf_counter()
         update = self._engine.update(batch, self._temperature)
@@ -215,8 +216,12 @@ class TrainingUnit:
             "num_response_tokens": float(lengths.sum()),
             "truncated_fraction": float(np.mean([s.finish_reason == "length" for s in samples])),
             **tool_metrics(samples),
-            **{(k if k.startswith("rollout_corr/") else f"actor/{k}"): v for k, v in update.items()},
+            **{
+                (k if k.startswith(("rollout_corr/", "routing/")) else f"actor/{k}"): v
+                for k, v in update.items()
+            },
             **kl_stats,
+            **self._routing_metrics,
             "lr": update["lr"],
             **times,
         }
@@ -252,6 +257,8 @@ class TrainingUnit:
     def _with_old_log_probs(
         self, batch: TrainBatch, samples: Sequence[Sample], times: dict[str, float]
     ) -> TrainBatch:
+        if self._spec.routing_replay is not None:
+            return self._replay_recompute(batch, samples, times)
         if self._old_log_probs == "rollout":
             return batch.with_log_probs(
                 old=[np.asarray(s.rollout_log_probs, dtype=np.float32) for s in samples]
@@ -260,6 +267,35 @@ class TrainingUnit:
             tic = time.perf_counter()
             batch = batch.with_log_probs(old=self._engine.compute_log_probs(batch, self._temperature))
             times["time/old_log_probs_s"] = time.perf_counter() - tic
+        return batch
+
+    def _replay_recompute(
+        self, batch: TrainBatch, samples: Sequence[Sample], times: dict[str, float]
+    ) -> TrainBatch:
+        """Routing replay's log-prob recompute, run whatever ``old_log_probs`` says: R3 replays the
+        rollout's routing (already in ``batch``) and measures how often the trainer's router would
+        have chosen otherwise; R2 records the routing this forward chose, which the update then
+        replays. The old log-probs are this pass's only where ``old_log_probs`` is "recompute"."""
+        from mindspeed_rl.runtime.routing import mismatch_fraction
+
+        tic = time.perf_counter()
+        log_probs, used, metrics = self._engine.compute_log_probs_and_routing(batch, self._temperature)
+        times["time/old_log_probs_s"] = time.perf_counter() - tic
+        if batch.routing is not None:
+            differ, total = mismatch_fraction(list(batch.routing), used)
+            metrics["routing/mismatch_frac"] = differ / max(1, total)
+        else:
+            batch = batch.with_routing(used)
+        rows = sum(r.shape[0] for r in used)
+        metrics["routing/bytes_per_sample"] = float(np.mean([s.routing_bytes for s in samples]))
+        metrics["routing/positions"] = float(rows)
+        self._routing_metrics = metrics
+        if self._old_log_probs == "recompute":
+            return batch.with_log_probs(old=log_probs)
+        if self._old_log_probs == "rollout":
+            return batch.with_log_probs(
+                old=[np.asarray(s.rollout_log_probs, dtype=np.float32) for s in samples]
+            )
         return batch
 
     def inference_weights(self) -> HostWeights:
@@ -418,8 +454,9 @@ class TrainingUnit:
         """The samples as a batch; advantages are zero until ``_advantages`` fills them in."""
         from mindspeed_rl.models.training.batch import TrainBatch
 
-        return TrainBatch.from_lists(
-            prompt_ids=[self._record(s.prompt_id).token_ids for s in samples],
+        prompts = [self._record(s.prompt_id).token_ids for s in samples]
+        batch = TrainBatch.from_lists(
+            prompt_ids=prompts,
             response_ids=[s.response_token_ids for s in samples],
             advantages=np.zeros(len(samples), dtype=np.float32),
             # The behaviour policy and its version per token (a partial rollout's tokens come from
@@ -431,6 +468,9 @@ class TrainingUnit:
             if any(s.loss_mask for s in samples)
             else None,
         )
+        if self._spec.routing_replay != "R3":
+            return batch
+        return batch.with_routing([_sample_routing(s, len(p)) for s, p in zip(samples, prompts)])
 
     def _advantages(self, rewards: np.ndarray) -> np.ndarray:
         import torch
@@ -490,6 +530,17 @@ def _ordered_samples(groups: Sequence[PromptGroup], n: int) -> list[Sample]:
 
 def describe(stats: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items())
+
+
+def _sample_routing(sample: Sample, prompt_len: int) -> np.ndarray:
+    what = f"sample {sample.prompt_id}#{sample.sample_index}"
+    if sample.routing is None:
+        raise ValueError(
+            f"{what} carries no MoE routing, but rl_config.routing_replay is R3; its rollout engine "
+            "must record routing (RolloutSpec.record_routing)"
+        )
+    sample.routing.check_covers(prompt_len, len(sample.response_token_ids), what)
+    return sample.routing.array()
 
 
 def _token_versions(sample: Sample) -> np.ndarray:

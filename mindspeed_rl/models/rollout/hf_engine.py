@@ -49,8 +49,11 @@ class HFEngine:
         max_num_seqs: int = 64,
         max_model_len: int | None = None,
         num_threads: int | None = 1,
+        record_routing: bool = False,
     ) -> None:
-        """`num_threads` sets torch's intra-op pool on CPU (process-wide): 1 avoids OpenMP spin-wait
+        """`record_routing`: every completion carries the MoE routing of its prompt and response
+        (``Completion.routing``; a Qwen3-MoE model only, ``models.moe_routing``).
+        `num_threads` sets torch's intra-op pool on CPU (process-wide): 1 avoids OpenMP spin-wait
         contention between actors sharing few cores (measured: 2 threads under load ran ~70x slower)."""
         from transformers import AutoModelForCausalLM
 
@@ -70,7 +73,13 @@ class HFEngine:
         )
         torch.nn.Module.to(model, torch.device(device))
         model.eval()
-        self._attach(model, seed=seed, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+        self._attach(
+            model,
+            seed=seed,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            record_routing=record_routing,
+        )
 
     @classmethod
     def from_model(
@@ -80,6 +89,7 @@ class HFEngine:
         seed: int = 0,
         max_num_seqs: int = 64,
         max_model_len: int | None = None,
+        record_routing: bool = False,
     ) -> HFEngine:
         """An engine over a model already in memory (e.g. the trainer's live policy), no copy.
 
@@ -89,13 +99,28 @@ class HFEngine:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1")
         engine = cls.__new__(cls)
-        engine._attach(model, seed=seed, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+        engine._attach(
+            model,
+            seed=seed,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            record_routing=record_routing,
+        )
         return engine
 
     def _attach(
-        self, model: PreTrainedModel, *, seed: int, max_num_seqs: int, max_model_len: int | None
+        self,
+        model: PreTrainedModel,
+        *,
+        seed: int,
+        max_num_seqs: int,
+        max_model_len: int | None,
+        record_routing: bool = False,
     ) -> None:
+        from mindspeed_rl.models.moe_routing import RouterHooks
+
         self._model = model
+        self._routing = RouterHooks(model) if record_routing else None
         self._device = next(model.parameters()).device
         config = self._model.config
         self._max_model_len = int(max_model_len or config.max_position_embeddings)
@@ -151,6 +176,20 @@ class HFEngine:
 
     @torch.no_grad()
     def _generate_chunk(
+        self,
+        rows: Sequence[_Row],
+        step: SamplingStep,
+        ignore_eos: bool,
+        generator: torch.Generator,
+        stops: Sequence[torch.Tensor] = (),
+    ) -> list[Completion]:
+        if self._routing is None:
+            return self._decode(rows, step, ignore_eos, generator, stops)
+        with self._routing.capture() as calls:
+            completions = self._decode(rows, step, ignore_eos, generator, stops)
+        return _with_routing(completions, rows, calls)
+
+    def _decode(
         self,
         rows: Sequence[_Row],
         step: SamplingStep,
@@ -243,6 +282,27 @@ def _stop_token_ids(model: PreTrainedModel) -> frozenset[int]:
     if not ids:
         raise ValueError("the model defines no eos_token_id; set it in config.json or generation_config.json")
     return frozenset(ids)
+
+
+def _with_routing(
+    completions: list[Completion], rows: Sequence[_Row], calls: list[list[torch.Tensor]]
+) -> list[Completion]:
+    """Attach each row's routing: its prompt's rows of the prefill (left-padded to the chunk's
+    longest prompt), then one row per response token fed back in (all but the last)."""
+    import dataclasses
+
+    from mindspeed_rl.models.moe_routing import stack_calls
+
+    width = max(len(r.prompt) for r in rows)
+    prefill = stack_calls(calls, 0).reshape(len(rows), width, len(calls), -1)
+    steps = [stack_calls(calls, t) for t in range(1, len(calls[0]))]  # each [rows, layers, top_k]
+    out = []
+    for i, (row, completion) in enumerate(zip(rows, completions)):
+        fed = len(completion.token_ids) - 1
+        parts = [prefill[i, width - len(row.prompt) :], *(steps[t][i : i + 1] for t in range(fed))]
+        routing = torch.cat(parts, dim=0).cpu().numpy()
+        out.append(dataclasses.replace(completion, routing=routing))
+    return out
 
 
 def _collect(

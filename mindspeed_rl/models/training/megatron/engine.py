@@ -129,6 +129,7 @@ class MegatronTrainingEngine:
         return host_optimizer(self.config, self.model.module)
 
     def compute_log_probs(self, batch: TrainBatch, temperature: float) -> list[np.ndarray]:
+        _refuse_routing(batch)
         return compute_log_probs_megatron(
             self.model,
             self.dims,
@@ -147,6 +148,7 @@ class MegatronTrainingEngine:
         self.kl_controller.update(kl, num_samples)
 
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
+        _refuse_routing(batch)
         return run_update(self, self._step, batch, temperature)
 
     def snapshot_shard(self) -> tuple[dict[str, torch.Tensor], ShardCoords]:
@@ -275,3 +277,14 @@ class _MegatronStep:
     def lr(self) -> float:
         optimizer = self._engine.optimizer
         return float(optimizer.param_groups[0]["lr"]) if self._engine.megatron_optimizer else optimizer.lr
+
+
+def _refuse_routing(batch: TrainBatch) -> None:
+    """A batch to replay would otherwise be routed freely, silently: say so (check_config refuses
+    rl_config.routing_replay with use_mcore_models first; this guards direct callers)."""
+    if batch.routing is not None:
+        raise ValueError(
+            "the megatron engine does not replay MoE routing yet (megatron-core 0.19.2's "
+            "transformer/moe/router_replay.py is not wired into this engine); set "
+            "rl_config.routing_replay: null or use the torch engine (use_mcore_models: false)"
+        )

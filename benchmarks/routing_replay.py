@@ -1,0 +1,131 @@
+"""The training-inference gap on a tiny MoE, with and without routing replay (R3), across a weight
+version lag; prints one JSON object.
+
+    .venv/bin/python benchmarks/routing_replay.py [--lags 0 1 2 4] [--rollout-dtype bfloat16]
+
+For each model shape: the HF rollout engine (``--rollout-dtype``) samples responses at version 0 and
+records their routing; a copy of the policy in the fp32 torch training engine takes ``lag`` GRPO
+updates (random advantages on those samples: a stand-in for the steps a lagging sample waits in the
+async queue); then the trainer's log-probs of the same samples are computed with its own routing and
+with the rollout's replayed. Reported per (shape, lag, replay): the behaviour-vs-trainer log-prob
+gap (mean |d|, max |d|), the k3 KL estimate, and the fraction of (token, MoE layer) rows whose expert
+set differs from the rollout's. Pure CPU; a few seconds per shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mindspeed_rl.models.loss import GRPOLossConfig
+from mindspeed_rl.models.rollout.base import SamplingConfig
+from mindspeed_rl.models.rollout.hf_engine import HFEngine
+from mindspeed_rl.models.tiny import TINY_QWEN3_MOE_ARCH, create_tiny_model
+from mindspeed_rl.models.training.batch import TrainBatch
+from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+from mindspeed_rl.runtime.routing import mismatch_fraction
+
+SHAPES: Mapping[str, Mapping[str, Any]] = {
+    "tiny_qwen3_moe_4x2": TINY_QWEN3_MOE_ARCH,  # the shipped tiny MoE: 4 experts, top-2, width 32
+    # A shape the tests do not use: more experts, top-3, another expert width, three layers.
+    "moe_8x3_w48_l3": {**TINY_QWEN3_MOE_ARCH, "num_layers": 3, "num_experts": 8, "moe_router_topk": 3,
+                       "moe_ffn_hidden_size": 48},
+}  # fmt: skip
+
+
+def _engine_config(lr: float) -> TorchEngineConfig:
+    return TorchEngineConfig(
+        lr=lr, clip_grad=1.0, micro_batch_size=8, forward_micro_batch_size=8, mini_batch_size=6,
+        n_samples_per_prompt=4, loss=GRPOLossConfig(init_kl_coef=0.0), seed=0,
+    )  # fmt: skip
+
+
+def _rollout(
+    path: Path, dtype: str, prompts: Sequence[Sequence[int]], max_tokens: int
+) -> list[tuple[Any, ...]]:
+    engine = HFEngine(str(path), dtype=dtype, record_routing=True, seed=1)
+    out = engine.generate(prompts, SamplingConfig(max_tokens=max_tokens, ignore_eos=True, seed=3), n=4)
+    return [
+        (list(p), list(c.token_ids), np.asarray(c.log_probs), np.asarray(c.routing))
+        for p, per in zip(prompts, out)
+        for c in per
+    ]
+
+
+def _batch(rows: Sequence[tuple[Any, ...]], rng: np.random.Generator, replay: bool) -> TrainBatch:
+    batch = TrainBatch.from_lists(
+        prompt_ids=[r[0] for r in rows],
+        response_ids=[r[1] for r in rows],
+        advantages=rng.normal(size=len(rows)),
+        rollout_log_probs=[r[2] for r in rows],
+    )
+    return batch.with_routing([r[3] for r in rows]) if replay else batch
+
+
+def _gap(
+    rows: Sequence[tuple[Any, ...]], log_probs: Sequence[np.ndarray], used: Sequence[np.ndarray]
+) -> dict[str, float]:
+    behave = np.concatenate([r[2] for r in rows])
+    train = np.concatenate(log_probs)
+    delta = train - behave
+    # k3 estimate of KL(behaviour || trainer) from behaviour samples: exp(d) - 1 - d, d = log pi_t - log pi_b.
+    k3 = np.exp(delta) - 1.0 - delta
+    differ, total = mismatch_fraction([r[3] for r in rows], used)
+    return {
+        "logp_abs_diff_mean": float(np.abs(delta).mean()),
+        "logp_abs_diff_max": float(np.abs(delta).max()),
+        "kl_k3_behave_vs_train": float(k3.mean()),
+        "routing_mismatch_frac": differ / max(1, total),
+    }
+
+
+def measure(arch: Mapping[str, Any], lags: Sequence[int], rollout_dtype: str, lr: float) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(4, 100, size=int(rng.integers(4, 12))).tolist() for _ in range(6)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = create_tiny_model(Path(tmp) / "model", arch, seed=0)
+        rows = _rollout(path, rollout_dtype, prompts, max_tokens=16)
+        trainer = TorchTrainingEngine(path, _engine_config(lr))
+        results: dict[str, Any] = {"routing_bytes_per_token": int(rows[0][3].shape[1] * rows[0][3].shape[2])}
+        done = 0
+        for lag in sorted(lags):
+            while done < lag:  # one GRPO update = one weight version
+                step = _batch(rows, rng, replay=False)
+                trainer.update(step.with_log_probs(old=[r[2] for r in rows]), 1.0)
+                done += 1
+            per: dict[str, Any] = {}
+            for replay in (False, True):
+                lp, used, _ = trainer.compute_log_probs_and_routing(_batch(rows, rng, replay=replay), 1.0)
+                per["r3" if replay else "off"] = _gap(rows, lp, used)
+            results[f"lag_{lag}"] = per
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lags", type=int, nargs="+", default=[0, 1, 2, 4])
+    parser.add_argument("--rollout-dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--lr", type=float, default=3e-3, help="trainer learning rate per version step")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    out = {
+        "rollout_dtype": args.rollout_dtype,
+        "trainer_dtype": "float32",
+        "lr": args.lr,
+        "shapes": {
+            name: measure(arch, args.lags, args.rollout_dtype, args.lr) for name, arch in SHAPES.items()
+        },
+    }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
