@@ -113,7 +113,7 @@ def generate_in_segments(
         [
             SegmentedCompletion(
                 completion=Completion(
-                    tuple(o.tokens), tuple(o.log_probs), o.finish or "length", o.routing
+                    tuple(o.tokens), tuple(o.log_probs), o.finish or "length", routing=o.routing
                 ),  # finish: all set
                 segments=o.segments,
             )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class Completion:
     """Per-token behaviour-policy log-probs (see the module docstring)."""
     finish_reason: str
     """"stop" (EOS sampled) or "length" (max_tokens reached)."""
+    _: KW_ONLY  # the optional records by name only: two of them, both optional, are easy to swap
     loss_mask: tuple[int, ...] | None = None
     """Multi-turn rollouts: 1 for the policy's own tokens, 0 for tool-response tokens (context
     only, log-prob 0); None = every token is the policy's."""

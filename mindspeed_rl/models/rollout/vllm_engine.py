@@ -380,7 +380,7 @@ def _completion(output: Any, prompt_len: int) -> Completion:
     log_probs = tuple(float(output.logprobs[k][t].logprob) for k, t in enumerate(token_ids))
     if output.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM request ended with finish_reason={output.finish_reason!r}")
-    return Completion(token_ids, log_probs, output.finish_reason, _routing(output, prompt_len))
+    return Completion(token_ids, log_probs, output.finish_reason, routing=_routing(output, prompt_len))
 
 
 def _routing(output: Any, prompt_len: int) -> Any:
