@@ -30,7 +30,10 @@ from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.engine_config import TorchEngineConfig
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 
-LAYOUTS = {"cp2": MegatronLayout(context_parallel_size=2, context_parallel_algo="megatron_cp_algo"), "cp1": MegatronLayout()}
+LAYOUTS = {
+    "cp2": MegatronLayout(context_parallel_size=2, context_parallel_algo="megatron_cp_algo"),
+    "cp1": MegatronLayout(),
+}
 
 
 def cp_batch(vocab_size: int) -> TrainBatch:
@@ -64,7 +67,9 @@ def _split_matches_megatron(width: int) -> bool:
     return bool(torch.equal(theirs, ids[:, mine]))
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, config: TorchEngineConfig) -> None:
+def _worker(
+    rank: int, world: int, port: int, model_dir: str, out_dir: str, config: TorchEngineConfig
+) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -82,7 +87,9 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, conf
             out: dict[str, Any] = {
                 "cp_size": ps.get_context_parallel_world_size(),
                 "dp_size": ps.get_data_parallel_world_size(),
-                "split_matches_megatron": _split_matches_megatron(16) if layout.context_parallel_size > 1 else None,
+                "split_matches_megatron": _split_matches_megatron(16)
+                if layout.context_parallel_size > 1
+                else None,
                 "log_probs": engine.compute_log_probs(batch, temperature=0.7),
                 "metrics": engine.update(batch, temperature=0.7),
             }

@@ -84,7 +84,9 @@ def cp_problems(
         return [f"{key}: not supported ({REFUSED_ALGOS[algo]}); set context_parallel_algo: {choices}"]
     if algo not in SUPPORTED_ALGOS:
         known = sorted({*SUPPORTED_ALGOS, *REFUSED_ALGOS})
-        return [f"{key}: unknown algorithm; upstream's are {known}, of which {sorted(SUPPORTED_ALGOS)} run here"]
+        return [
+            f"{key}: unknown algorithm; upstream's are {known}, of which {sorted(SUPPORTED_ALGOS)} run here"
+        ]
     if stand_in:
         return []
     if device_kind == "cpu":

@@ -20,7 +20,9 @@ from mindspeed_rl.models.training.megatron.context_parallel import rank_position
 from mindspeed_rl.models.training.megatron.cp_support import cp_problems
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout, check_trainable
 
-_MEGATRON = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+_MEGATRON = (
+    importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+)
 
 
 @pytest.mark.parametrize("size", [2, 4])
