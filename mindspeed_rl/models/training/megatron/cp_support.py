@@ -46,10 +46,13 @@ REFUSED_ALGOS: dict[str, str] = {
 }
 
 INSTALL_CUDA = (
-    "TransformerEngine with context-parallel attention (the gpu-trainer stack: "
-    "stacks/gpu-trainer.txt installs transformer-engine and transformer-engine-torch)"
+    "TransformerEngine 2.20.2 for its context-parallel attention (stacks/gpu-trainer.txt: "
+    "transformer-engine, then transformer-engine-torch built against this torch)"
 )
-INSTALL_NPU = "MindSpeed (26.1.0_core_r0.12.1, the npu-trainer stack) for its ring and Ulysses CP attention"
+INSTALL_NPU = (
+    "MindSpeed 26.1.0_core_r0.12.1 (stacks/ascend-trainer.txt, make setup-npu) for its ring and Ulysses "
+    "CP attention"
+)
 
 
 def split_kind(algo: str, device_kind: DeviceKind) -> SplitKind:

@@ -202,8 +202,9 @@ def _forward_step(
 
 def micro_widths(widths: Sequence[int], *, multiple: int = 1, uniform: bool = False) -> list[int]:
     """The width each micro-batch runs at: rounded up to ``multiple`` (sequence parallelism splits
-    the sequence over TP ranks, context parallelism into its chunks), and all equal to the widest when ``uniform`` (a pipeline that
-    sends fixed-shape activations, i.e. without ``variable_seq_lengths``)."""
+    the sequence over TP ranks, context parallelism into its chunks), and all equal to the widest
+    when ``uniform`` (a pipeline that sends fixed-shape activations, i.e. without
+    ``variable_seq_lengths``)."""
     rounded = [-(-w // multiple) * multiple for w in widths]
     if uniform and rounded:
         return [max(rounded)] * len(rounded)
