@@ -37,7 +37,10 @@ class ParallelKeys:
     pipeline_model_parallel_size: int = opt(1, "Pipeline stages.", inert_on_torch=PARALLEL_ONLY)
     expert_model_parallel_size: int = opt(1, "Expert-parallel ranks (MoE).", inert_on_torch=PARALLEL_ONLY)
     context_parallel_size: int = opt(
-        1, "Context-parallel ranks (the megatron engine implements 1 only).", inert_on_torch=PARALLEL_ONLY
+        1,
+        "Ranks each sequence is split over (context parallelism, context_parallel_algo); the megatron "
+        "engine needs TransformerEngine (CUDA) or MindSpeed (NPU) for the attention across them.",
+        inert_on_torch=PARALLEL_ONLY,
     )
     num_layers_per_virtual_pipeline_stage: int | None = opt(
         None,

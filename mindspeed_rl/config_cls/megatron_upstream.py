@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mindspeed_rl.config_cls.fields import TORCH_ONE_REPLICA, megatron_reason, opt
+from mindspeed_rl.config_cls.fields import PARALLEL_ONLY, TORCH_ONE_REPLICA, megatron_reason, opt
 
 _MLA = (
     "multi-latent attention (DeepSeek) is not supported: both engines build Qwen2.5/Qwen3(-MoE) "
@@ -40,7 +40,10 @@ _DPO = (
     "(stage: ray_grpo, rl_config.verifier_function)"
 )
 _MULTIMODAL = "multimodal models are not supported: the policy is a text-only Qwen model"
-_CP_ONLY = "context-parallel tuning; context_parallel_size must be 1 here, so there is nothing to split"
+_CP_TUNING = megatron_reason(
+    "ring-attention tuning the megatron engine does not pass to MindSpeed (same results)",
+    torch=TORCH_ONE_REPLICA,
+)
 _PADDING = "the engines pad each micro-batch to its own longest sequence and never pack sequences together"
 _ROLLOUT = "rollouts run on the rollout engine (vLLM / HF generate, generate_config), not the trainer"
 _NO_COC = megatron_reason(
@@ -208,9 +211,15 @@ class UpstreamInertKeys:
         "Recompute the MLP activation.",
         inert="MindSpeed activation recomputation; results are the same",
     )
-    context_parallel_algo: str = opt("ulysses_cp_algo", "Context-parallel algorithm.", inert=_CP_ONLY)
-    use_cp_send_recv_overlap: bool = opt(False, "Overlap context-parallel send/recv.", inert=_CP_ONLY)
-    use_fused_ring_attention_update: bool = opt(False, "Fused ring-attention update.", inert=_CP_ONLY)
+    context_parallel_algo: str = opt(
+        "ulysses_cp_algo",
+        "Context-parallel attention at context_parallel_size > 1: megatron_cp_algo (ring attention over "
+        "megatron's load-balanced split; TransformerEngine p2p on CUDA) or ulysses_cp_algo (all-to-all "
+        "over heads; TE a2a). hybrid_cp_algo, adaptive_cp_algo and hybrid_adaptive_cp_algo are refused.",
+        inert_on_torch=PARALLEL_ONLY,
+    )
+    use_cp_send_recv_overlap: bool = opt(False, "Overlap context-parallel send/recv.", inert=_CP_TUNING)
+    use_fused_ring_attention_update: bool = opt(False, "Fused ring-attention update.", inert=_CP_TUNING)
     ddp_bucket_size: int | None = opt(
         None,
         "Gradient bucket size of data-parallel reduction.",

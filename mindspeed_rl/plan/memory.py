@@ -29,7 +29,7 @@ recomputation keeps only each layer's input (2sbh, /TP under SP) plus one layer'
 it recomputes (once: only the micro-batch being back-propagated rebuilds it; ``block`` keeps
 the full set of the layers past ``recompute_num_layers``). The last stage adds the micro-batch's vocab-parallel logits (2 s b V / TP) and the
 fp32 log-softmax chunk of ``LOGPROB_CHUNK`` tokens. With 1F1B the first stage holds up to PP
-micro-batches in flight.
+micro-batches in flight. Context parallelism divides ``s`` by CP in every term of a rank.
 """
 
 from __future__ import annotations
@@ -123,12 +123,16 @@ class TrainerMemorySpec:
     """Real layers per pipeline stage (uneven stages, noop layers left out); () = num_layers / PP."""
     routing_replay: bool = False
     """MoE routing replay: the micro-batch's routing to replay sits on the device beside it."""
+    cp: int = 1
+    """Context-parallel ranks: each holds ``seq_length / cp`` tokens of every sequence."""
 
     def layers_on_stage(self, pp_rank: int) -> int:
         return self.stage_layers[pp_rank] if self.stage_layers else self.shape.num_layers // self.pp
 
     @property
     def dp(self) -> int:
+        """Ranks the distributed optimizer shards over: megatron's data-parallel group *with*
+        context parallelism (DP x CP), the group DDP reduces gradients over."""
         return self.world_size // (self.tp * self.pp)
 
     @property
@@ -261,13 +265,17 @@ def routing_buffer_bytes_per_token(shape: ModelShape, *, layers: int | None = No
 def activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
     """Activations kept for the backward pass of the micro-batches in flight (module docstring)."""
     shape = spec.shape
-    s, b, h, t = spec.seq_length, spec.micro_batch_size, shape.hidden_size, spec.tp
+    # Context parallelism: every per-token term holds this rank's seq_length / CP tokens; the
+    # unfused softmax (never used with CP on TE or MindSpeed, kept for the formula) is the rank's
+    # queries against every key.
+    s_full = spec.seq_length
+    s, b, h, t = s_full / spec.cp, spec.micro_batch_size, shape.hidden_size, spec.tp
     a, g, d = shape.num_attention_heads, shape.num_query_groups, shape.head_dim
     sbh = s * b * h
     replicated = 8 * sbh / (t if spec.sequence_parallel else 1)
     attention = (2 * s * b * (a + 2 * g) * d + 2 * s * b * a * d) / t
     if not spec.flash_attention and spec.recompute_granularity != "selective":
-        attention += 2 * a * s * s * b / t
+        attention += 2 * a * s * s_full * b / t
     if shape.is_moe:
         # Routed tokens: each token's hidden state visits topk experts (tokens are split over TP by
         # sequence parallelism before dispatch; experts are whole, so no TP split inside them).
@@ -296,7 +304,8 @@ def activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
     total = in_flight * kept + working
     if pp_rank == spec.pp - 1:
         vocab = shape.padded_vocab(t, spec.make_vocab_size_divisible_by) / t
-        total += 2 * s * b * vocab + LOGPROB_TEMPORARIES * 4 * min(LOGPROB_CHUNK, s * b) * vocab
+        # Log-probs are chunked over every response token (each CP rank scores all of them).
+        total += 2 * s * b * vocab + LOGPROB_TEMPORARIES * 4 * min(LOGPROB_CHUNK, s_full * b) * vocab
     return float(total)
 
 
@@ -434,7 +443,7 @@ SHRINK_HINTS = {
     "optimizer_state": "set actor_config.use_distributed_optimizer: true (shards it over data parallel)",
     "reference": "raise the model-parallel sizes (the reference is sharded like the policy)",
     "activations": "set actor_config.recompute_granularity: full (and sequence_parallel: true at TP > 1), "
-    "or lower micro_batch_size / seq_length",
+    "raise actor_config.context_parallel_size, or lower micro_batch_size / seq_length",
     "headroom": "use a device with more memory",
     "runtime_context": "use a device with more memory",
 }

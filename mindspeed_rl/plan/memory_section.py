@@ -86,6 +86,7 @@ def memory_plan(
             recompute_method=layout.recompute_method if layout else None,  # type: ignore[arg-type]
             stage_layers=layout.stage_layers if layout else (),
             routing_replay=trainer.routing_replay is not None,
+            cp=layout.context_parallel_size if layout else 1,
         ),
         rollout=RolloutMemorySpec(
             shape=shape,
@@ -130,6 +131,13 @@ def placed_memory(
         "trainer_ranks": [e.as_gb() for e in trainer],
         "generation_actors": [e.as_gb() for e in rollout],
     }
+    if plan.trainer.cp > 1:
+        # What each trainer rank's activations were counted for: its share of every sequence.
+        out["context_parallel"] = {
+            "size": plan.trainer.cp,
+            "tokens_per_rank": -(-plan.trainer.seq_length // plan.trainer.cp),
+            "seq_length": plan.trainer.seq_length,
+        }
     if offload is not None and memory > 0:
         start = colocated_memory(plan, offload, memory)
         out["colocated_start"] = start

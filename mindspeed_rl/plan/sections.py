@@ -378,21 +378,14 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     if not config.actor_config.megatron_only.use_mcore_models:
         return None
     p = config.actor_config.parallel
-    if p.context_parallel_size != 1:
-        raise ValueError(
-            f"actor_config.context_parallel_size={p.context_parallel_size}: context parallelism "
-            f"(context_parallel_algo {config.actor_config.upstream_inert.context_parallel_algo}) "
-            "is not implemented by the megatron engine (splitting sequences over ranks needs "
-            "TransformerEngine's or MindSpeed's CP attention and a CP-aware data path, log-probs and loss); "
-            "set context_parallel_size: 1 and fit the long sequences with recompute_granularity: full, "
-            "sequence_parallel: true, more tensor/pipeline parallel ranks or a smaller micro_batch_size "
-            "(check_config --cluster shows each rank's memory)"
-        )
     m = config.actor_config.megatron_only
     layout = MegatronLayout(
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         expert_model_parallel_size=pipeline.expert_parallel_size(config),
+        # Refused at plan time where the stack has no CP attention (cp_support.cp_problems).
+        context_parallel_size=p.context_parallel_size,
+        context_parallel_algo=config.actor_config.upstream_inert.context_parallel_algo,
         make_vocab_size_divisible_by=config.model.make_vocab_size_divisible_by,
         stage_layers=pipeline.stage_layers(config),
         # Megatron-LM switches sequence parallelism off at TP 1 (nothing to shard over); so does the plan.

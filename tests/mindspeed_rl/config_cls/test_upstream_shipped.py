@@ -27,17 +27,12 @@ RUNS = {
     "dapo_qwen3_30b_a3b_A3": (CONFIGS, "1x16"),  # moe_tp_extend_ep: experts over TP x EP
     "test_grpo_trainer_qwen25_7b_integrated": (ST, "1x8"),  # mini_batch_size 64 > 4 prompts
     "test_dapo_trainer_qwen25_7b_integrated": (ST, "1x8"),  # 2 kept prompts per iteration of 8
+    # Long-context DAPO: context parallel 2 (megatron_cp_algo) at TP8 PP2 over 64 NPUs.
+    "dapo_qwen25_32b_A2_20k": (CONFIGS, "8x8"),
+    "dapo_qwen25_32b_A3_32k": (CONFIGS, "4x16"),
 }
 # recipe -> phrases its error names: the feature, not an unknown key.
 REFUSED = {
-    "dapo_qwen25_32b_A2_20k": [
-        "context parallelism (context_parallel_algo megatron_cp_algo) is not implemented",
-        "set context_parallel_size: 1",
-    ],
-    "dapo_qwen25_32b_A3_32k": [
-        "context parallelism (context_parallel_algo megatron_cp_algo) is not implemented",
-        "set context_parallel_size: 1",
-    ],
     "dapo_qwen25_7b_A2_multi_turn": [
         # Its multi-turn keys are accepted; its reward is upstream's ReTool scorer, not built yet.
         "rl_config.verifier_function: 'retool_reward' is upstream's ReTool scorer",
@@ -170,3 +165,31 @@ def test_noop_layers_hold_no_weights_and_split_the_real_layers() -> None:
     layout = plan.trainer.megatron
     assert layout is not None and layout.stage_layers == (5,) + (6,) * 14 + (5,)
     assert plan.memory is not None and plan.memory.trainer.shape.num_layers == 94
+
+
+@pytest.mark.parametrize(
+    ("name", "cluster"), [("dapo_qwen25_32b_A2_20k", "8x8"), ("dapo_qwen25_32b_A3_32k", "4x16")]
+)
+def test_long_context_recipes_plan_per_rank_memory_with_context_parallelism(
+    capsys: pytest.CaptureFixture[str], name: str, cluster: str
+) -> None:
+    plan = build_run_plan(load_config_from_files(CONFIGS, name))
+    layout = plan.trainer.megatron
+    assert layout is not None
+    assert (layout.context_parallel_size, layout.context_parallel_algo) == (2, "megatron_cp_algo")
+    assert layout.data_parallel_size(64) == 2  # TP8 x PP2 x CP2 = 32 ranks per replica
+    code, out, err = _check(capsys, CONFIGS, name, "--cluster", cluster)
+    assert code == 0, err
+    memory = json.loads(out)["memory_gb"]
+    seq = memory["context_parallel"]["seq_length"]
+    assert memory["context_parallel"] == {"size": 2, "tokens_per_rank": seq // 2, "seq_length": seq}
+    # The same recipe without CP: each rank holds the whole sequence. Rank 0 (first pipeline stage:
+    # no logits, flash attention so no s^2 term) keeps exactly twice the activations (to the 0.01 GB
+    # rounding of the report).
+    code, out, err = _check(
+        capsys, CONFIGS, name, "--cluster", cluster, "actor_config.context_parallel_size=1"
+    )
+    whole = json.loads(out)["memory_gb"]
+    assert "context_parallel" not in whole
+    with_cp, without = memory["trainer_ranks"][0]["activations"], whole["trainer_ranks"][0]["activations"]
+    assert without == pytest.approx(2 * with_cp, abs=0.02)

@@ -200,6 +200,22 @@ def test_recompute_flash_and_sequence_parallel_shrink_activations() -> None:
     assert plain - flash == pytest.approx(shape.num_layers * 2 * 4 * 128**2 * 2 / 2)
 
 
+def test_context_parallelism_divides_every_per_token_term_by_cp() -> None:
+    shape = SHAPES["dense_untied_qknorm"]
+    vocab = shape.padded_vocab(1, 8)
+    log_prob_chunk = 3 * 4 * 1024 * vocab  # min(1024, s * b): the same 1024 tokens either way
+    for flash in (True, False):
+        spec = _trainer_spec(shape=shape, ep=1, world_size=2, seq_length=1024, flash_attention=flash)
+        cp2 = activation_bytes(dataclasses.replace(spec, cp=2))
+        half = activation_bytes(dataclasses.replace(spec, seq_length=512))
+        # A CP2 rank holds what a rank of half the sequence holds, except that its queries attend
+        # to every key (twice the unfused score matrix) and log-probs cover every response token.
+        scores = 0 if flash else shape.num_layers * 2 * shape.num_attention_heads * 512 * 512 * 2
+        half_chunk = 3 * 4 * min(1024, 512 * 2) * vocab
+        assert cp2 == pytest.approx(half + scores + log_prob_chunk - half_chunk)
+        assert cp2 < activation_bytes(spec)
+
+
 def test_pipeline_stages_hold_their_in_flight_micro_batches() -> None:
     spec = _trainer_spec(shape=SHAPES["dense_untied_qknorm"], pp=2, ep=1, world_size=2)
     first, last = activation_bytes(spec, pp_rank=0), activation_bytes(spec, pp_rank=1)

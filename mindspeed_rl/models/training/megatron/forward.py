@@ -22,7 +22,7 @@ import torch
 import torch.utils.checkpoint
 
 from mindspeed_rl.models.training.batch import PaddedBatch, TrainBatch, pad_batch
-from mindspeed_rl.models.training.megatron import patches
+from mindspeed_rl.models.training.megatron import context_parallel, patches
 from mindspeed_rl.models.training.megatron.vocab_parallel import vocab_parallel_log_probs
 
 # Response tokens per log-prob chunk, as in the torch engine (``TorchEngineConfig.log_prob_chunk_tokens``).
@@ -149,12 +149,17 @@ def response_log_probs(
     logits and its softmax temporaries exist for one chunk only, and with gradients each chunk is
     recomputed in the backward pass (activation checkpointing) instead of saved, so no fp32
     ``[B, R, V/tp]`` tensor of a whole micro-batch is ever alive. The chunk's collectives run in the
-    same order on every TP rank, in the forward and in the recompute alike."""
+    same order on every TP rank, in the forward and in the recompute alike.
+
+    Under context parallelism ``logits`` holds this CP rank's positions only: each rank scores the
+    response tokens whose logits it holds, and the ranks' shares are summed over the CP group
+    (``context_parallel``), so every rank returns the whole ``[B, R]``."""
     from megatron.core import parallel_state as ps
 
     group = ps.get_tensor_model_parallel_group()
     vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
-    rows, width = padded.logit_index.shape
+    logit_index, owned = context_parallel.owned_logit_index(padded.logit_index, padded.input_ids.shape[1])
+    rows, width = logit_index.shape
     step = max(1, chunk_tokens // max(rows, 1))
 
     def chunk(logits: torch.Tensor, index: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -167,13 +172,15 @@ def response_log_probs(
 
     parts = []
     for start in range(0, width, step):
-        args = (logits, padded.logit_index[:, start : start + step], padded.targets[:, start : start + step])
+        args = (logits, logit_index[:, start : start + step], padded.targets[:, start : start + step])
         if torch.is_grad_enabled() and logits.requires_grad:
             parts.append(torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False))
         else:
             parts.append(chunk(*args))
-    logp = torch.cat([p[0] for p in parts], dim=1)
-    return logp, (torch.cat([p[1] for p in parts], dim=1) if with_entropy else None)
+    logp = context_parallel.sum_owned(torch.cat([p[0] for p in parts], dim=1), owned)
+    if not with_entropy:
+        return logp, None
+    return logp, context_parallel.sum_owned(torch.cat([p[1] for p in parts], dim=1), owned)
 
 
 def _forward_step(
@@ -183,15 +190,23 @@ def _forward_step(
 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
     micro: Micro = next(data)
     ids = micro.padded.input_ids
-    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-    output = model(ids, positions, patches.causal_attention_mask(ids.shape[1], ids.device))
+    mine = context_parallel.local_positions(ids.shape[1], ids.device)
+    if mine is None:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        output = model(ids, positions, patches.causal_attention_mask(ids.shape[1], ids.device))
+    else:
+        # This CP rank's positions only. The mask is the layer spec's causal type (TE and MindSpeed
+        # build the cross-rank causal structure themselves); megatron's RotaryEmbedding cuts its
+        # table to these positions (context_parallel docstring), position ids serve no embedding.
+        output = model(ids[:, mine], mine.expand(ids.shape[0], -1), None)
     return output, partial(loss_fn, micro)
 
 
 def micro_widths(widths: Sequence[int], *, multiple: int = 1, uniform: bool = False) -> list[int]:
     """The width each micro-batch runs at: rounded up to ``multiple`` (sequence parallelism splits
-    the sequence over TP ranks), and all equal to the widest when ``uniform`` (a pipeline that
-    sends fixed-shape activations, i.e. without ``variable_seq_lengths``)."""
+    the sequence over TP ranks, context parallelism into its chunks), and all equal to the widest
+    when ``uniform`` (a pipeline that sends fixed-shape activations, i.e. without
+    ``variable_seq_lengths``)."""
     rounded = [-(-w // multiple) * multiple for w in widths]
     if uniform and rounded:
         return [max(rounded)] * len(rounded)
@@ -203,6 +218,8 @@ def _model_widths(model: torch.nn.Module, micros: Sequence[Micro]) -> list[int]:
 
     config = get_model_config(model)
     multiple = config.tensor_model_parallel_size if config.sequence_parallel else 1
+    # CP splits first, then SP splits each CP rank's part over TP: both must divide.
+    multiple *= context_parallel.current().multiple
     uniform = config.pipeline_model_parallel_size > 1 and not config.variable_seq_lengths
     return micro_widths([m.padded.input_ids.shape[1] for m in micros], multiple=multiple, uniform=uniform)
 

@@ -40,7 +40,12 @@ def dp_rank_size() -> tuple[int, int]:
 
 
 def reports_stats() -> bool:
-    """One rank per DP replica reports loss terms (the last stage's TP rank 0)."""
+    """One rank per DP replica reports loss terms (the last stage's TP rank 0, CP rank 0: the CP
+    ranks of a replica hold the same, CP-summed, log-probs and loss)."""
     from megatron.core import parallel_state as ps
 
-    return ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+    return (
+        ps.is_pipeline_last_stage()
+        and ps.get_tensor_model_parallel_rank() == 0
+        and ps.get_context_parallel_rank() == 0
+    )

@@ -25,6 +25,10 @@ class MegatronLayout:
     expert_tensor_parallel_size: int = 1
     """Megatron defaults expert TP to attention TP; 1 keeps whole experts per EP rank (SequentialMLP
     on CPU), which is what the convert merge and the HF per-expert names want."""
+    context_parallel_size: int = 1
+    """Ranks one sequence is split over (``cp_support``); their attention is TE's or MindSpeed's."""
+    context_parallel_algo: str = "megatron_cp_algo"
+    """Upstream's ``context_parallel_algo`` (``cp_support.SUPPORTED_ALGOS``); read only at CP > 1."""
     make_vocab_size_divisible_by: int = 128
     stage_layers: tuple[int, ...] = ()
     """Real layers per pipeline stage (``stages.stage_layers``: num_layer_list minus noop layers);
@@ -50,6 +54,7 @@ class MegatronLayout:
             "pipeline_model_parallel_size": self.pipeline_model_parallel_size,
             "expert_model_parallel_size": self.expert_model_parallel_size,
             "expert_tensor_parallel_size": self.expert_tensor_parallel_size,
+            "context_parallel_size": self.context_parallel_size,
             "make_vocab_size_divisible_by": self.make_vocab_size_divisible_by,
         }
         bad = {k: v for k, v in sizes.items() if v < 1}
@@ -75,7 +80,8 @@ class MegatronLayout:
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
 
     def data_parallel_size(self, world_size: int) -> int:
-        mp = self.model_parallel_size
+        """DP replicas; each holds TP x PP x CP ranks (megatron's rank order, CP inside DP)."""
+        mp = self.model_parallel_size * self.context_parallel_size
         expert = (
             self.expert_model_parallel_size
             * self.expert_tensor_parallel_size
@@ -83,7 +89,7 @@ class MegatronLayout:
         )
         if world_size % mp or world_size % expert:
             raise ValueError(
-                f"world size {world_size} is not a multiple of TP x PP = {mp} and EP x ETP x PP = {expert}; "
+                f"world size {world_size} is not a multiple of TP x PP x CP = {mp} and EP x ETP x PP = {expert}; "
                 "give the Training Unit a number of ranks that both divide (actor_config parallel sizes)"
             )
         return world_size // mp
@@ -153,13 +159,15 @@ def check_trainable(
     device_kind: DeviceKind,
     *,
     transformer_engine: bool | None = None,
+    cp_stand_in: bool = False,
 ) -> None:
     """Raise ValueError, naming the keys and the fix, if ``layout`` cannot train on ``device_kind``.
 
     ``model``: the model's ``GPTDims`` (or anything with ``is_moe`` and ``num_layers``), or just
     whether it is a MoE model when the checkpoint's config has not been read yet (the recompute
     layer count is then checked against megatron at build time only). ``transformer_engine``: as
-    in :func:`spec_kind`. Pure (no torch, no megatron): ``check_config`` calls it before any
+    in :func:`spec_kind`. ``cp_stand_in``: the CPU test's CP attention stand-in is registered
+    (``cp_support.cp_problems``). Pure (no torch, no megatron): ``check_config`` calls it before any
     heavy work; the model build calls it too, so both refuse the same layouts.
     """
     is_moe = model if isinstance(model, bool) else model.is_moe
@@ -208,6 +216,11 @@ def check_trainable(
     if layout.use_flash_attn and device_kind != "npu" and spec != "transformer_engine":
         where = "CPU" if device_kind == "cpu" else "CUDA without TransformerEngine"
         problems.append(flash_attention_refusal(where))
+    from mindspeed_rl.models.training.megatron.cp_support import cp_problems
+
+    problems += cp_problems(
+        layout.context_parallel_size, layout.context_parallel_algo, device_kind, spec, stand_in=cp_stand_in
+    )
     if problems:
         raise ValueError("; ".join(problems))
 

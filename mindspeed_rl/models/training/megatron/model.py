@@ -11,6 +11,7 @@ test's spawn); :func:`init_model_parallel` then sets up megatron's TP/PP/EP/DP g
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.models.training.megatron import patches, stages, uneven_stages
+from mindspeed_rl.models.training.megatron import context_parallel, patches, stages, uneven_stages
 from mindspeed_rl.models.training.megatron.attention import attention_choice
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import SafetensorsSource, TensorSource
@@ -52,17 +53,27 @@ def init_model_parallel(layout: MegatronLayout, seed: int) -> None:
 
     layout.data_parallel_size(dist.get_world_size())
     if ps.model_parallel_is_initialized():
-        current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
-        wanted = (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size)
+        current = (
+            ps.get_tensor_model_parallel_world_size(),
+            ps.get_pipeline_model_parallel_world_size(),
+            ps.get_context_parallel_world_size(),
+        )
+        wanted = (
+            layout.tensor_model_parallel_size,
+            layout.pipeline_model_parallel_size,
+            layout.context_parallel_size,
+        )
         if current != wanted:
-            raise ValueError(f"megatron is already initialised with (tp, pp)={current}, not {wanted}")
+            raise ValueError(f"megatron is already initialised with (tp, pp, cp)={current}, not {wanted}")
     else:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=layout.tensor_model_parallel_size,
             pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
+            context_parallel_size=layout.context_parallel_size,
             expert_model_parallel_size=layout.expert_model_parallel_size,
             expert_tensor_parallel_size=layout.expert_tensor_parallel_size,
         )
+    context_parallel.configure(layout, patches.device_kind())
     patches.seed_model_parallel_rng(seed)
 
 
@@ -118,10 +129,17 @@ def layer_spec_choice(
     return LayerSpecChoice(_LOCAL_SPEC, {**common, "moe_grouped_gemm": False, "normalization": "RMSNorm"})
 
 
-def build_layer_spec(choice: LayerSpecChoice) -> Any:
+def build_layer_spec(choice: LayerSpecChoice, *, context_parallel_size: int = 1) -> Any:
     from megatron.core.models.gpt import gpt_layer_specs
 
-    return getattr(gpt_layer_specs, choice.builder)(**choice.kwargs)
+    spec = getattr(gpt_layer_specs, choice.builder)(**choice.kwargs)
+    stand_in = context_parallel.attention_stand_in()
+    if context_parallel_size > 1 and stand_in is not None and choice.kind == "local":
+        # The CPU test's CP attention (context_parallel.set_attention_stand_in) in place of
+        # megatron's local DotProductAttention, which refuses CP (0.12.1 and 0.19.2).
+        attention = spec.submodules.self_attention
+        attention.submodules = dataclasses.replace(attention.submodules, core_attention=stand_in)
+    return spec
 
 
 def uses_variable_seq_lengths(layout: MegatronLayout, *, moe_allgather: bool) -> bool:
@@ -190,6 +208,23 @@ def _attention_backend(layout: MegatronLayout, device_kind: DeviceKind, spec: Sp
     return getattr(AttnBackend, choice.backend)
 
 
+def _cp_settings(config_class: Any, layout: MegatronLayout, spec: SpecKind) -> dict[str, Any]:
+    """TE's CP communication for the layout's algorithm (``cp_support.SUPPORTED_ALGOS``): the
+    ``cp_comm_type`` field of megatron-core 0.19.2's TransformerConfig. megatron-core 0.12.1
+    (MindSpeed's) reads ``--context-parallel-algo`` from MindSpeed's own arguments instead."""
+    if layout.context_parallel_size == 1 or spec != "transformer_engine":
+        return {}
+    from mindspeed_rl.models.training.megatron.cp_support import SUPPORTED_ALGOS
+
+    if "cp_comm_type" not in {f.name for f in dataclasses.fields(config_class)}:
+        raise ValueError(
+            "this megatron-core's TransformerConfig has no cp_comm_type, so the context_parallel_algo "
+            f"{layout.context_parallel_algo} cannot be passed to TransformerEngine; install "
+            "megatron-core 0.19.2 (the gpu-trainer stack)"
+        )
+    return {"cp_comm_type": SUPPORTED_ALGOS[layout.context_parallel_algo]}
+
+
 def transformer_config(
     dims: GPTDims, layout: MegatronLayout, *, param_dtype: str, device_kind: DeviceKind | None = None
 ) -> Any:
@@ -200,7 +235,8 @@ def transformer_config(
     (or the layer spec) would refuse, with the config keys to change.
     """
     kind = patches.device_kind() if device_kind is None else device_kind
-    check_trainable(dims, layout, kind)  # before importing megatron: a refusal costs nothing
+    # Before importing megatron: a refusal costs nothing.
+    check_trainable(dims, layout, kind, cp_stand_in=context_parallel.attention_stand_in() is not None)
     from megatron.core.transformer import TransformerConfig
 
     spec = layer_spec_choice(dims, kind)
@@ -243,6 +279,7 @@ def transformer_config(
         expert_model_parallel_size=layout.expert_model_parallel_size,
         expert_tensor_parallel_size=layout.expert_tensor_parallel_size,
         sequence_parallel=layout.sequence_parallel,
+        context_parallel_size=layout.context_parallel_size,
         variable_seq_lengths=variable,
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -257,6 +294,7 @@ def transformer_config(
         **recompute,
         **moe,
         **uneven_stages.config_kwargs(TransformerConfig, stage_list),
+        **_cp_settings(TransformerConfig, layout, spec.kind),
     )
     uneven_stages.attach(config, stage_list)  # megatron-core without layouts (0.12.1)
     return config
@@ -304,7 +342,7 @@ def build_gpt_model(dims: GPTDims, layout: MegatronLayout, *, param_dtype: str) 
 
     kind = patches.device_kind()
     config = transformer_config(dims, layout, param_dtype=param_dtype, device_kind=kind)
-    spec = build_layer_spec(layer_spec_choice(dims, kind))
+    spec = build_layer_spec(layer_spec_choice(dims, kind), context_parallel_size=layout.context_parallel_size)
     with patches.cpu_runtime_mode():
         model = GPTModel(
             config=config,

@@ -81,6 +81,12 @@ def mindspeed_argv(layout: MegatronLayout) -> list[str]:
     # What the model is (every mapped family is a Qwen with RMSNorm, SwiGLU and RoPE): MindSpeed's
     # validators compare against these (FusedRoPEFeature: position_embedding_type == "rope").
     flags += ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope"]
+    if layout.context_parallel_size > 1:
+        # A string choice of MindSpeed's own parser (its _add_cp_args): which CP attention its
+        # patched DotProductAttention builds (ring for megatron_cp_algo, Ulysses all-to-all for
+        # ulysses_cp_algo). The size itself reaches it through TransformerConfig's explicit
+        # context_parallel_size (an unregistered --context-parallel-size would arrive as a string).
+        flags += ["--context-parallel-algo", layout.context_parallel_algo]
     if layout.recompute_granularity is not None:
         flags += ["--recompute-granularity", layout.recompute_granularity]
         if layout.recompute_method is not None:
@@ -268,6 +274,9 @@ class CudaDeviceToCpu(TorchFunctionMode):
     Only keyword arguments: the schedules and p2p helpers pass ``device=`` by keyword, and the
     tensors they build are shapes and flags whose placement does not matter on a CPU host.
     ``Tensor.cuda()`` is what GPTModel calls on the tied output weight of the last PP stage.
+    ``pin_memory=True`` is dropped: pinning only speeds a host-to-device copy, and a CPU-only torch
+    has no pinned allocator (megatron-core 0.19.2's ``get_pos_emb_on_this_cp_rank`` builds its
+    context-parallel index that way).
     """
 
     def __torch_function__(
@@ -282,6 +291,8 @@ class CudaDeviceToCpu(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = torch.device("cpu")
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
         return func(*args, **kwargs)
 
 
