@@ -10,6 +10,11 @@ from mindspeed_rl.config_cls.resources import ActorResources
 from mindspeed_rl.config_cls.role_envs import RoleEnvsConfig
 from mindspeed_rl.runtime.config import ControlKnobs
 
+WeightTransport = Literal["shared_fs", "object_store", "collective"]
+"""``async_config.weight_transport``: carried as this type to the workers; each name is one module
+of ``weights/transports/`` (``transport_for`` turns the name into its code, nowhere else)."""
+DEFAULT_WEIGHT_TRANSPORT: WeightTransport = "shared_fs"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AsyncConfig(ControlKnobs):
@@ -34,8 +39,8 @@ class AsyncConfig(ControlKnobs):
         "so reruns into one folder never prune each other's versions; null = <run_dir>/snapshots.",
     )
     snapshot_keep: int = opt(3, "Snapshots kept; older ones are deleted (>= 2 so a loading one survives).")
-    weight_transport: Literal["shared_fs", "object_store", "collective"] = opt(
-        "shared_fs",
+    weight_transport: WeightTransport = opt(
+        DEFAULT_WEIGHT_TRANSPORT,
         "shared_fs = snapshot files in snapshot_dir (every node must see it; checked at start); "
         "object_store = Ray's object store (no shared disk); collective = one process group per GU "
         "(its backend: collective_backend), bucketed sends (no shared disk).",

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from mindspeed_rl.config_cls.asp_config import ASPConfig
+from mindspeed_rl.config_cls.async_config import DEFAULT_WEIGHT_TRANSPORT, WeightTransport
 from mindspeed_rl.config_cls.grpo_config import InertKey
 from mindspeed_rl.config_cls.inert import dedupe
 from mindspeed_rl.config_cls.model_arch import ModelArchitecture
@@ -70,8 +71,8 @@ class AsyncSpec:
     """Null = <run dir>/snapshots."""
     snapshot_keep: int
     snapshot_interval: int
-    weight_transport: str = "shared_fs"
-    """shared_fs | object_store | collective (``weights/transport.py``)."""
+    weight_transport: WeightTransport = DEFAULT_WEIGHT_TRANSPORT
+    """Looked up by ``weights.transports.transport_for`` where it is acted on."""
     bucket_mb: float = 512.0
     """collective: MB per send bucket."""
     collective_backend: Backend = "gloo"
