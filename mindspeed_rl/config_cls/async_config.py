@@ -59,6 +59,19 @@ class AsyncConfig(ControlKnobs):
         "A GU holds about 3 rounds of buckets (one per sending TU rank each) while it receives; "
         "a model of fewer than ~8 buckets per rank gains little from the receive/convert overlap.",
     )
+    weight_delta: Literal["off", "auto", "on"] = opt(
+        "off",
+        "Delta weight sync: off = every refresh carries the whole model; on = a refresh carries, per "
+        "tensor, only the elements whose bits changed since the receiver's version (checked bit for bit "
+        "after applying); auto = a delta only when it is under half the full bytes. The codec and "
+        "protocol are built (weights/delta.py, guides/weight-delta.md); auto / on are refused until "
+        "they are wired into the TU -> GU transports.",
+    )
+    delta_full_interval: int = opt(
+        10,
+        "weight_delta auto / on: a full snapshot every N versions (and whenever a receiver's base is "
+        "unknown, missing or corrupt).",
+    )
     role_envs: RoleEnvsConfig | None = opt(
         None,
         "One Python environment per role: {trainer: {python: ...}, rollout: {python: ...}} "

@@ -444,6 +444,18 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
     a = config.async_config
     if not a.bucket_mb > 0:
         raise ValueError(f"async_config.bucket_mb={a.bucket_mb}; use a positive size in MB (e.g. 512)")
+    if a.delta_full_interval < 1:
+        raise ValueError(
+            f"async_config.delta_full_interval={a.delta_full_interval}; use a full snapshot every N >= 1 versions"
+        )
+    if a.weight_delta != "off":
+        # The codec, the base/resend protocol and the wire form exist and are tested
+        # (weights/delta.py); the GU -> TU "my base is v" channel and the GU's apply-before-convert
+        # step are not wired yet, so accepting the key would silently send full snapshots.
+        raise ValueError(
+            f"async_config.weight_delta={a.weight_delta}: delta sync is not wired into the TU -> GU "
+            "transports yet (weights/delta.py holds the codec and protocol); set weight_delta: off"
+        )
     asp = copy_section(config.asp_config, ASPConfig)
     spec = AsyncSpec(
         num_generation_units=a.num_generation_units,
