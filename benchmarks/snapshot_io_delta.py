@@ -113,6 +113,12 @@ def update(engine: Any, seed: int) -> None:
     engine.update(batch.with_log_probs(old=engine.compute_log_probs(batch, 1.0)), 1.0)
 
 
+def snapshot(engine: Any) -> dict[str, torch.Tensor]:
+    """The exported weights, copied: in bf16 the engine hands out its live working parameters
+    (no dtype change, no copy), which the next update would change under us."""
+    return {name: t.clone() for name, t in engine.named_weights_for_inference()}
+
+
 def tp_ranks(layout: TrainingLayout, full: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
     out: list[dict[str, torch.Tensor]] = []
     for rank in range(layout.world_size):
@@ -205,7 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model_path = create_tiny_model(Path(tmp) / "model", arch(args), seed=0)
         for lr in [float(x) for x in args.lrs.split(",")]:
             engine = engine_for(model_path, lr)
-            versions = [dict(engine.named_weights_for_inference())]
+            versions = [snapshot(engine)]
             params = sum(t.numel() for t in versions[0].values())
             results["params"] = params
             results["dtype"] = str(next(iter(versions[0].values())).dtype)
@@ -214,7 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 tic = time.perf_counter()
                 update(engine, step)
                 print(f"lr={lr:g} step {step + 1}: update {time.perf_counter() - tic:.1f}s", flush=True)
-                versions.append(dict(engine.named_weights_for_inference()))
+                versions.append(snapshot(engine))
                 old = {k: words(v) for k, v in versions[-2].items()}
                 new = {k: words(v) for k, v in versions[-1].items()}
                 changed.append(sum(int((old[k] != new[k]).sum()) for k in new) / params)
