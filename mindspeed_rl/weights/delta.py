@@ -74,11 +74,20 @@ class TensorDelta:
     data: np.ndarray
     """full: the tensor's raw words; sparse: the changed elements' new raw words."""
     indices: np.ndarray | None = None
-    """sparse: flat indices of the changed elements (int32, or int64 past 2**31 elements)."""
+    """sparse: the low 16 bits of each changed element's flat index, ascending (uint16)."""
+    blocks: np.ndarray | None = None
+    """sparse: changed elements per block of 65536 (uint32): the indices' high bits, as counts.
+    2 bytes per changed element instead of 4 or 8, plus 4 bytes per 65536 elements."""
+
+    def flat_indices(self) -> np.ndarray:
+        assert self.indices is not None and self.blocks is not None, "only a sparse part has indices"
+        high = np.repeat(np.arange(self.blocks.size, dtype=np.int64) << 16, self.blocks.astype(np.int64))
+        return high + self.indices
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes) + (0 if self.indices is None else int(self.indices.nbytes))
+        extra = sum(int(a.nbytes) for a in (self.indices, self.blocks) if a is not None)
+        return int(self.data.nbytes) + extra
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,8 +259,7 @@ class DeltaEncoder:
             old = self._base[name]
             if old.shape != w.shape or old.dtype != w.dtype:
                 raise ValueError(f"tensor {name} changed shape or dtype between versions; resend in full")
-            index_dtype = np.int32 if w.size < 2**31 else np.int64
-            idx = np.flatnonzero(old != w).astype(index_dtype)
+            idx = np.flatnonzero(old != w)  # ascending, as flat_indices rebuilds them
             changed += int(idx.size)
             parts.append(
                 TensorDelta(
@@ -261,7 +269,8 @@ class DeltaEncoder:
                     encoding="sparse",
                     checksum=_crc(w),
                     data=w[idx],
-                    indices=idx,
+                    indices=(idx & 0xFFFF).astype(np.uint16),
+                    blocks=np.bincount(idx >> 16, minlength=(w.size + 0xFFFF) >> 16).astype(np.uint32),
                 )
             )
         return parts, changed
@@ -300,12 +309,18 @@ class DeltaReceiver:
             base_copy = self._copy.get(part.name)
             if part.encoding == "full":
                 flat = np.array(part.data, copy=True)
-            elif base_copy is None or part.indices is None:
+            elif base_copy is None or part.indices is None or part.blocks is None:
                 self.reset()
                 raise BaseMismatch(f"v{refresh.version}: tensor {part.name} has no base here")
             else:
                 flat = base_copy
-                flat[part.indices] = part.data
+                if int(part.blocks.sum()) != part.data.size or part.blocks.size != (flat.size + 0xFFFF) >> 16:
+                    self.reset()
+                    raise DeltaMismatch(
+                        f"weight delta v{refresh.version}: tensor {part.name}'s sparse part is malformed "
+                        "(index blocks do not match its values or its size); a full refresh follows"
+                    )
+                flat[part.flat_indices()] = part.data
             self._copy[part.name] = flat
             self._meta[part.name] = (part.dtype, part.shape)
             if _crc(flat) != part.checksum:
@@ -359,8 +374,9 @@ def pack(refresh: DeltaRefresh) -> bytes:
     header = []
     for i, part in enumerate(refresh.tensors):
         arrays[f"{i}.data"] = part.data
-        if part.indices is not None:
+        if part.indices is not None and part.blocks is not None:
             arrays[f"{i}.indices"] = part.indices
+            arrays[f"{i}.blocks"] = part.blocks
         header.append([part.name, part.dtype, list(part.shape), part.encoding, part.checksum])
     meta = {
         "version": refresh.version,
@@ -392,6 +408,7 @@ def unpack(buffer: bytes) -> DeltaRefresh:
             checksum=int(checksum),
             data=arrays[f"{i}.data"],
             indices=arrays.get(f"{i}.indices"),
+            blocks=arrays.get(f"{i}.blocks"),
         )
         for i, (name, dtype, shape, encoding, checksum) in enumerate(meta["tensors"])
     )

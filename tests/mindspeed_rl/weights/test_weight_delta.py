@@ -212,7 +212,8 @@ def test_a_mismatch_raises_naming_tensor_and_version_and_drops_the_base() -> Non
     bad = sent.tensors[1]
     wrong = TensorDelta(
         name=bad.name, dtype=bad.dtype, shape=bad.shape, encoding="sparse", checksum=bad.checksum,
-        data=np.array([0], dtype=bad.data.dtype), indices=np.array([0], dtype=np.int32),
+        data=np.array([0], dtype=bad.data.dtype), indices=np.array([0], dtype=np.uint16),
+        blocks=np.array([1], dtype=np.uint32),
     )  # fmt: skip
     with pytest.raises(DeltaMismatch, match=r"v2: tensor b does not match"):
         receiver.apply(DeltaRefresh(**{**_fields(sent), "tensors": (sent.tensors[0], wrong)}))
@@ -261,6 +262,21 @@ def test_bad_settings_name_the_key() -> None:
         DeltaEncoder("sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="async_config.delta_full_interval=0"):
         DeltaEncoder("on", full_interval=0)
+
+
+def test_sparse_indices_past_one_index_block_round_trip() -> None:
+    """Indices are carried as 16-bit low parts plus per-65536-block counts: changes spread over
+    several blocks (and a tensor of a partial last block) land where they were."""
+    encoder, receiver = DeltaEncoder("on"), DeltaReceiver()
+    w = {"big": torch.zeros(3 * 65536 + 123, dtype=torch.bfloat16)}
+    receiver.apply(_wire(encoder.encode(1, w.items(), None)))
+    w["big"][[0, 65535, 65536, 2 * 65536 + 7, 3 * 65536 + 122]] = torch.tensor(
+        [1.0, 2.0, 3.0, 4.0, 5.0]
+    ).bfloat16()
+    sent = encoder.encode(2, w.items(), 1)
+    assert not sent.is_full and sent.tensors[0].nbytes == 5 * 2 + 5 * 2 + 4 * 4
+    receiver.apply(_wire(sent))
+    assert torch.equal(_bits(receiver.tensors()["big"]), _bits(w["big"]))
 
 
 def test_the_wire_form_keeps_every_bit() -> None:
