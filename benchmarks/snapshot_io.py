@@ -33,6 +33,7 @@ Every number is the median over ``--repeats``; the ratio is the median of the pe
     .venv/bin/python benchmarks/snapshot_io.py --mb 1024 --json runs/snapshot_io.json
     .venv/bin/python benchmarks/snapshot_io.py --transport object_store --mb 1024 --json runs/snapshot_io_os.json
     .venv/bin/python benchmarks/snapshot_io.py --mb 4096 --hidden 1024 --vocab 32768 --cases tp2_to_tp1
+    .venv/bin/python benchmarks/snapshot_io.py --delta --json runs/snapshot_io_delta.json  # snapshot_io_delta.py
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ def parse_args() -> argparse.Namespace:
         "(3 = the steady state of a run: the timed version reuses store memory and buckets a "
         "freed version used)",
     )
+    from snapshot_io_delta import add_args  # this folder: the script's own directory is on sys.path
+
+    add_args(p)
     return p.parse_args()
 
 
@@ -342,6 +346,14 @@ def main() -> None:
     args = parse_args()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    if args.delta:  # delta weight sync on a model the torch engine steps (snapshot_io_delta.py)
+        from snapshot_io_delta import run
+
+        delta = run(args)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(delta, indent=1))
+        return
     threads = args.threads or None
     model = build_model(args.mb, hidden=args.hidden, vocab=args.vocab)
     import mindspeed_rl

@@ -4,7 +4,7 @@ of the same medium on the same bytes in the same repeat.
 
 - object_store: export = ``ObjectStoreExporter.export`` (the put into Ray's object store is its
   copy; TP2: two exporters on two threads, the flow waits for the slower); convert = the GU's
-  checks and plan (``GuWeights.convert``, no byte copied); reload = a Ray task (another process,
+  checks and plan (the object_store GU end's ``convert``, no byte copied); reload = a Ray task (another process,
   as an actor is) fetching the buffers and draining ``iter_converted`` (zero-copy for tp1, the
   merge group by group for tp2_to_tp1). Raw: one plain in-memory copy of every tensor
   (``np.copy`` into fresh memory, one thread), the medium's own copy.
@@ -51,7 +51,7 @@ def _peak_growth(before: int) -> int:
 
 def reload_task(handle: Any) -> dict[str, float]:
     """An actor's reload of ``handle``: fetch + check, then every tensor the engine would get."""
-    from mindspeed_rl.weights.endpoints import memory_reader
+    from mindspeed_rl.weights.transports.base import memory_reader
 
     before = _reset_peak()
     started = time.perf_counter()
@@ -125,9 +125,9 @@ def object_store_flow(
     pages), then the next version, timed."""
     import ray
 
-    from mindspeed_rl.weights.endpoints import GuWeights
     from mindspeed_rl.weights.object_store import ObjectStoreExporter
     from mindspeed_rl.weights.transport import memory_path
+    from mindspeed_rl.weights.transports import transport_for
 
     ranks = 1 if case == "tp1" else 2
     layout = TrainingLayout() if ranks == 1 else TP2
@@ -146,7 +146,7 @@ def object_store_flow(
         "export_copy_s": max(r.prepare_seconds for r in results),
         "save_s": max(r.save_seconds - r.prepare_seconds for r in results),
     }
-    convert = GuWeights("object_store", Path("/nonexistent"))
+    convert = transport_for("object_store").gu_end(Path("/nonexistent"))
     started = time.perf_counter()
     convert.convert(timed, memory_path(timed), handle)
     stages["convert_s"] = time.perf_counter() - started
@@ -164,12 +164,12 @@ def object_store_flow(
 
 
 class BenchGu:
-    """A GU stand-in in its own process: the real ``GuWeights`` receiving end, plus a raw peer."""
+    """A GU stand-in in its own process: the real collective GU end, plus a raw peer."""
 
     def __init__(self) -> None:
-        from mindspeed_rl.weights.endpoints import GuWeights
+        from mindspeed_rl.weights.transports import transport_for
 
-        self.weights = GuWeights("collective", Path("/nonexistent"))
+        self.weights = transport_for("collective").gu_end(Path("/nonexistent"))
         self._raw_group: Any = None
         self._rss_before = 0
 

@@ -10,6 +10,11 @@ from mindspeed_rl.config_cls.resources import ActorResources
 from mindspeed_rl.config_cls.role_envs import RoleEnvsConfig
 from mindspeed_rl.runtime.config import ControlKnobs
 
+WeightTransport = Literal["shared_fs", "object_store", "collective"]
+"""``async_config.weight_transport``: carried as this type to the workers; each name is one module
+of ``weights/transports/`` (``transport_for`` turns the name into its code, nowhere else)."""
+DEFAULT_WEIGHT_TRANSPORT: WeightTransport = "shared_fs"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AsyncConfig(ControlKnobs):
@@ -34,8 +39,8 @@ class AsyncConfig(ControlKnobs):
         "so reruns into one folder never prune each other's versions; null = <run_dir>/snapshots.",
     )
     snapshot_keep: int = opt(3, "Snapshots kept; older ones are deleted (>= 2 so a loading one survives).")
-    weight_transport: Literal["shared_fs", "object_store", "collective"] = opt(
-        "shared_fs",
+    weight_transport: WeightTransport = opt(
+        DEFAULT_WEIGHT_TRANSPORT,
         "shared_fs = snapshot files in snapshot_dir (every node must see it; checked at start); "
         "object_store = Ray's object store (no shared disk); collective = one process group per GU "
         "(its backend: collective_backend), bucketed sends (no shared disk).",
@@ -53,6 +58,19 @@ class AsyncConfig(ControlKnobs):
         "weight_transport=collective: bytes per send bucket, in MB (a larger tensor goes alone). "
         "A GU holds about 3 rounds of buckets (one per sending TU rank each) while it receives; "
         "a model of fewer than ~8 buckets per rank gains little from the receive/convert overlap.",
+    )
+    weight_delta: Literal["off", "auto", "on"] = opt(
+        "off",
+        "Delta weight sync: off = every refresh carries the whole model; on = a refresh carries, per "
+        "tensor, only the elements whose bits changed since the receiver's version (checked bit for bit "
+        "after applying); auto = a delta only when it is under half the full bytes. The codec and "
+        "protocol are built (weights/delta.py, guides/weight-delta.md); auto / on are refused until "
+        "they are wired into the TU -> GU transports.",
+    )
+    delta_full_interval: int = opt(
+        10,
+        "weight_delta auto / on: a full snapshot every N versions (and whenever a receiver's base is "
+        "unknown, missing or corrupt).",
     )
     role_envs: RoleEnvsConfig | None = opt(
         None,

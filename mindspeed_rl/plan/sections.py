@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from mindspeed_rl.config_cls.asp_config import ASPConfig
+from mindspeed_rl.config_cls.async_config import DEFAULT_WEIGHT_TRANSPORT, WeightTransport
 from mindspeed_rl.config_cls.grpo_config import InertKey
 from mindspeed_rl.config_cls.inert import dedupe
 from mindspeed_rl.config_cls.model_arch import ModelArchitecture
@@ -70,8 +71,8 @@ class AsyncSpec:
     """Null = <run dir>/snapshots."""
     snapshot_keep: int
     snapshot_interval: int
-    weight_transport: str = "shared_fs"
-    """shared_fs | object_store | collective (``weights/transport.py``)."""
+    weight_transport: WeightTransport = DEFAULT_WEIGHT_TRANSPORT
+    """Looked up by ``weights.transports.transport_for`` where it is acted on."""
     bucket_mb: float = 512.0
     """collective: MB per send bucket."""
     collective_backend: Backend = "gloo"
@@ -436,6 +437,18 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
     a = config.async_config
     if not a.bucket_mb > 0:
         raise ValueError(f"async_config.bucket_mb={a.bucket_mb}; use a positive size in MB (e.g. 512)")
+    if a.delta_full_interval < 1:
+        raise ValueError(
+            f"async_config.delta_full_interval={a.delta_full_interval}; use a full snapshot every N >= 1 versions"
+        )
+    if a.weight_delta != "off":
+        # The codec, the base/resend protocol and the wire form exist and are tested
+        # (weights/delta.py); the GU -> TU "my base is v" channel and the GU's apply-before-convert
+        # step are not wired yet, so accepting the key would silently send full snapshots.
+        raise ValueError(
+            f"async_config.weight_delta={a.weight_delta}: delta sync is not wired into the TU -> GU "
+            "transports yet (weights/delta.py holds the codec and protocol); set weight_delta: off"
+        )
     asp = copy_section(config.asp_config, ASPConfig)
     spec = AsyncSpec(
         num_generation_units=a.num_generation_units,

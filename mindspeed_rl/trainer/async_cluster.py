@@ -361,7 +361,9 @@ def _gu_options(plan: RunPlan, reserved: ReservedPlacement, gu_id: int) -> dict[
     receives on its first generation actor's device), a place in that actor's bundle."""
     a = plan.async_spec
     assert a is not None
-    if a.weight_transport != "collective" or a.collective_backend == "gloo":
+    from mindspeed_rl.weights.transports import transport_for
+
+    if not transport_for(a.weight_transport).opens_channels or a.collective_backend == "gloo":
         return _control_options(plan)
     return reserved.beside_generation_actor(gu_id * a.actors_per_unit, a.control_resources)
 

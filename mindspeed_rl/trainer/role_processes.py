@@ -49,13 +49,16 @@ def check_plan_envs(
 ) -> dict[Role, EnvReport] | None:
     """The start-up check of an async plan's role environments (``utils.role_env_check``); None
     when the plan has none."""
+    from mindspeed_rl.weights.transports import transport_for
+
     spec = plan.async_spec
     if spec is None or spec.role_envs is None:
         return None
+    transport = transport_for(spec.weight_transport)
     return check_role_envs(
         spec.role_envs,
         plan_modules(plan),
-        transport=spec.weight_transport,
+        one_torch_transport=transport.name if transport.needs_one_torch else None,
         environ=environ,
         require_modules=require_modules,
     )

@@ -40,6 +40,7 @@ def start_weight_flow(
     import ray
 
     from mindspeed_rl.weights.transport import remove_probe
+    from mindspeed_rl.weights.transports import transport_for
 
     probe = ray.get(tu.write_probe.remote(str(snapshots)))
     try:
@@ -49,7 +50,7 @@ def start_weight_flow(
     finally:
         remove_probe(probe)
     kwargs: dict[str, Any] = {"transport": spec.weight_transport}
-    if spec.weight_transport == "collective":
+    if transport_for(spec.weight_transport).opens_channels:
         world = sending_ranks(trainer) + 1
         backend = spec.collective_backend
         kwargs["channels"] = tuple(

@@ -102,11 +102,13 @@ def problems_of(
     envs: RoleEnvs,
     base: EnvReport,
     *,
-    transport: str,
+    one_torch_transport: str | None,
     require_modules: bool = True,
 ) -> list[str]:
     """Everything wrong with the probed environments (empty: both can run their roles).
-    ``require_modules=False`` (a dry run on a fake cluster): missing modules are not problems."""
+    ``one_torch_transport``: the run's weight transport when it needs one torch on both sides
+    (``Transport.needs_one_torch``), else None. ``require_modules=False`` (a dry run on a fake
+    cluster): missing modules are not problems."""
     out = []
     for role in ROLES:
         r, env = reports[role], envs.of(role)
@@ -134,9 +136,9 @@ def problems_of(
             )
     out += format_problems(reports["trainer"], reports["rollout"], envs)
     trainer_torch, rollout_torch = (reports[r].packages.get("torch") for r in ROLES)
-    if transport == "collective" and trainer_torch and rollout_torch and trainer_torch != rollout_torch:
+    if one_torch_transport and trainer_torch and rollout_torch and trainer_torch != rollout_torch:
         out.append(
-            f"async_config.weight_transport=collective sends the weights through torch.distributed between "
+            f"async_config.weight_transport={one_torch_transport} sends the weights through torch.distributed between "
             f"the roles, which needs one torch version on both sides; the trainer environment has torch "
             f"{trainer_torch}, the rollout environment torch {rollout_torch}. Use weight_transport: shared_fs "
             "or object_store (snapshot files or byte buffers: any torch on either side)"
@@ -162,7 +164,7 @@ def check_role_envs(
     envs: RoleEnvs,
     modules: Mapping[Role, Sequence[str]],
     *,
-    transport: str,
+    one_torch_transport: str | None,
     environ: Mapping[str, str] | None = None,
     require_modules: bool = True,
 ) -> dict[Role, EnvReport]:
@@ -172,7 +174,11 @@ def check_role_envs(
     accelerator stack)."""
     reports = {role: probe(envs.of(role), modules[role], environ=environ) for role in ROLES}
     problems = problems_of(
-        reports, envs, EnvReport.here(), transport=transport, require_modules=require_modules
+        reports,
+        envs,
+        EnvReport.here(),
+        one_torch_transport=one_torch_transport,
+        require_modules=require_modules,
     )
     if problems:
         raise RoleEnvError(
@@ -219,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         base = EnvReport.here()
         # The other role is this interpreter here: only this role's own problems are reported.
-        problems = problems_of({args.role: report, other.role: base}, envs, base, transport="shared_fs")
+        problems = problems_of({args.role: report, other.role: base}, envs, base, one_torch_transport=None)
     except RoleEnvError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -56,7 +56,7 @@ from mindspeed_rl.weights.export_queue import ExportQueue, Pending
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.manifest import ShardEntry, TensorEntry
 from mindspeed_rl.weights.memory_snapshot import MemoryShard, MemorySnapshot, entry_for, host_array, shard_key
-from mindspeed_rl.weights.object_store import memory_result
+from mindspeed_rl.weights.object_store import board_for, memory_result
 from mindspeed_rl.weights.shardio import run_in_bins
 from mindspeed_rl.weights.store import check_run_id
 
@@ -446,8 +446,6 @@ class CollectiveSender(ExportQueue[Packed]):
             import ray
 
             if self.board is None:  # every rank of one TU shares the run id: they find one board
-                from mindspeed_rl.weights.endpoints import board_for
-
                 self.board = board_for(self.run_id, pending.layout.world_size, 2)
             board_snapshot = ray.get(
                 self.board.add.remote(pending.version, self.run_id, header.layout, shard)

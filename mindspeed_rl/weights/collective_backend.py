@@ -12,7 +12,7 @@ The choice is resolved once, when the run plan is built (the device kind is know
 config's ``num_gpus`` / ``num_npus``), into a :data:`Backend` that travels typed to the GUs'
 channel addresses. gloo moves CPU tensors; NCCL and HCCL move device tensors, so a TU rank sends
 from its device and the GU receives on the device of its first generation actor
-(``GuWeights.bind_receiver_device``), so a device backend also needs the generation actors on
+(``CollectiveGu.bind_receiver_device``, weights/transports/collective.py), so a device backend also needs the generation actors on
 devices. Torch-free.
 """
 

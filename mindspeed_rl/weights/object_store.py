@@ -161,11 +161,20 @@ class ObjectStoreExporter(ExportQueue[MemoryShard]):
             )
         else:
             if self.board is None:  # every rank of one TU shares the run id: they find one board
-                from mindspeed_rl.weights.endpoints import board_for
-
                 self.board = board_for(self.run_id, pending.layout.world_size, self.keep_last)
             snapshot = ray.get(self.board.add.remote(pending.version, self.run_id, layout, shard))
         return memory_result(pending, snapshot, shard.shard.nbytes)
+
+
+def board_for(run_id: str, world_size: int, keep_last: int) -> Any:
+    """The run's ``SnapshotBoard`` actor (created by the first rank to ask, found by the others)."""
+    import ray
+
+    return (
+        ray.remote(SnapshotBoard)
+        .options(name=f"snapshot-board-{run_id}", get_if_exists=True, num_cpus=0)
+        .remote(world_size, keep_last)
+    )
 
 
 def memory_result(pending: Pending[Any], snapshot: MemorySnapshot | None, nbytes: int) -> ExportResult:

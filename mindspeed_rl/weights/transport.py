@@ -1,5 +1,6 @@
-"""Which medium carries the weights from the Training Unit to the Generation Units, and the check
-that the medium the run chose can actually reach every GU.
+"""The snapshot paths every transport shares (a memory path names an in-memory version) and the
+start-up check that the run's transport can actually reach every GU (``weights/transports/``
+holds the transports themselves).
 
 ::
 
@@ -23,10 +24,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
 
-WeightTransport = Literal["shared_fs", "object_store", "collective"]
-TRANSPORTS: tuple[str, ...] = get_args(WeightTransport)
 MEMORY_SCHEME = "memory://"
 """Prefix of the ``path`` of a snapshot that lives in memory (object_store, collective): it names
 the version only; the weights travel in ``SnapshotInfo.handle``."""
@@ -35,14 +33,6 @@ PROBE_PREFIX = ".probe-"
 
 class SharedPathError(RuntimeError):
     """``weight_transport: shared_fs`` on a node that does not see the TU's snapshot folder."""
-
-
-def check_transport(name: str) -> WeightTransport:
-    if name not in TRANSPORTS:
-        raise ValueError(
-            f"async_config.weight_transport={name!r} is unknown; use one of {', '.join(TRANSPORTS)}"
-        )
-    return name  # type: ignore[return-value]  # checked against the Literal's values above
 
 
 def memory_path(version: int) -> str:
@@ -84,11 +74,12 @@ def probe_visible(probe: Probe, folder: Path) -> bool:
         return False
 
 
-def check_probe(probe: Probe, transport: str, *, folder: Path, where: str) -> bool:
-    """Raise ``SharedPathError`` when ``shared_fs`` is chosen and this node does not see the
-    probe; other transports need no shared folder. Returns whether the probe was seen."""
+def check_probe(probe: Probe, *, shared_folder: bool, folder: Path, where: str) -> bool:
+    """Raise ``SharedPathError`` when the transport needs a shared folder (``Transport.
+    needs_shared_folder``) and this node does not see the probe; other transports need none.
+    Returns whether the probe was seen."""
     seen = probe_visible(probe, folder)
-    if seen or transport != "shared_fs":
+    if seen or not shared_folder:
         return seen
     raise SharedPathError(
         f"async_config.weight_transport=shared_fs, but {where} on node {socket.gethostname()!r} "

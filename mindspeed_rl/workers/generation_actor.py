@@ -410,10 +410,11 @@ class GenerationActor:
             self._reload_policy = ReloadPolicy(self.policy_version, num_threads=1)
         snapshot = SnapshotInfo(version=version, path=Path(snapshot_path))
         if memory is not None:
-            from mindspeed_rl.weights.endpoints import memory_reader
+            from mindspeed_rl.weights.transports import transport_for
 
+            # The snapshot names its own medium (object_store | collective): its transport reads it.
             result = self._reload_policy.maybe_reload_memory(
-                snapshot, memory_reader(memory), self._load_tensors
+                snapshot, transport_for(memory.medium).actor_reader(memory), self._load_tensors
             )
         elif getattr(self._engine, "loads_from_path", False):
             # TP workers are processes that each read the folder and keep their slice: the policy

@@ -240,7 +240,7 @@ class GenerationUnit:
         return self._weights.check_probe(probe)
 
     def open_weight_channel(self, world_size: int, backend: Backend) -> Any:
-        """collective: this GU's one process group, opened once at start (``weights.endpoints``)."""
+        """collective: this GU's one process group, opened once at start (``weights.transports``)."""
         return self._weights.open_channel(world_size, backend)
 
     def convert_snapshot(self, version: int, path: str, handle: Any = None) -> ConversionDone:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mindspeed_rl.config_cls.async_config import DEFAULT_WEIGHT_TRANSPORT, WeightTransport
 from mindspeed_rl.workers.fault_plan import FaultPlan
 
 if TYPE_CHECKING:
@@ -42,8 +43,8 @@ class GuSpec:
     per_actor_options: tuple[Mapping[str, Any], ...] = ()
     """Actor ``a``'s options (its placement-group bundle: ``ray_setup.ReservedPlacement``);
     empty = ``actor_options`` for every actor."""
-    weight_transport: str = "shared_fs"
-    """How snapshots reach this GU (``weights/endpoints.py``): shared_fs | object_store | collective."""
+    weight_transport: WeightTransport = DEFAULT_WEIGHT_TRANSPORT
+    """How snapshots reach this GU (``weights/transports/``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

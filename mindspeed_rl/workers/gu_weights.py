@@ -1,5 +1,5 @@
-"""A Generation Unit's side of the weight flow: its transport's endpoint (``weights.endpoints.
-GuWeights``, made once), the start-of-run probe, and each snapshot's conversion
+"""A Generation Unit's side of the weight flow: its transport's GU end (``weights.transports``,
+made once), the start-of-run probe, and each snapshot's conversion
 with the CPU it costs. The GU's control loop only schedules these (``generation_unit.py``); the
 CPU is kept apart because the summary reports the control plane's CPU without the conversions'."""
 
@@ -20,14 +20,15 @@ logger = logging.getLogger(__name__)
 
 class GuWeightSide:
     def __init__(self, spec: GuSpec) -> None:
-        from mindspeed_rl.weights.endpoints import GuWeights
         from mindspeed_rl.weights.layout import InferenceLayout
+        from mindspeed_rl.weights.transports import transport_for
 
         self.spec = spec
         # Made here, once: the GU's threads (its loop, conversions, actors' mid-decode questions)
         # all read the same endpoint, whose memory handles a second one would not know. The torch
         # backend's inference layout is one full replica per actor (TP = EP = 1).
-        self.endpoint = GuWeights(spec.weight_transport, Path(spec.cache_dir), InferenceLayout())
+        self.transport = transport_for(spec.weight_transport)
+        self.endpoint = self.transport.gu_end(Path(spec.cache_dir), InferenceLayout())
         self.convert_cpu_seconds = 0.0
         """CPU of the conversion threads since ``reset_cpu`` (weight flow, not control)."""
 
@@ -44,7 +45,10 @@ class GuWeightSide:
         # The GU's own path to the snapshot root: its cache folder's parent (``gu_specs``).
         folder = Path(self.spec.cache_dir).parent
         seen = check_probe(
-            probe, self.spec.weight_transport, folder=folder, where=f"Generation Unit {self.spec.gu_id}"
+            probe,
+            shared_folder=self.transport.needs_shared_folder,
+            folder=folder,
+            where=f"Generation Unit {self.spec.gu_id}",
         )
         return f"{socket.gethostname()} (probe {'seen' if seen else 'not seen'})"
 

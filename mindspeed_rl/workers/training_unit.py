@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mindspeed_rl.config_cls.async_config import DEFAULT_WEIGHT_TRANSPORT, WeightTransport
 from mindspeed_rl.runtime.records import PromptGroup, Sample
 
 if TYPE_CHECKING:
@@ -344,21 +345,21 @@ class TrainingUnit:
         keep_last: int,
         *,
         run_id: str | None = None,
-        transport: str = "shared_fs",
+        transport: WeightTransport = DEFAULT_WEIGHT_TRANSPORT,
         channels: Sequence[Any] = (),
         bucket_mb: float = 512.0,
     ) -> None:
         """``run_id``: the same for every rank of one Training Unit (ranks publish one snapshot
         together through the staging dir, or a ``SnapshotBoard`` in memory); None = a fresh id
-        (a one-process TU). ``transport``/``channels``/``bucket_mb``: ``weights.endpoints``."""
+        (a one-process TU). ``transport``/``channels``/``bucket_mb``: ``weights.transports``."""
         from pathlib import Path
 
-        from mindspeed_rl.weights.endpoints import exporter
+        from mindspeed_rl.weights.transports import transport_for
 
         if self._writer is not None:
             raise ValueError("enable_snapshots was already called; a TU exports to one snapshot root")
-        self._writer = exporter(
-            transport, Path(root_dir), keep_last, run_id=run_id, channels=channels, bucket_mb=bucket_mb
+        self._writer = transport_for(transport).exporter(
+            Path(root_dir), keep_last, run_id=run_id, channels=channels, bucket_mb=bucket_mb
         )
 
     def export_snapshot(self, version: int, *, notify: Any = None) -> float:
@@ -399,7 +400,7 @@ class TrainingUnit:
         if self._writer is not None:
             self._writer.close()
         self._raise_export_error()
-        from mindspeed_rl.weights.endpoints import exporter_stats
+        from mindspeed_rl.weights.transports.base import exporter_stats
 
         if self._writer is None:
             return {"snapshot_exports_superseded": 0}

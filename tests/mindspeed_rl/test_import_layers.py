@@ -114,3 +114,70 @@ def test_the_walk_sees_lazy_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (fake / "runtime" / "bad.py").write_text("def f():\n    from mindspeed_rl.trainer import x\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     assert layer_violations() == ["mindspeed_rl/runtime/bad.py:2: runtime -> mindspeed_rl.trainer"]
+
+
+def module_cycles(subpackage: str) -> list[list[str]]:
+    """Import cycles among the modules of ``subpackage`` (every import counted, lazy ones too):
+    each strongly connected component of more than one module, sorted."""
+    root = PACKAGE / subpackage
+    modules = {_module_name(p): p for p in root.rglob("*.py")}
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        targets = [module for _, module in _imports(path)]
+        # ``from a.b import c`` may import module a.b.c: count the submodule where there is one.
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets += [f"{node.module}.{alias.name}" for alias in node.names]
+        for target in targets:
+            parts = target.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()
+            if parts and ".".join(parts) != name:
+                edges[name].add(".".join(parts))
+    # Tarjan's strongly connected components (recursive: a few dozen modules).
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_import_cycle_among_the_weights_modules() -> None:
+    assert module_cycles("weights") == []
+
+
+def test_the_cycle_check_sees_a_lazy_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cycle closed by an import inside a function (how the transports' cycle hid) fails."""
+    fake = tmp_path / "mindspeed_rl" / "weights"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "a.py").write_text("from mindspeed_rl.weights.b import x\n")
+    (fake / "b.py").write_text("def f():\n    from mindspeed_rl.weights import a\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "mindspeed_rl")
+    assert module_cycles("weights") == [["mindspeed_rl.weights.a", "mindspeed_rl.weights.b"]]

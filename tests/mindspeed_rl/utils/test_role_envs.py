@@ -120,7 +120,7 @@ def test_the_start_up_comparisons_name_both_sides() -> None:
         "trainer": _report(snapshot_format=2, packages={"torch": "2.7.1", "megatron.core": None}),
         "rollout": _report(python_version="3.10.14", ray_version="2.48.0", packages={"torch": "2.8.0"}),
     }
-    problems = problems_of(reports, ENVS, base, transport="collective")  # type: ignore[arg-type]
+    problems = problems_of(reports, ENVS, base, one_torch_transport="collective")
     text = "\n".join(problems)
     assert "the trainer environment (/envs/trainer/bin/python) lacks megatron.core" in text
     assert "runs Python 3.10.14, the driver and Ray 3.11.7" in text
@@ -128,9 +128,11 @@ def test_the_start_up_comparisons_name_both_sides() -> None:
     assert "writes snapshot format 2" in text and "reads snapshot format 1" in text
     assert "torch 2.7.1, the rollout environment torch 2.8.0" in text
     # The same two torch versions are no problem over snapshot files or byte buffers.
-    assert not any("torch.distributed" in p for p in problems_of(reports, ENVS, base, transport="shared_fs"))  # type: ignore[arg-type]
+    assert not any(
+        "torch.distributed" in p for p in problems_of(reports, ENVS, base, one_torch_transport=None)
+    )
     # A fake cluster's dry run reports missing modules without refusing them.
-    lenient = problems_of(reports, ENVS, base, transport="shared_fs", require_modules=False)  # type: ignore[arg-type]
+    lenient = problems_of(reports, ENVS, base, one_torch_transport=None, require_modules=False)
     assert not any("lacks" in p for p in lenient)
 
 

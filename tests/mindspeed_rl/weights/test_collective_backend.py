@@ -98,12 +98,12 @@ class _Remote:
 
 
 class _Gu:
-    """The GU's side of ``start_weight_flow`` (``GenerationUnit`` forwards to the same GuWeights)."""
+    """The GU's side of ``start_weight_flow`` (``GenerationUnit`` forwards to the same collective GU end)."""
 
     def __init__(self, cache: Path) -> None:
-        from mindspeed_rl.weights.endpoints import GuWeights
+        from mindspeed_rl.weights.transports import transport_for
 
-        self.weights = GuWeights("collective", cache)
+        self.weights = transport_for("collective").gu_end(cache)
         self.check_probe = _Remote(lambda probe: "here")
         self.open_weight_channel = _Remote(
             lambda world, backend: self.weights.open_channel(0, world, backend)

@@ -16,7 +16,6 @@ import torch
 from mindspeed_rl.weights.collective import ChannelAddress, CollectiveSender, open_store
 from mindspeed_rl.weights.collective_receiver import CollectiveReceiver, ReceivedSnapshots
 from mindspeed_rl.weights.convert import convert_snapshot
-from mindspeed_rl.weights.endpoints import GuWeights, memory_reader
 from mindspeed_rl.weights.export import SnapshotWriter
 from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout, hf_dense_rules
 from mindspeed_rl.weights.manifest import SnapshotError
@@ -28,6 +27,8 @@ from mindspeed_rl.weights.transport import (
     memory_path,
     write_probe,
 )
+from mindspeed_rl.weights.transports import transport_for
+from mindspeed_rl.weights.transports.base import memory_reader
 
 pytestmark = pytest.mark.integration
 TP2 = TrainingLayout(tp_size=2, rules=hf_dense_rules())
@@ -72,7 +73,7 @@ def test_object_store_identity_hands_the_exported_tensors_to_the_engine(ray_loca
     assert result.published is not None and not result.superseded
     handle = result.handle
     assert isinstance(handle, MemorySnapshot) and handle.version == 1
-    gu = GuWeights("object_store", Path("/nonexistent-never-created"))
+    gu = transport_for("object_store").gu_end(Path("/nonexistent-never-created"))
     done = gu.convert(1, memory_path(1), handle)
     assert done.path == memory_path(1) and gu.reload_handle(done.path) is handle
     got = loaded(handle)
@@ -132,7 +133,7 @@ def test_a_defective_memory_snapshot_is_rejected_before_the_engine(ray_local, ti
     with pytest.raises(SnapshotError, match="arrays for"):
         memory_reader(dataclasses.replace(handle, shards=(short,)))()
     with pytest.raises(SnapshotError, match="announced as 2"):
-        GuWeights("object_store", Path("/x")).convert(2, memory_path(2), handle)
+        transport_for("object_store").gu_end(Path("/x")).convert(2, memory_path(2), handle)
 
 
 def _collective_pair(layout_ranks: int, bucket_mb: float):
@@ -206,10 +207,11 @@ def test_collective_merge_per_bucket_matches_the_file_converter(
 
 def test_probe_refuses_shared_fs_where_the_folder_is_not_shared(tmp_path: Path) -> None:
     probe = write_probe(tmp_path / "node_a")
-    assert check_probe(probe, "shared_fs", folder=tmp_path / "node_a", where="GU 0")
+    shared_fs, object_store = (transport_for(n).needs_shared_folder for n in ("shared_fs", "object_store"))
+    assert check_probe(probe, shared_folder=shared_fs, folder=tmp_path / "node_a", where="GU 0")
     with pytest.raises(SharedPathError, match="weight_transport=shared_fs.*node"):
-        check_probe(probe, "shared_fs", folder=tmp_path / "node_b", where="GU 0")
-    assert check_probe(probe, "object_store", folder=tmp_path / "node_b", where="GU 0") is False
+        check_probe(probe, shared_folder=shared_fs, folder=tmp_path / "node_b", where="GU 0")
+    assert check_probe(probe, shared_folder=object_store, folder=tmp_path / "node_b", where="GU 0") is False
 
 
 def test_puts_are_cut_in_order_into_chunks_of_about_equal_bytes() -> None:

@@ -3,7 +3,7 @@ nothing is shared between the trainer's node and the generation node.
 
 - ``shared_fs``: the real Generation Unit's start-up probe refuses it, naming the key and the node.
 - ``object_store`` and ``collective``: the trainer's node exports two refreshes through the real
-  exporters; on the other node the GU's end (``GuWeights``) converts them and a real generation
+  exporters; on the other node the GU's end (``Transport.gu_end``) converts them and a real generation
   actor (HF engine) reloads each from memory. After each reload its greedy log-probs are those
   of an actor started from the same weights saved as files, exactly, and no snapshot file exists.
 """
@@ -77,11 +77,11 @@ class Trainer:
     def __init__(self, model: str, transport: str, root: str, channels: tuple[Any, ...] = ()) -> None:
         from safetensors.torch import load_file
 
-        from mindspeed_rl.weights.endpoints import exporter
+        from mindspeed_rl.weights.transports import transport_for
 
         self.weights = load_file(str(Path(model) / "model.safetensors"))
-        self.writer = exporter(
-            transport, Path(root), 2, run_id="two-nodes", channels=channels, bucket_mb=0.05
+        self.writer = transport_for(transport).exporter(
+            Path(root), 2, run_id="two-nodes", channels=channels, bucket_mb=0.05
         )
 
     def node(self) -> str:
@@ -109,9 +109,9 @@ class GuEnd:
     """The generation node's end of the weight flow (what the GenerationUnit runs)."""
 
     def __init__(self, transport: str, cache_dir: str) -> None:
-        from mindspeed_rl.weights.endpoints import GuWeights
+        from mindspeed_rl.weights.transports import transport_for
 
-        self.weights = GuWeights(transport, Path(cache_dir))
+        self.weights = transport_for(transport).gu_end(Path(cache_dir))
 
     def node(self) -> str:
         import ray

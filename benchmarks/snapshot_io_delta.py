@@ -1,0 +1,265 @@
+"""``snapshot_io.py --delta``: what delta weight sync (``weights/delta.py``) moves and costs on a
+model stepped by the real torch engine in bf16 (fp32 masters, bf16 working weights: the bytes a
+snapshot carries) at RL learning rates.
+
+Per learning rate: a fresh engine from one random Qwen-shaped model folder, ``--steps`` GRPO
+updates on random token batches (the update's size is the learning rate's, not the batch's:
+AdamW normalises it), and after each the exported bf16 weights go through
+
+- ``identity``: one rank, encoded against the previous version, packed into the wire form,
+  unpacked, applied and checked (crc32 per tensor);
+- ``tp2_to_tp1``: the same weights cut into two TP ranks (``hf_dense_rules``), one link per rank,
+  then merged for a TP1 GU with the real merge code;
+
+timing each refresh end to end through two media, side by side with the full refresh of the same
+bytes: ``file`` (the shared_fs medium: write + fsync + read back the packed bytes) and ``memory``
+(the in-memory media's floor: one copy of the packed bytes; Ray's object store and a gloo group
+add their own per-byte cost on top, not measured here). Full = the same path with a full refresh.
+
+Also per version: the changed fraction (elements whose bits changed), sparse bytes / full bytes,
+and the alternative encoding measured on the same words: xor with the base, compressed with zlib
+level 1 (no zstd / lz4 in this environment), its bytes and seconds.
+
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/snapshot_io.py --delta --layers 4 --json runs/delta.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mindspeed_rl.weights.delta import (
+    DeltaEncoder,
+    DeltaLink,
+    DeltaReceiver,
+    DeltaRefresh,
+    pack,
+    unpack,
+    words,
+)
+from mindspeed_rl.weights.layout import TrainingLayout, hf_dense_rules
+from mindspeed_rl.weights.merge import Piece, merge_pieces
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("--delta")
+    g.add_argument("--delta", action="store_true", help="measure delta weight sync instead (this module)")
+    g.add_argument("--layers", type=int, default=24, help="--delta: decoder layers of the model")
+    g.add_argument("--delta-hidden", type=int, default=1024, help="--delta: hidden size")
+    g.add_argument("--ffn", type=int, default=4096, help="--delta: MLP width")
+    g.add_argument("--lrs", default="1e-6,1e-5", help="--delta: learning rates, comma separated")
+    g.add_argument("--steps", type=int, default=3, help="--delta: updates (refreshes) per learning rate")
+
+
+def arch(args: argparse.Namespace) -> dict[str, Any]:
+    heads = args.delta_hidden // 64
+    return {
+        "num_layers": args.layers,
+        "hidden_size": args.delta_hidden,
+        "ffn_hidden_size": args.ffn,
+        "num_attention_heads": heads,
+        "group_query_attention": True,
+        "num_query_groups": max(1, heads // 4),
+        "kv_channels": 64,
+        "rotary_base": 1000000.0,
+        "max_position_embeddings": 512,
+        "padded_vocab_size": 128,
+        "untie_embeddings_and_output_weights": True,
+        "norm_epsilon": 1e-6,
+    }
+
+
+def engine_for(path: Path, lr: float) -> Any:
+    from mindspeed_rl.models.loss import GRPOLossConfig
+    from mindspeed_rl.models.training.engine_config import TorchEngineConfig
+    from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+
+    config = TorchEngineConfig(
+        lr=lr,
+        clip_grad=1.0,
+        micro_batch_size=4,
+        forward_micro_batch_size=4,
+        mini_batch_size=1,
+        n_samples_per_prompt=2,
+        loss=GRPOLossConfig(init_kl_coef=0.0),
+        param_dtype="bfloat16",
+        seed=3,
+    )
+    return TorchTrainingEngine(path, config)
+
+
+def update(engine: Any, seed: int) -> None:
+    from mindspeed_rl.models.training.batch import TrainBatch
+
+    rng = np.random.default_rng(seed)
+    prompts, responses = [], []
+    for _ in range(2):
+        prompt = rng.integers(4, 100, size=8).tolist()
+        for _ in range(2):
+            prompts.append(prompt)
+            responses.append(rng.integers(4, 100, size=16).tolist())
+    batch = TrainBatch.from_lists(prompt_ids=prompts, response_ids=responses, advantages=rng.normal(size=4))
+    engine.update(batch.with_log_probs(old=engine.compute_log_probs(batch, 1.0)), 1.0)
+
+
+def snapshot(engine: Any) -> dict[str, torch.Tensor]:
+    """The exported weights, copied: in bf16 the engine hands out its live working parameters
+    (no dtype change, no copy), which the next update would change under us."""
+    return {name: t.clone() for name, t in engine.named_weights_for_inference()}
+
+
+def tp_ranks(layout: TrainingLayout, full: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    out: list[dict[str, torch.Tensor]] = []
+    for rank in range(layout.world_size):
+        coords = layout.coords(rank)
+        mine = {}
+        for name, t in full.items():
+            spec = layout.spec_for(name)
+            if not layout.writes(spec, coords):
+                continue
+            if spec.tp_dim is not None:
+                t = t.chunk(layout.tp_size, dim=spec.tp_dim)[coords.tp_rank]
+            mine[name] = t.contiguous()
+        out.append(mine)
+    return out
+
+
+def file_medium(folder: Path) -> Callable[[bytes], bytes]:
+    def carry(buffer: bytes) -> bytes:
+        path = folder / "refresh.bin"
+        with open(path, "wb") as f:
+            f.write(buffer)
+            f.flush()
+            os.fsync(f.fileno())
+        data = path.read_bytes()
+        path.unlink()
+        return data
+
+    return carry
+
+
+def memory_medium(buffer: bytes) -> bytes:
+    return bytes(bytearray(buffer))
+
+
+def xor_zlib(old: dict[str, np.ndarray], new: dict[str, np.ndarray]) -> tuple[int, float]:
+    tic = time.perf_counter()
+    nbytes = sum(len(zlib.compress(np.bitwise_xor(old[k], new[k]).tobytes(), 1)) for k in new)
+    return nbytes, time.perf_counter() - tic
+
+
+def refresh_case(
+    layout: TrainingLayout,
+    versions: list[dict[str, torch.Tensor]],
+    carry: Callable[[bytes], bytes],
+) -> dict[str, list[float]]:
+    """Per version after the first: seconds of the delta refresh and of the full one, end to end
+    (encode, pack, medium, unpack, apply + check, merge when TP2), and the bytes each moved."""
+    delta_links = [
+        DeltaLink(DeltaEncoder("on", full_interval=10**6), DeltaReceiver()) for _ in range(layout.world_size)
+    ]
+    full_links = [DeltaLink(DeltaEncoder("off"), DeltaReceiver()) for _ in range(layout.world_size)]
+    sizes: list[int] = []
+
+    def wire(refresh: DeltaRefresh) -> DeltaRefresh:
+        buffer = pack(refresh)
+        sizes.append(len(buffer))
+        return unpack(carry(buffer))
+
+    out: dict[str, list[float]] = {"delta_s": [], "full_s": [], "delta_bytes": [], "full_bytes": []}
+    for i, full in enumerate(versions):
+        shards = tp_ranks(layout, full) if layout.world_size > 1 else [full]
+        for kind, links in (("delta", delta_links), ("full", full_links)):
+            sizes.clear()
+            tic = time.perf_counter()
+            for rank, link in enumerate(links):
+                link.refresh(i + 1, shards[rank], wire)
+            if layout.world_size > 1:
+                pieces = [
+                    Piece(name=n, tensor=t, spec=layout.spec_for(n), coords=layout.coords(r))
+                    for r, link in enumerate(links)
+                    for n, t in link.receiver.tensors().items()
+                ]
+                merged = merge_pieces(pieces, tp_size=layout.tp_size, ep_size=1)
+            else:
+                merged = links[0].receiver.tensors()
+            seconds = time.perf_counter() - tic
+            if i > 0:
+                out[f"{kind}_s"].append(seconds)
+                out[f"{kind}_bytes"].append(float(sum(sizes)))
+            for name, t in full.items():  # exact: the GU holds the trainer's bits
+                assert torch.equal(merged[name].view(torch.uint8), t.view(torch.uint8)), (i, name)
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from mindspeed_rl.models.tiny import create_tiny_model
+
+    results: dict[str, Any] = {"arch": arch(args), "steps": args.steps, "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = create_tiny_model(Path(tmp) / "model", arch(args), seed=0)
+        for lr in [float(x) for x in args.lrs.split(",")]:
+            engine = engine_for(model_path, lr)
+            versions = [snapshot(engine)]
+            params = sum(t.numel() for t in versions[0].values())
+            results["params"] = params
+            results["dtype"] = str(next(iter(versions[0].values())).dtype)
+            changed, sparse_frac, xor_frac, xor_s, encode_s, apply_s = [], [], [], [], [], []
+            for step in range(args.steps):
+                tic = time.perf_counter()
+                update(engine, step)
+                print(f"lr={lr:g} step {step + 1}: update {time.perf_counter() - tic:.1f}s", flush=True)
+                versions.append(snapshot(engine))
+                old = {k: words(v) for k, v in versions[-2].items()}
+                new = {k: words(v) for k, v in versions[-1].items()}
+                changed.append(sum(int((old[k] != new[k]).sum()) for k in new) / params)
+                link = DeltaLink(DeltaEncoder("on"), DeltaReceiver())
+                link.refresh(0, versions[-2], lambda r: r)
+                m = link.refresh(1, versions[-1], lambda r: r)
+                full_bytes = sum(w.nbytes for w in new.values())
+                sparse_frac.append(m["delta_bytes_sent"] / full_bytes)
+                encode_s.append(m["delta_encode_seconds"])
+                apply_s.append(m["delta_apply_seconds"])
+                xb, xs = xor_zlib(old, new)
+                xor_frac.append(xb / full_bytes)
+                xor_s.append(xs)
+            del engine
+            case: dict[str, Any] = {
+                "changed_fraction": changed,
+                "sparse_bytes_fraction": sparse_frac,
+                "sparse_encode_s": encode_s,
+                "sparse_apply_s": apply_s,
+                "xor_zlib1_bytes_fraction": xor_frac,
+                "xor_zlib1_encode_s": xor_s,
+                "full_bytes": float(sum(t.numel() * t.element_size() for t in versions[0].values())),
+            }
+            for case_name, layout in (
+                ("identity", TrainingLayout()),
+                ("tp2_to_tp1", TrainingLayout(tp_size=2, rules=hf_dense_rules())),
+            ):
+                for medium_name, carry in (("file", file_medium(Path(tmp))), ("memory", memory_medium)):
+                    r = refresh_case(layout, versions, carry)
+                    case[f"{case_name}/{medium_name}"] = {
+                        "delta_s": statistics.median(r["delta_s"]),
+                        "full_s": statistics.median(r["full_s"]),
+                        "seconds_ratio": statistics.median(
+                            d / f for d, f in zip(r["delta_s"], r["full_s"], strict=True)
+                        ),
+                        "bytes_ratio": statistics.median(
+                            d / f for d, f in zip(r["delta_bytes"], r["full_bytes"], strict=True)
+                        ),
+                    }
+            results["cases"][f"lr={lr:g}"] = case
+            print(json.dumps({f"lr={lr:g}": case}, indent=1), flush=True)
+    return results

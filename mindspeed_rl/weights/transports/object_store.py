@@ -1,0 +1,80 @@
+"""``weight_transport: object_store``: host buffers in Ray's object store (no shared disk). The
+TU puts them (``weights.object_store.ObjectStoreExporter``), the GU checks the announced
+``MemorySnapshot`` (no byte copied), actors fetch the buffers zero-copy on their node."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mindspeed_rl.weights.transports.base import Converted, MemoryHandles, memory_reader
+
+if TYPE_CHECKING:
+    import torch
+
+    from mindspeed_rl.config_cls.async_config import WeightTransport
+    from mindspeed_rl.weights.collective_backend import Backend
+    from mindspeed_rl.weights.layout import InferenceLayout
+
+
+class ObjectStoreGu:
+    receiver: Any = None
+
+    def __init__(self, layout: InferenceLayout) -> None:
+        self.layout = layout
+        self._handles = MemoryHandles()
+
+    def open_channel(self, gu_id: int, world_size: int, backend: Backend) -> Any:
+        raise ValueError("open_channel is for weight_transport=collective, not object_store")
+
+    def bind_receiver_device(self, index: int) -> None:
+        """No channel: nothing to bind."""
+
+    def convert(self, version: int, path: str, handle: Any = None) -> Converted:
+        from mindspeed_rl.weights.manifest import SnapshotError
+        from mindspeed_rl.weights.memory_snapshot import MemorySnapshot, check_snapshot
+
+        started = time.perf_counter()
+        if not isinstance(handle, MemorySnapshot):
+            raise SnapshotError(f"v{version} was announced without its object-store handle ({path})")
+        check_snapshot(handle, version, self.layout)
+        return self._handles.keep(version, handle, started)
+
+    def reload_handle(self, path: str) -> Any:
+        return self._handles.get(path)
+
+
+class ObjectStore:
+    name: WeightTransport = "object_store"
+    needs_shared_folder = False
+    opens_channels = False
+    needs_one_torch = False
+
+    def exporter(
+        self,
+        root_dir: Path,
+        keep_last: int,
+        *,
+        run_id: str | None = None,
+        channels: Iterable[Any] = (),
+        bucket_mb: float = 512.0,
+        board: Any = None,
+    ) -> Any:
+        from mindspeed_rl.weights.object_store import ObjectStoreExporter
+
+        return ObjectStoreExporter(keep_last=keep_last, run_id=run_id, board=board)
+
+    def gu_end(self, cache_dir: Path, layout: InferenceLayout | None = None) -> ObjectStoreGu:
+        from mindspeed_rl.weights.layout import InferenceLayout
+
+        return ObjectStoreGu(layout or InferenceLayout())
+
+    def actor_reader(
+        self, handle: Any, layout: InferenceLayout | None = None, *, rank: int = 0
+    ) -> Callable[[], tuple[Iterator[tuple[str, torch.Tensor]], int]]:
+        return memory_reader(handle, layout, rank=rank)
+
+
+TRANSPORT = ObjectStore()

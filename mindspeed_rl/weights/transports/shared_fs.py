@@ -1,0 +1,79 @@
+"""``weight_transport: shared_fs`` (the default): safetensors files in ``snapshot_dir``, which
+every node must see (the start-up probe checks it). The TU writes them (``export.SnapshotWriter``),
+the GU converts them into its cache folder (``convert.GuConverter``), actors read the folder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mindspeed_rl.weights.transports.base import Converted
+
+if TYPE_CHECKING:
+    import torch
+
+    from mindspeed_rl.config_cls.async_config import WeightTransport
+    from mindspeed_rl.weights.collective_backend import Backend
+    from mindspeed_rl.weights.layout import InferenceLayout
+
+
+class SharedFsGu:
+    receiver: Any = None
+
+    def __init__(self, cache_dir: Path, layout: InferenceLayout) -> None:
+        from mindspeed_rl.weights.convert import GuConverter
+
+        self._converter = GuConverter(Path(cache_dir), layout, num_threads=1)
+
+    def open_channel(self, gu_id: int, world_size: int, backend: Backend) -> Any:
+        raise ValueError("open_channel is for weight_transport=collective, not shared_fs")
+
+    def bind_receiver_device(self, index: int) -> None:
+        """No channel: nothing to bind."""
+
+    def convert(self, version: int, path: str, handle: Any = None) -> Converted:
+        from mindspeed_rl.weights.manifest import SnapshotError, SnapshotInfo
+        from mindspeed_rl.weights.transport import is_memory_path
+
+        if is_memory_path(path):
+            raise SnapshotError(f"v{version} is an in-memory snapshot, but this GU reads shared_fs files")
+        result = self._converter.convert(SnapshotInfo(version=version, path=Path(path)))
+        return Converted(path=str(result.converted.path), seconds=result.total_seconds)
+
+    def reload_handle(self, path: str) -> Any:
+        return None  # actors read the converted folder itself
+
+
+class SharedFs:
+    name: WeightTransport = "shared_fs"
+    needs_shared_folder = True
+    opens_channels = False
+    needs_one_torch = False
+
+    def exporter(
+        self,
+        root_dir: Path,
+        keep_last: int,
+        *,
+        run_id: str | None = None,
+        channels: Iterable[Any] = (),
+        bucket_mb: float = 512.0,
+        board: Any = None,
+    ) -> Any:
+        from mindspeed_rl.weights.export import SnapshotWriter
+
+        return SnapshotWriter(root_dir, keep_last=keep_last, run_id=run_id)
+
+    def gu_end(self, cache_dir: Path, layout: InferenceLayout | None = None) -> SharedFsGu:
+        from mindspeed_rl.weights.layout import InferenceLayout
+
+        return SharedFsGu(cache_dir, layout or InferenceLayout())
+
+    def actor_reader(
+        self, handle: Any, layout: InferenceLayout | None = None, *, rank: int = 0
+    ) -> Callable[[], tuple[Iterator[tuple[str, torch.Tensor]], int]]:
+        raise TypeError("weight_transport=shared_fs snapshots are folders: actors read files, not a handle")
+
+
+TRANSPORT = SharedFs()
