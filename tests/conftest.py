@@ -15,9 +15,13 @@ TESTS = Path(__file__).resolve().parent
 # each keeps about 1.2 cores busy on average (start-up chains, hang timeouts, engine waits), so the
 # other worker runs the rest of the suite alongside (``make test``: -n 2 --dist loadscope).
 E2E_PATHS = (TESTS / "mindspeed_rl" / "trainer", TESTS / "cli", TESTS / "mindspeed_rl" / "test_launcher.py")
-# The megatron engine's end-to-end runs go with the rest (beside megatron's own gloo tests): the
-# two streams then take about as long as each other (measured: ~1000 s and ~800 s of one worker).
-REST_PATHS = (TESTS / "mindspeed_rl" / "trainer" / "test_megatron_async_e2e.py",)
+# The megatron engine's end-to-end runs and the trace replay go with the rest (beside megatron's
+# own gloo tests), so that the two streams end close together: on a fresh clone the e2e stream
+# ran about 4 minutes past the rest while the replay (about 2 minutes) was still in it.
+REST_PATHS = (
+    TESTS / "mindspeed_rl" / "trainer" / "test_megatron_async_e2e.py",
+    TESTS / "cli" / "test_replay_trace.py",
+)
 
 
 @pytest.fixture(scope="session")
