@@ -1,7 +1,8 @@
 """Verifier registry: upstream's ``verifier_function`` / ``verifier_weight`` pair -> one reward fn.
 
-A verifier is any ``(response, label) -> float``. The run plan checks the names
-(``check_verifier_names``), so a typo fails in ``check_config`` with the nearest known name instead
+A verifier is any ``(response, label) -> float``; a tool-aware one (``retool_reward``) also reads
+each multi-turn sample's ToolRecord (its own text and tool rounds) when the caller passes them.
+The run plan checks the names (``check_verifier_names``), so a typo fails in ``check_config`` with the nearest known name instead
 of upstream's silent skip, and an upstream name whose meaning this framework does not have fails
 naming that feature. The ``demo`` verifier lives with the demo task and is imported only when requested.
 
@@ -167,6 +168,8 @@ class RewardFunction:
     ) -> None:
         self.names = names
         self.weights = weights
+        # Tool records are applied in-process only (the pool sends (response, label) pairs).
+        assert all(e.bounded for e in entries if e.tool_verifier is not None), "tool verifiers are bounded"
         self._in_process = tuple(i for i, e in enumerate(entries) if e.bounded)
         self._pooled = tuple(i for i, e in enumerate(entries) if not e.bounded)
         self._entries = entries

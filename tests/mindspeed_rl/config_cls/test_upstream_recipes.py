@@ -103,7 +103,7 @@ def test_unsupported_families_exit_2_naming_the_feature(
         ("model.qwen3_235b_a22b.moe_router_score_function=sigmoid", "DeepSeek-style MoE routing"),
     ],
 )
-def test_architecture_and_reward_refusals_on_the_moe_recipe(
+def test_architecture_refusals_on_the_moe_recipe(
     capsys: pytest.CaptureFixture[str], override: str, phrase: str
 ) -> None:
     code, _, err = _check(capsys, "grpo_qwen3_235b_a22b_A3", override)
