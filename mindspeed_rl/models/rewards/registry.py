@@ -2,9 +2,9 @@
 
 A verifier is any ``(response, label) -> float``; a tool-aware one (``retool_reward``) also reads
 each multi-turn sample's ToolRecord (its own text and tool rounds) when the caller passes them.
-The run plan checks the names (``check_verifier_names``), so a typo fails in ``check_config`` with the nearest known name instead
-of upstream's silent skip, and an upstream name whose meaning this framework does not have fails
-naming that feature. The ``demo`` verifier lives with the demo task and is imported only when requested.
+The run plan checks the names (``check_verifier_names``), so a typo fails in ``check_config`` with
+the nearest known name instead of upstream's silent skip, and an upstream name whose meaning this
+framework does not have fails naming that feature. The ``demo`` verifier lives with the demo task and is imported only when requested.
 
 Bounded and unbounded verifiers: the format, maze and demo checks are linear-time string scans
 that cannot hang, and the demo one runs ~500 times an iteration in microseconds; they run in the
