@@ -200,7 +200,12 @@ class UpstreamInertKeys:
     swap_optimizer: bool = opt(
         False,
         "Swap optimizer state to host memory (MindSpeed).",
-        inert="MindSpeed memory swapping; results are the same without it",
+        inert=(
+            "MindSpeed's swap optimizer (the megatron engine passes --swap-optimizer to MindSpeed on NPU, "
+            "with use_distributed_optimizer: true; plan.sections.swaps_optimizer); megatron-core 0.19.2 "
+            "(CUDA), the CPU path and the torch engine keep the optimizer state on the device, and the "
+            "memory planner counts it there; results are the same"
+        ),
     )
     use_ascend_coc: bool = opt(False, "Ascend compute-communication overlap.", inert=_NO_COC)
     coc_mode: int = opt(-1, "CoC mode.", inert=_NO_COC)
