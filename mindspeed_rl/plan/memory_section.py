@@ -13,9 +13,9 @@ from mindspeed_rl.plan import pipeline
 from mindspeed_rl.plan.memory import (
     DEFAULT_DEVICE_MEMORY_GB,
     GB,
-    SWAP_OPTIMIZER_TIMES,
     OFFLOADED_TERMS,
     SHRINK_HINTS,
+    SWAP_OPTIMIZER_TIMES,
     ColocatedStart,
     MemoryEstimate,
     ModelShape,
@@ -233,7 +233,9 @@ def _first_problem(
             hint = SHRINK_HINTS[term]
             t = plan.trainer
             if term == "optimizer_state" and t.distributed_optimizer:
-                hint = SHRINK_HINTS["optimizer_state_sharded"].format(dp=t.dp, world=t.world_size, tp=t.tp, pp=t.pp)
+                hint = SHRINK_HINTS["optimizer_state_sharded"].format(
+                    dp=t.dp, world=t.world_size, tp=t.tp, pp=t.pp
+                )
             if term != "activations" and plan.trainer.recompute_granularity != "full":
                 hint += f"; or cut activations ({est.terms['activations'] / 1e9:.1f} GB): {SHRINK_HINTS['activations']}"
             return (

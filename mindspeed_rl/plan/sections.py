@@ -382,7 +382,10 @@ def swaps_optimizer(config: GRPOConfig) -> bool:
     optimizer: there the key stays inert and the planner counts the optimizer state on the device.
     MindSpeed refuses it without the distributed optimizer (``SwapOptimizerFeature.validate_args``),
     and so does this, at plan time."""
-    if not (config.actor_config.upstream_inert.swap_optimizer and config.actor_config.megatron_only.use_mcore_models):
+    if not (
+        config.actor_config.upstream_inert.swap_optimizer
+        and config.actor_config.megatron_only.use_mcore_models
+    ):
         return False
     if trainer_device(config) != "npu":
         return False

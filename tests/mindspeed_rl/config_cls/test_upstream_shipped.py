@@ -117,7 +117,9 @@ def test_shipped_recipe_that_would_not_start_its_engines_is_refused_naming_the_k
     assert fixed[0] == 0, fixed[2]
 
 
-def test_swap_optimizer_keeps_the_235b_optimizer_state_off_the_device(capsys: pytest.CaptureFixture[str]) -> None:
+def test_swap_optimizer_keeps_the_235b_optimizer_state_off_the_device(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     # Honoured on NPU (MindSpeed's swap optimizer), so not listed inert; each rank's optimizer term
     # is one swap chunk, well under its 1/16 x 12 bytes x (the stage's experts: EP8 of 128, DP 1).
     code, out, err = _check(capsys, CONFIGS, "grpo_qwen3_235b_a22b_A2", "--list-inert")
@@ -127,7 +129,12 @@ def test_swap_optimizer_keeps_the_235b_optimizer_state_off_the_device(capsys: py
     memory = json.loads(out)["memory_gb"]
     assert "optimizer_state" not in memory["colocated_start"]
     code, out, err = _check(
-        capsys, CONFIGS, "grpo_qwen3_235b_a22b_A2", "--cluster", "16x8", "megatron_training.swap_optimizer=false"
+        capsys,
+        CONFIGS,
+        "grpo_qwen3_235b_a22b_A2",
+        "--cluster",
+        "16x8",
+        "megatron_training.swap_optimizer=false",
     )
     whole = json.loads(out)["memory_gb"]
     for swapped, kept in zip(memory["trainer_ranks"], whole["trainer_ranks"], strict=True):

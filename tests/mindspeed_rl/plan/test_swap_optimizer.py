@@ -12,7 +12,6 @@ import pytest
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.models.training.megatron.patches import mindspeed_argv
 from mindspeed_rl.plan.memory import (
-    GB,
     SWAP_OPTIMIZER_TIMES,
     ModelShape,
     RolloutMemorySpec,
@@ -76,7 +75,9 @@ def test_swapped_optimizer_term_is_one_chunk_of_the_sharded_state(shape: ModelSh
         assert with_swap.terms["optimizer_state"] == 12 * chunk < 12 * shard
         # Nothing else moves: parameters, gradients, the reference and activations stay.
         others = {k: v for k, v in with_swap.terms.items() if k != "optimizer_state"}
-        assert others == {k: v for k, v in trainer_memory(plain, 64, pp_rank=stage).terms.items() if k in others}
+        assert others == {
+            k: v for k, v in trainer_memory(plain, 64, pp_rank=stage).terms.items() if k in others
+        }
 
 
 def test_a_swapped_optimizer_is_not_on_the_device_when_the_colocated_engine_starts() -> None:
