@@ -200,11 +200,11 @@ class UpstreamInertKeys:
     swap_optimizer: bool = opt(
         False,
         "Swap optimizer state to host memory (MindSpeed).",
-        inert=(
-            "MindSpeed's swap optimizer (the megatron engine passes --swap-optimizer to MindSpeed on NPU, "
-            "with use_distributed_optimizer: true; plan.sections.swaps_optimizer); megatron-core 0.19.2 "
-            "(CUDA), the CPU path and the torch engine keep the optimizer state on the device, and the "
-            "memory planner counts it there; results are the same"
+        inert=megatron_reason(
+            "honoured on NPU, where it passes --swap-optimizer to MindSpeed (with use_distributed_optimizer: "
+            "true; plan.sections.swaps_optimizer); megatron-core 0.19.2 (CUDA) and the CPU path have no swap "
+            "optimizer: the state stays on the device, where the memory planner counts it (same results)",
+            torch="the torch engine keeps its optimizer state on the device (same results)",
         ),
     )
     use_ascend_coc: bool = opt(False, "Ascend compute-communication overlap.", inert=_NO_COC)
