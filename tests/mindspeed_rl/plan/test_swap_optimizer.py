@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mindspeed_rl.models.training.megatron.checkpoint import optimizer_sharding
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.models.training.megatron.patches import mindspeed_argv
 from mindspeed_rl.plan.memory import (
@@ -103,3 +104,11 @@ def test_mindspeed_sees_swap_optimizer_with_the_distributed_optimizer() -> None:
     flags = mindspeed_argv(MegatronLayout(swap_optimizer=True))
     assert "--swap-optimizer" in flags and "--use-distributed-optimizer" in flags
     assert "--swap-optimizer" not in mindspeed_argv(MegatronLayout())
+
+
+def test_a_swapping_layout_checkpoints_its_optimizer_through_the_format_mindspeed_overrides() -> None:
+    # MindSpeed's SwapDistributedOptimizer reads its host buffers only in megatron's dp_zero path.
+    assert optimizer_sharding(MegatronLayout(swap_optimizer=True)) == {
+        "sharding_type": "dp_zero_gather_scatter"
+    }
+    assert optimizer_sharding(MegatronLayout()) == {}  # megatron's default sharding otherwise
