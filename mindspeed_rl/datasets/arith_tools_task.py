@@ -85,7 +85,9 @@ def arith_tools_sft_pairs(num: int, seed: int, *, tool_fraction: float = 0.9) ->
     """``num`` warm-up (prompt, target) pairs from a stream disjoint from the RL prompts': a
     ``tool_fraction`` share are tool trajectories, the rest answer directly."""
     if num < 0 or not 0.0 <= tool_fraction <= 1.0:
-        raise ValueError(f"need num >= 0 and 0 <= tool_fraction <= 1; got num={num}, tool_fraction={tool_fraction}")
+        raise ValueError(
+            f"need num >= 0 and 0 <= tool_fraction <= 1; got num={num}, tool_fraction={tool_fraction}"
+        )
     rng = np.random.default_rng([seed, _SFT_STREAM])
     pairs: list[tuple[str, str]] = []
     for _ in range(num):

@@ -111,7 +111,9 @@ def _run_warmup(warm: WarmupSpec, path: Path) -> None:
     stats = sft_warmup(
         path,
         load_tokenizer(path),
-        (arith_tools_sft_pairs if warm.task == "arith_tools" else demo_sft_pairs)(warm.num_examples, warm.seed),
+        (arith_tools_sft_pairs if warm.task == "arith_tools" else demo_sft_pairs)(
+            warm.num_examples, warm.seed
+        ),
         steps=warm.steps,
         lr=warm.lr,
         batch_size=warm.batch_size,

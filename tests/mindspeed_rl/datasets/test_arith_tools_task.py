@@ -36,10 +36,16 @@ def test_the_warm_up_trajectory_is_what_the_agent_loop_and_retool_produce() -> N
     call = get_parser("hermes").parse(tool_call_text(prompt))
     assert call == [ToolCall(name="python", arguments={"code": "'%06d'%(37*482)"})]
     assert isinstance(call[0], ToolCall)
-    code = ReTool({"isolate_network": False}, {"function": {"name": "python"}}).prepare(call[0].arguments["code"])
-    printed = run_python_locally(code, SandboxLimits(timeout_s=10, memory_limit_mb=512, isolate_network=False))
+    code = ReTool({"isolate_network": False}, {"function": {"name": "python"}}).prepare(
+        call[0].arguments["code"]
+    )
+    printed = run_python_locally(
+        code, SandboxLimits(timeout_s=10, memory_limit_mb=512, isolate_network=False)
+    )
     fmt = ObservationFormat()
-    observation = fmt.turn_prefix + fmt.response_prefix + printed.stdout + fmt.response_suffix + fmt.turn_suffix
+    observation = (
+        fmt.turn_prefix + fmt.response_prefix + printed.stdout + fmt.response_suffix + fmt.turn_suffix
+    )
     assert tool_trajectory(prompt) == tool_call_text(prompt) + observation + "017834"
     # Character tokens, each <|...|> one token, plus eos.
     assert trajectory_tokens(prompt) == len(tool_trajectory(prompt)) - 2 * 11 - 9 + 1

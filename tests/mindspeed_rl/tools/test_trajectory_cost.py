@@ -40,7 +40,6 @@ def _sample(prompt: str, tokens: int, mask: tuple[int, ...], use: ToolUse | None
 
 def test_online_asp_learns_trajectory_cost_not_token_count() -> None:
     from asp_scheduler.params import ScheduleParams
-
     from mindspeed_rl.trainer.online_asp import OnlineAsp
 
     hook = OnlineAsp({"slow": 10.0, "fast": 10.0}, ScheduleParams(b=2, kappa=0, k=1))
