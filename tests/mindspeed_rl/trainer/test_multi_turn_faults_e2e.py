@@ -5,7 +5,8 @@ The run is real (CLI, Ray, two HF-engine generation actors, the trainer, ``cli/s
 as the code tool's SandboxFusion endpoint); the tool and parser are the test-only ones of
 ``mindspeed_rl.tools.fault_tools``: every turn calls the tool (a random-init model then calls as
 often as a trained one), and each fault fires once, at a fixed call number of whichever actor
-gets there first.
+gets there first: the hang and the server crash in an actor's first minibatch (16 calls: 2
+prompts x 4 samples x 2 calls), the exit in its third, so the hung call's trajectory is trained on.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _tool_yaml(path: Path, url: str, markers: Path) -> None:
         f"      marker_dir: {markers}\n"
         "      hang_at: 2\n"
         "      crash_server_at: 8\n"
-        "      exit_actor_at: 14\n"
+        "      exit_actor_at: 40\n"
         "    tool_schema:\n"
         "      type: function\n"
         "      function:\n"
