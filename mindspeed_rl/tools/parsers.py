@@ -12,7 +12,12 @@ A parser is a small class registered under the name ``rl_config.tool_parser_form
             f"rl_config.tool_parser_format={path!r}: cannot import it ({exc}); name a registered parser "
             f"({parser_names()}) or an importable module.Class"
         ) from exc
-    parser = cls()
+    try:
+        parser = cls()
+    except TypeError as exc:
+        raise ValueError(
+            f"rl_config.tool_parser_format={path!r}: a parser class is built without arguments ({exc})"
+        ) from exc
     if not callable(getattr(parser, "parse", None)) or not isinstance(getattr(parser, "close_marker", None), str):
         raise ValueError(
             f"rl_config.tool_parser_format={path!r} is not a tool parser: it needs parse(text) and a "
@@ -108,7 +113,12 @@ def _import_parser(path: str) -> ToolParser:
             f"rl_config.tool_parser_format={path!r}: cannot import it ({exc}); name a registered parser "
             f"({parser_names()}) or an importable module.Class"
         ) from exc
-    parser = cls()
+    try:
+        parser = cls()
+    except TypeError as exc:
+        raise ValueError(
+            f"rl_config.tool_parser_format={path!r}: a parser class is built without arguments ({exc})"
+        ) from exc
     if not callable(getattr(parser, "parse", None)) or not isinstance(
         getattr(parser, "close_marker", None), str
     ):
