@@ -213,6 +213,11 @@ class RLConfig:
     tool_parser_format: str | None = opt(
         None, "Tool-call syntax (registered parsers: hermes); null = hermes."
     )
+    tool_call_timeout: float | None = opt(
+        None,
+        "Seconds one tool call may take (queueing included) before it is answered with an error and its "
+        "trajectory goes on; null = 120.",
+    )
     is_multimodal: bool = opt(False, "Image/video prompts.", refused=_MULTIMODAL)
     reuse_image_embeds: bool = opt(False, "Reuse vision-encoder outputs.", refused=_MULTIMODAL)
     colocate_actor_and_vit: bool = opt(False, "Vision encoder on the actor's devices.", refused=_MULTIMODAL)

@@ -17,6 +17,7 @@ BUILTIN_PREFIX = "builtin:"
 _GENERATORS: dict[str, tuple[str, str]] = {
     "demo": ("mindspeed_rl.datasets.demo_task", "generate_demo_prompts"),
     "demo_short": ("mindspeed_rl.datasets.demo_task", "generate_demo_short_prompts"),
+    "arith_tools": ("mindspeed_rl.datasets.arith_tools_task", "generate_arith_tools_prompts"),
     "maze": ("mindspeed_rl.datasets.maze_task", "generate_maze_prompts"),
 }
 

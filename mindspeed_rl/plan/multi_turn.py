@@ -20,7 +20,13 @@ _TOOL_KEYS = (
     "max_tool_response_length",
     "tool_response_truncate_side",
     "tool_parser_format",
+    "tool_call_timeout",
 )
+
+
+DEFAULT_CALL_TIMEOUT_S = 120.0
+"""``tool_call_timeout: null``: generous for a code run (the sandbox's own timeout is shorter),
+short enough that a hung tool costs one trajectory a bounded wait, not the run."""
 
 
 def multi_turn_spec(config: GRPOConfig, max_tokens: int) -> MultiTurnSpec | None:
@@ -55,6 +61,7 @@ def multi_turn_spec(config: GRPOConfig, max_tokens: int) -> MultiTurnSpec | None
         max_total_response_length=rl.max_total_response_length or max_tokens,
         max_tool_response_length=rl.max_tool_response_length,
         truncate_side=rl.tool_response_truncate_side or "middle",
+        call_timeout_s=DEFAULT_CALL_TIMEOUT_S if rl.tool_call_timeout is None else rl.tool_call_timeout,
     )
     limit = config.generate_config.max_model_len
     if limit is not None and rl.max_prompt_length + settings.max_total_response_length > limit:

@@ -48,13 +48,15 @@ ENGINE_KEYS = (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WarmupSpec:
-    """SFT warm-up of a freshly built model (``warmup_config``; builtin:demo and builtin:demo_short only)."""
+    """SFT warm-up of a freshly built model (``warmup_config``; the built-in tasks in ``WARMUP_TASKS``)."""
 
     steps: int
     lr: float
     batch_size: int
     num_examples: int
     seed: int
+    task: str = "demo"
+    """Whose (prompt, target) pairs: ``demo`` (both demo variants) or ``arith_tools``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -355,14 +357,27 @@ def warmup_spec(config: GRPOConfig) -> WarmupSpec | None:
         return None
     data_path = config.megatron_training.training.data_path
     # Both demo variants warm up on builtin:demo's (prompt, answer) pairs: same format, more counts.
-    if data_path not in ("builtin:demo", "builtin:demo_short"):
+    if data_path not in WARMUP_TASKS:
         raise ValueError(
-            f"warmup_config.enabled needs reference answers; only builtin:demo and builtin:demo_short "
+            f"warmup_config.enabled needs reference answers; only {', '.join(sorted(WARMUP_TASKS))} "
             f"provide them, got data_path={data_path!r}. Disable warmup_config or use builtin:demo"
         )
     return WarmupSpec(
-        steps=w.steps, lr=w.lr, batch_size=w.batch_size, num_examples=w.num_examples, seed=w.seed
+        steps=w.steps,
+        lr=w.lr,
+        batch_size=w.batch_size,
+        num_examples=w.num_examples,
+        seed=w.seed,
+        task=WARMUP_TASKS[data_path],
     )
+
+
+# data_path -> the warm-up pairs it trains on (WarmupSpec.task).
+WARMUP_TASKS: dict[str, str] = {
+    "builtin:demo": "demo",
+    "builtin:demo_short": "demo",
+    "builtin:arith_tools": "arith_tools",
+}
 
 
 def resources(r: ActorResources) -> ActorResources:

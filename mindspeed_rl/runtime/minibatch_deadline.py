@@ -14,6 +14,11 @@ re-issued before the whole run is declared stalled.
 
 Per-token rates, not raw durations, because minibatches are length-homogeneous by design: a
 minibatch of short answers must not inherit the bound of the longest ones, nor the reverse.
+
+Multi-turn minibatches also wait on tools, which no token count predicts: a completion reports
+its slowest trajectory's tool seconds, which are taken out of the measured duration before the
+per-token rate is formed (tool time must not read as slow decoding) and allowed for on top of the
+token bound instead, as ``factor`` times the largest such wait seen recently.
 """
 
 from __future__ import annotations
@@ -58,10 +63,14 @@ class MinibatchDeadlines:
     def __init__(self, settings: DeadlineSettings) -> None:
         self.settings = settings
         self._rates: deque[float] = deque(maxlen=WINDOW)
+        self._tool_waits: deque[float] = deque(maxlen=WINDOW)
 
-    def observe(self, seconds: float, predicted_load: float) -> None:
-        """A minibatch of ``predicted_load`` predicted tokens finished in ``seconds``."""
-        self._rates.append(seconds / max(predicted_load, 1.0))
+    def observe(self, seconds: float, predicted_load: float, tool_seconds: float = 0.0) -> None:
+        """A minibatch of ``predicted_load`` predicted tokens finished in ``seconds``, its slowest
+        trajectory having waited ``tool_seconds`` on tools (0 for single-turn rollouts)."""
+        tool = min(max(tool_seconds, 0.0), seconds)
+        self._rates.append((seconds - tool) / max(predicted_load, 1.0))
+        self._tool_waits.append(tool)
 
     def timeout_for(self, predicted_load: float, *, warm_engine: bool = True) -> float | None:
         """Seconds the next minibatch of ``predicted_load`` tokens may take; None = unbounded.
@@ -74,7 +83,8 @@ class MinibatchDeadlines:
         if not warm_engine or not self._rates:
             bound = s.warmup_s
         else:
-            bound = max(s.floor_s, s.factor * max(self._rates) * max(predicted_load, 1.0))
+            decode = max(self._rates) * max(predicted_load, 1.0)
+            bound = max(s.floor_s, s.factor * (decode + max(self._tool_waits)))
         if s.stall_s is not None:
             bound = min(bound, STALL_MARGIN * s.stall_s)
         return bound
@@ -107,10 +117,11 @@ class RunningMinibatches:
         """Stop tracking ``key`` (finished, failed or abandoned); its record, if it ran."""
         return self._running.pop(key, None)
 
-    def succeeded(self, run: Running, now: float) -> None:
-        """``run`` completed: measured, unless it was its engine's first (warm-up inside)."""
+    def succeeded(self, run: Running, now: float, *, tool_seconds: float = 0.0) -> None:
+        """``run`` completed: measured, unless it was its engine's first (warm-up inside).
+        ``tool_seconds``: its slowest trajectory's tool wait (``GenerationReceipt.max_tool_seconds``)."""
         if run.actor_id in self._warm:
-            self.model.observe(now - run.started, run.load)
+            self.model.observe(now - run.started, run.load, tool_seconds)
         self._warm.add(run.actor_id)
 
     def engine_replaced(self, actor_id: int) -> None:

@@ -17,7 +17,10 @@ which keep taking turns; the loop blocks on tools only when nothing is left to d
 Tool-response tokens carry log-prob 0 and loss mask 0: they stay in the context the trainer
 recomputes log-probs on, but are not the policy's actions (``Completion.loss_mask``).
 Nothing the model writes can crash the loop: malformed calls, unknown tools, bad arguments and
-tools that raise are answered with an error text the model sees.
+tools that raise are answered with an error text the model sees; so is a call still unanswered
+``call_timeout_s`` after its submission (a hung custom tool): its trajectory goes on, and the
+thread it holds is abandoned (Python cannot stop a thread; a tool that can hang for good should
+bound itself, as the code tool's sandbox does).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class AgentSettings:
     """Tokens of one tool response after truncation; 0 = no cap but the total budget."""
     truncate_side: TruncateSide = "middle"
     """Which part of a long tool response is cut: left keeps its end, right its start, middle both."""
+    call_timeout_s: float = 120.0
+    """Seconds from a call's submission until it is answered with a timeout error (a hung tool
+    must not hold its trajectory, and the loop's minibatch, forever)."""
 
     def __post_init__(self) -> None:
         problems = [
@@ -63,6 +69,7 @@ class AgentSettings:
                 self.max_tool_response_length >= 0,
                 f"max_tool_response_length={self.max_tool_response_length} must be >= 0",
             ),
+            (self.call_timeout_s > 0, f"tool_call_timeout={self.call_timeout_s} must be > 0 seconds"),
             (
                 self.truncate_side in TRUNCATE_SIDES,
                 f"tool_response_truncate_side={self.truncate_side!r} must be one of {TRUNCATE_SIDES}",
@@ -178,25 +185,44 @@ class AgentLoop:
         self._settings = settings
         self._format = observation or ObservationFormat()
         self._pool = ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="tool-call")
+        self._submitted: dict[Future[tuple[ToolResult, float]], float] = {}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        # Not waiting: a hung tool's thread (answered by its timeout) would block shutdown forever.
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def run(self, prompts: Sequence[Sequence[int]]) -> list[AgentResult]:
         """One trajectory per prompt (repeat a prompt for several samples), in prompt order."""
         trajectories = [_Trajectory(prompt=tuple(p)) for p in prompts]
         decoding = list(trajectories)
         pending: dict[Future[tuple[ToolResult, float]], tuple[_Waiting, int]] = {}
+        limit = self._settings.call_timeout_s
         while decoding or pending:
             if decoding:
                 self._take_turns(decoding, pending)
                 decoding = []
             if pending:
-                # Block only while nothing can decode; then take every answer that is in.
-                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                for future in done:
+                # Block only while nothing can decode (and no longer than the first call's deadline);
+                # then take every answer that is in, and answer every call past its deadline.
+                first_deadline = min(self._submitted[f] for f in pending) + limit
+                done, _ = wait(
+                    list(pending),
+                    timeout=max(0.0, first_deadline - time.monotonic()),
+                    return_when=FIRST_COMPLETED,
+                )
+                now = time.monotonic()
+                answers = {f: f.result() for f in done}
+                for future in pending.keys() - done:
+                    if now - self._submitted[future] >= limit:
+                        # The thread cannot be stopped; its late answer is dropped (cancel is a no-op
+                        # for a running call, and frees the worker of one still queued).
+                        future.cancel()
+                        text = f"Error: tool call timed out after {limit:g} s (rl_config.tool_call_timeout)"
+                        answers[future] = (ToolResult(text, ok=False), now - self._submitted[future])
+                for future, answer in answers.items():
                     waiting, index = pending.pop(future)
-                    waiting.responses[index], waiting.seconds[index] = future.result()
+                    del self._submitted[future]
+                    waiting.responses[index], waiting.seconds[index] = answer
                     answered = all(r is not None for r in waiting.responses)
                     if answered and self._append_responses(waiting):
                         decoding.append(waiting.trajectory)
@@ -245,7 +271,9 @@ class AgentLoop:
                 )
                 futures.append(None)
             else:
-                futures.append(self._pool.submit(self._call, call))
+                future = self._pool.submit(self._call, call)
+                self._submitted[future] = time.monotonic()
+                futures.append(future)
         waiting.trajectory.calls += len(calls)
         return futures
 

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mindspeed_rl.datasets.prompt_alias import prompt_of
-from mindspeed_rl.runtime.records import CompletedMinibatch, GlobalBatch, ScheduledMinibatch
+from mindspeed_rl.runtime.records import CompletedMinibatch, GlobalBatch, Sample, ScheduledMinibatch
 from mindspeed_rl.runtime.replan import ReplanOutcome, TailPlan, TailPlanner
 from mindspeed_rl.runtime.starvation import StarvationTracker
+from mindspeed_rl.tools.trajectory_cost import DecodeRate, TrajectoryWork, trajectory_cost
 
 if TYPE_CHECKING:
     from asp_scheduler.params import ScheduleParams
@@ -53,6 +54,8 @@ class OnlineAsp:
         self.refit_interval, self.replan_interval = refit_interval, replan_interval
         self._default_prior = float(np.mean(list(prior.values()))) if prior else 1.0
         self.starvation = StarvationTracker()
+        # Multi-turn: what a trajectory's tool waits are worth in tokens (tools/trajectory_cost.py).
+        self.decode_rate = DecodeRate()
         self.replan_walls: list[float] = []
         self.num_refits = 0
 
@@ -64,9 +67,15 @@ class OnlineAsp:
         self.starvation.on_available([p for mb in schedule for p in mb.prompt_ids], now)
 
     def observe(self, completed: CompletedMinibatch) -> None:
-        lengths: dict[str, list[int]] = {}
-        for s in completed.samples:
-            lengths.setdefault(s.prompt_id, []).append(len(s.response_token_ids))
+        """A single-turn sample costs its response tokens; a multi-turn one its trajectory cost
+        (tool-response tokens included, tool seconds as token-equivalents at the measured rate)."""
+        lengths: dict[str, list[float]] = {}
+        works = [sample_work(s) for s in completed.samples]
+        rate = None
+        if any(s.tool_use is not None for s in completed.samples):
+            rate = self.decode_rate.observe(works, completed.generation_seconds)
+        for s, work in zip(completed.samples, works):
+            lengths.setdefault(s.prompt_id, []).append(trajectory_cost(work, rate))
         for prompt, values in lengths.items():
             key = self._ensure_prior(prompt)
             self.predictor.observe(key, float(np.mean(values)))
@@ -111,6 +120,7 @@ class OnlineAsp:
             "replan_wall_s_mean": float(np.mean(walls)) if walls else None,
             "replan_wall_s_max": float(np.max(walls)) if walls else None,
             "asp_refits": self.num_refits,
+            "decode_tokens_per_s": self.decode_rate.tokens_per_s,  # multi-turn runs only, else None
             "starvation": self.starvation.summary(),
         }
 
@@ -131,6 +141,14 @@ class OnlineAsp:
             batch_groups=tuple(int(g) for g in plan.batch_group_ids),
             loads=tuple(float(x) for x in plan.loads),
         )
+
+
+def sample_work(sample: Sample) -> TrajectoryWork:
+    """The cost model's view of one sample (a single-turn one: all tokens the model's, no tools)."""
+    tokens = len(sample.response_token_ids)
+    model_tokens = sum(sample.loss_mask) if sample.loss_mask else tokens
+    seconds = sample.tool_use.seconds if sample.tool_use is not None else 0.0
+    return TrajectoryWork(response_tokens=tokens, model_tokens=model_tokens, tool_seconds=seconds)
 
 
 def carry_schedule(

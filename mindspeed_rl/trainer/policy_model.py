@@ -66,8 +66,15 @@ def _build_record(spec: ModelSpec, warmup: WarmupSpec | None) -> dict[str, Any]:
         "name": spec.name,
         "arch": dict(spec.build_arch),
         "seed": spec.build_seed,
-        "warmup": None if warmup is None else dataclasses.asdict(warmup),
+        "warmup": None if warmup is None else _warmup_record(warmup),
     }
+
+
+def _warmup_record(warmup: WarmupSpec) -> dict[str, Any]:
+    record = dataclasses.asdict(warmup)
+    if record["task"] == "demo":
+        del record["task"]  # folders built before the task field was recorded stay "as configured"
+    return record
 
 
 def _warn_if_built_otherwise(path: Path, wanted: dict[str, Any]) -> None:
@@ -94,6 +101,7 @@ def _warn_if_built_otherwise(path: Path, wanted: dict[str, Any]) -> None:
 def _run_warmup(warm: WarmupSpec, path: Path) -> None:
     import torch
 
+    from mindspeed_rl.datasets.arith_tools_task import arith_tools_sft_pairs
     from mindspeed_rl.datasets.demo_task import demo_sft_pairs
     from mindspeed_rl.models.training.sft_warmup import sft_warmup
 
@@ -103,7 +111,9 @@ def _run_warmup(warm: WarmupSpec, path: Path) -> None:
     stats = sft_warmup(
         path,
         load_tokenizer(path),
-        demo_sft_pairs(warm.num_examples, warm.seed),
+        (arith_tools_sft_pairs if warm.task == "arith_tools" else demo_sft_pairs)(
+            warm.num_examples, warm.seed
+        ),
         steps=warm.steps,
         lr=warm.lr,
         batch_size=warm.batch_size,

@@ -22,7 +22,12 @@ SCHEDULE_FILE = "asp_schedule.json"
 
 
 def true_lengths(data: DataSpec, records: Sequence[PromptRecord]) -> dict[str, float] | None:
-    """Response lengths a built-in task knows exactly (the demo: answer + eos), else ``None``."""
+    """Response lengths a built-in task knows exactly (the demo: answer + eos; arith_tools: the
+    right tool trajectory, tool response included), else ``None``."""
+    if data.data_path == "builtin:arith_tools":
+        from mindspeed_rl.datasets.arith_tools_task import trajectory_tokens
+
+        return {r.prompt_id: float(trajectory_tokens(r.text)) for r in records}
     if data.data_path not in ("builtin:demo", "builtin:demo_short"):
         return None
     return {r.prompt_id: float(len(r.label) + 1) for r in records}

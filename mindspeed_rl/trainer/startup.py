@@ -118,5 +118,8 @@ def checkpointer(
 def finish(run_dir: Path, lineage: ckpt.Lineage) -> None:
     """After the pipeline wrote ``summary.json``: add the lineage's counts to it, then write the
     plots and print the end-of-run block (``run_end``)."""
+    from mindspeed_rl.tools.run_summary import add_tool_summary
+
     ckpt.add_lineage_summary(run_dir, lineage)
+    add_tool_summary(run_dir)
     run_end.report_run_end(run_dir)

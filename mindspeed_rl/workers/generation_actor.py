@@ -233,6 +233,9 @@ class GenerationActor:
             minibatch_id=completed.minibatch_id,
             held_version=self.policy_version,
             reloads=tuple(self._mid_reloads),
+            max_tool_seconds=max(
+                (s.tool_use.seconds for s in completed.samples if s.tool_use is not None), default=0.0
+            ),
         )
         return receipt, completed
 

@@ -413,7 +413,7 @@ class GenerationUnit:
             self._eval_done(self._policy.on_eval_done(actor_id).job_id, result, None)
             return
         if run is not None:
-            self._running.succeeded(run, time.monotonic())
+            self._running.succeeded(run, time.monotonic(), tool_seconds=result.max_tool_seconds)
         self._policy.on_generation_done(actor_id, held_version=result.held_version)
         for version, seconds in result.reloads:  # partial rollouts: reloads inside the minibatch
             self._reloads.append(

@@ -76,6 +76,9 @@ class GenerationReceipt:
     partial rollout reloaded mid-minibatch."""
     reloads: tuple[tuple[int, float], ...] = ()
     """(version, seconds) of each reload inside the minibatch (partial rollouts), oldest first."""
+    max_tool_seconds: float = 0.0
+    """Multi-turn: the largest tool seconds of one trajectory (its calls summed), which the
+    minibatch deadline allows for beside the decode time (``runtime.minibatch_deadline``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -485,14 +485,21 @@ class TrainingUnit:
 def tool_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     """``tools/*`` of a multi-turn step (none without tool use): calls and turns per sample, the
     fraction of calls answered with an error, truncated responses, tool seconds, and the share of
-    response tokens that are tool responses (masked out of the loss)."""
+    response tokens that are tool responses (masked out of the loss); the counts of calls and
+    errors, the share of samples that called a tool at all, and of calls answered without error
+    (``tools/ok_call_fraction``: well-formed, known tool, valid arguments, code ran)."""
     used = [s.tool_use for s in samples if s.tool_use is not None]
     if not used:
         return {}
     calls = sum(u.calls for u in used)
     tokens = sum(len(s.response_token_ids) for s in samples)
     tool_tokens = sum(len(s.loss_mask) - sum(s.loss_mask) for s in samples)
+    errors = sum(u.errors for u in used)
     return {
+        "tools/calls": float(calls),
+        "tools/errors": float(errors),
+        "tools/calling_fraction": sum(1 for u in used if u.calls) / len(samples),
+        "tools/ok_call_fraction": 1.0 - errors / calls if calls else 0.0,
         "tools/calls_per_sample": calls / len(samples),
         "tools/turns_per_sample": sum(u.turns for u in used) / len(samples),
         "tools/error_fraction": sum(u.errors for u in used) / calls if calls else 0.0,

@@ -23,6 +23,7 @@ from typing import NoReturn, Protocol
 
 import numpy as np
 
+from mindspeed_rl.datasets import arith_tools_task
 from mindspeed_rl.models.rewards import dapo_math, format_verifiers, math_verifiers, maze, retool
 from mindspeed_rl.models.rewards.config import RewardConfig
 from mindspeed_rl.models.rewards.pool import PoolScores, VerifierPool
@@ -75,6 +76,12 @@ _EAGER: dict[str, _Entry] = {
     "maze_correct": _Entry(verifier=maze.maze_correct, bounded=True),
     # Upstream's ReTool scorer (multi-turn DAPO): strict box +1 / -1, +0.1 per tool round when wrong.
     "retool_reward": _Entry(verifier=retool.retool_reward, bounded=True, tool_verifier=retool.retool_reward),
+    # builtin:arith_tools: the model's own final answer equals the product (1 / 0).
+    "arith_tools": _Entry(
+        verifier=arith_tools_task.arith_tools_reward,
+        bounded=True,
+        tool_verifier=arith_tools_task.arith_tools_reward,
+    ),
 }
 # name -> (module, attribute, bounded): imported on first use so a missing optional module only
 # matters to the configs that ask for it.

@@ -228,6 +228,19 @@ def test_derived_timeout_warms_up_then_scales_with_predicted_load() -> None:
     assert d.timeout_for(10_000_000) == pytest.approx(0.8 * 900)  # stays below the stall detector
 
 
+def test_tool_waits_do_not_read_as_slow_decoding_and_are_allowed_for() -> None:
+    d = _deadlines()
+    # 10 s of which the slowest trajectory waited 6 s on tools: 4 s decoded 100 predicted tokens.
+    d.observe(10.0, 100, tool_seconds=6.0)
+    assert d.timeout_for(1000) == pytest.approx(8 * (0.04 * 1000 + 6.0))
+    single = _deadlines()
+    single.observe(10.0, 100)  # the same duration without tools is all decoding
+    assert single.timeout_for(500) == pytest.approx(8 * 0.1 * 500)
+    clipped = _deadlines()
+    clipped.observe(2.0, 100, tool_seconds=5.0)  # a report past the duration counts as the duration
+    assert clipped.timeout_for(1000) == pytest.approx(8 * 2.0)
+
+
 def test_an_explicit_timeout_wins_and_no_factor_means_no_bound() -> None:
     assert _deadlines(fixed_s=42.0).timeout_for(5) == 42.0
     assert _deadlines(factor=None).timeout_for(5) is None

@@ -245,3 +245,33 @@ def test_a_last_turn_cut_by_its_own_cap_ends_with_length() -> None:
     loop = make_loop(CappedTurns(lambda p, k, ctx: "a long answer"), [], max_total_response_length=100)
     (result,) = loop.run([prompt("A")])
     assert text(result.completion) == "a lon" and result.completion.finish_reason == "length"
+
+
+def test_a_hung_tool_is_answered_with_a_timeout_and_its_trajectory_goes_on() -> None:
+    release = threading.Event()
+
+    def script(p: str, k: int, context: str) -> str:
+        if k == 0:
+            return call("hang" if p == "slow" else "echo", x=p)
+        return "done" if "timed out" in context or "<r>" in context else "?"
+
+    model = ScriptedModel(script)
+    tools = [FnTool("hang", lambda a: str(release.wait())), FnTool("echo", lambda a: str(a["x"]))]
+    loop = make_loop(model, tools, call_timeout_s=0.3)
+    try:
+        slow, fast = loop.run([prompt("slow"), prompt("fast")])
+    finally:
+        release.set()
+        loop.close()
+    assert "Error: tool call timed out after 0.3 s" in text(slow.completion)
+    assert text(slow.completion).endswith("done") and slow.stats.tool_errors == 1
+    assert slow.stats.tool_seconds >= 0.3
+    # The other trajectory was not held back by the hung call: it finished in an earlier batch.
+    assert text(fast.completion).endswith("done") and fast.stats.tool_errors == 0
+    assert model.batches[1] == ["fast"]
+
+
+def test_the_call_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="tool_call_timeout=0"):
+        AgentSettings(max_tool_calls=1, max_parallel_calls=1, max_total_response_length=10,
+                      max_tool_response_length=0, call_timeout_s=0)  # fmt: skip

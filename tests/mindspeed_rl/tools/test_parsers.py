@@ -67,3 +67,14 @@ def test_registering_a_name_twice_is_refused() -> None:
     assert "hermes" in parser_names()
     with pytest.raises(ValueError, match="registered twice"):
         register_parser("hermes")(type("Other", (), {}))
+
+
+def test_a_parser_by_dotted_path_and_a_bad_path_named() -> None:
+    parser = get_parser("mindspeed_rl.tools.fault_tools.CallEveryTurn")
+    assert parser.parse("anything") == [ToolCall(name="python", arguments={"code": "print(6 * 7)"})]
+    with pytest.raises(ValueError, match="cannot import it"):
+        get_parser("mindspeed_rl.tools.no_such_module.Parser")
+    with pytest.raises(ValueError, match="is not a tool parser"):
+        get_parser("mindspeed_rl.tools.agent_loop.ObservationFormat")
+    with pytest.raises(ValueError, match="built without arguments"):
+        get_parser("mindspeed_rl.tools.agent_loop.AgentSettings")

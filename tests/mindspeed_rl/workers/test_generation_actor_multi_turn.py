@@ -78,6 +78,10 @@ def test_tool_metrics_of_a_step() -> None:
         sample((1, 1), ToolUse(turns=1, calls=0, errors=0, truncated=0, seconds=0.0)),
     ]
     assert tool_metrics(samples) == {
+        "tools/calls": 2.0,
+        "tools/errors": 1.0,
+        "tools/calling_fraction": 0.5,
+        "tools/ok_call_fraction": 0.5,
         "tools/calls_per_sample": 1.0,
         "tools/turns_per_sample": 1.5,
         "tools/error_fraction": 0.5,
