@@ -132,9 +132,10 @@ class RLConfig:
     )
     use_integrated_worker: bool = opt(
         True,
-        "Upstream's integrated worker: the reference's weights live on the host except during its log-prob "
-        "pass (onloaded before it, offloaded after), as upstream's does; false keeps them on the device (the "
-        "reference always runs inside the Training Unit here).",
+        "Upstream's integrated worker (pipeline: hybrid): the reference's weights live on the host except "
+        "during its log-prob pass (onloaded before it, offloaded after), as upstream's does; false keeps them "
+        "on the device (the reference always runs inside the Training Unit here). pipeline: async keeps them "
+        "on its trainer's own devices either way.",
     )
     blocking: bool = opt(True, "Upstream stage blocking.", inert=_UPSTREAM_WORKERS)
     guarantee_order: bool = opt(False, "Upstream result ordering.", inert=_UPSTREAM_WORKERS)
