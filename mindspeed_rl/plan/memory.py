@@ -38,8 +38,8 @@ between steps: the optimizer term is then the one chunk a step holds on the devi
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 import dataclasses
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -323,7 +323,9 @@ def trainer_memory(spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank:
     return MemoryEstimate(terms=terms, budget=device_memory_gb * GB)
 
 
-def reference_pass_memory(spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank: int = 0) -> MemoryEstimate:
+def reference_pass_memory(
+    spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank: int = 0
+) -> MemoryEstimate:
     """One rank's memory while the reference scores a batch: the policy's training state (loaded
     for the step that follows), the reference's weights and a forward pass's activations (no
     backward: nothing is kept past a layer, :func:`forward_activation_bytes`). Only a separate

@@ -139,7 +139,9 @@ def placed_memory(
     )
     problem = None
     if memory > 0:
-        problem = _first_problem(trainer, plan, rollout, memory) or _reference_pass_problem(reference_pass, memory)
+        problem = _first_problem(trainer, plan, rollout, memory) or _reference_pass_problem(
+            reference_pass, memory
+        )
     out: dict[str, Any] = {
         "device_memory_gb": memory,
         "trainer_ranks": [e.as_gb() for e in trainer],

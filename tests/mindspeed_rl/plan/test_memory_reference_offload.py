@@ -80,8 +80,13 @@ def test_colocated_start_keeps_no_offloaded_reference(shape: str) -> None:
     spec = _spec(shape)
     rollout = rollout_memory(
         RolloutMemorySpec(
-            shape=spec.shape, tp=2, dtype="bfloat16", gpu_memory_utilization=0.8,
-            max_model_len=512, max_num_seqs=4, max_num_batched_tokens=512,
+            shape=spec.shape,
+            tp=2,
+            dtype="bfloat16",
+            gpu_memory_utilization=0.8,
+            max_model_len=512,
+            max_num_seqs=4,
+            max_num_batched_tokens=512,
         ),  # fmt: skip
         64,
     )
@@ -94,7 +99,10 @@ def test_colocated_start_keeps_no_offloaded_reference(shape: str) -> None:
         rollout, parts, gpu_memory_utilization=0.8, device_memory_gb=64,
     )  # fmt: skip
     assert offloaded.total == pytest.approx(START_CONTEXT_GB * GB)
-    assert kept.total - offloaded.total == pytest.approx(kept.resident["reference"]) and kept.resident["reference"] > 0
+    assert (
+        kept.total - offloaded.total == pytest.approx(kept.resident["reference"])
+        and kept.resident["reference"] > 0
+    )
 
 
 def test_without_a_reference_there_is_no_reference_pass_term() -> None:

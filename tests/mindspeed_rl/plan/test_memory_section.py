@@ -77,7 +77,12 @@ def test_the_235b_recipe_at_the_old_utilization_is_refused_with_the_key_and_numb
     """The issue's case: with 0.85 vLLM leaves (1 - 0.85) x 64 = 9.6 GB, and the trainer keeps
     its reference (``use_integrated_worker: false``) and runtime (every offload_train_* part is on).
     With upstream's integrated worker (the default) the reference is on the host then: it starts."""
-    assert _run(capsys, "--config-name", "grpo_qwen3_235b_a22b_A3", "generate_config.gpu_memory_utilization=0.85")[0] == 0
+    assert (
+        _run(
+            capsys, "--config-name", "grpo_qwen3_235b_a22b_A3", "generate_config.gpu_memory_utilization=0.85"
+        )[0]
+        == 0
+    )
     old = ("generate_config.gpu_memory_utilization=0.85", "rl_config.use_integrated_worker=false")
     code, _, err = _run(capsys, "--config-name", "grpo_qwen3_235b_a22b_A3", *old)
     assert code == 2

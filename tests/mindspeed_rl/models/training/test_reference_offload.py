@@ -110,7 +110,9 @@ def test_megatron_reference_offload_keeps_log_probs(tmp_path: Path) -> None:
 
     model_dir = build_parity_model(tmp_path / "qwen2", "qwen2", tied=True)
     out = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_megatron_worker, args=(free_port(), str(model_dir), out), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        _megatron_worker, args=(free_port(), str(model_dir), out), nprocs=2, start_method="spawn"
+    )
     results = []
     while not out.empty():
         results.append(out.get())
