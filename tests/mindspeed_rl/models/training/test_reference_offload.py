@@ -120,3 +120,26 @@ def test_megatron_reference_offload_keeps_log_probs(tmp_path: Path) -> None:
     for rank, same, count, location, moves, on_host in results:
         assert same and count == 3, rank
         assert location == "host" and moves == 3 and on_host, rank
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "offloaded"),
+    [
+        ("grpo_tiny_cpu", (), True),  # pipeline: hybrid, use_integrated_worker: true (its default)
+        ("grpo_tiny_cpu", ("rl_config.use_integrated_worker=false",), False),
+        ("grpo_tiny_asp", ("rl_config.init_kl_coef=0.001",), False),  # async: the trainer's own devices
+    ],
+)
+def test_the_plan_and_the_training_units_reference_follow_use_integrated_worker(
+    tiny_model_path: Path, config: str, overrides: tuple[str, ...], offloaded: bool
+) -> None:
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.plan.build import build_run_plan
+    from mindspeed_rl.workers.training_unit import torch_engines
+
+    configs = Path(__file__).resolve().parents[4] / "configs"
+    spec = build_run_plan(load_config_from_files(configs, config, list(overrides))).trainer
+    assert spec.reference_micro_batch_size is not None and spec.offload_reference is offloaded
+    reference = torch_engines(spec, str(tiny_model_path)).reference
+    assert reference is not None and reference.residency.enabled is offloaded
+    assert reference.residency.location == ("host" if offloaded else "device")
