@@ -32,6 +32,9 @@ class TrainerSpec:
     reward: RewardConfig
     reference_micro_batch_size: int | None
     """None: no KL anywhere, so no reference model is loaded."""
+    offload_reference: bool = False
+    """The reference's weights live on the host except during its log-prob pass
+    (``rl_config.use_integrated_worker``, as upstream's integrated worker does)."""
     temperature: float
     """Sampling temperature: log-probs are of the temperature-scaled distribution."""
     n_samples_per_prompt: int

@@ -130,7 +130,13 @@ class RLConfig:
     runtime_env_path: str | None = opt(
         None, "Ray runtime_env YAML (env_vars); null = the repository's configs/envs/runtime_env.yaml."
     )
-    use_integrated_worker: bool = opt(True, "Actor and reference in one worker.", inert=_UPSTREAM_WORKERS)
+    use_integrated_worker: bool = opt(
+        True,
+        "Upstream's integrated worker (pipeline: hybrid): the reference's weights live on the host except "
+        "during its log-prob pass (onloaded before it, offloaded after), as upstream's does; false keeps them "
+        "on the device (the reference always runs inside the Training Unit here). pipeline: async keeps them "
+        "on its trainer's own devices either way.",
+    )
     blocking: bool = opt(True, "Upstream stage blocking.", inert=_UPSTREAM_WORKERS)
     guarantee_order: bool = opt(False, "Upstream result ordering.", inert=_UPSTREAM_WORKERS)
     num_cpus_for_local_task: float = opt(1.0, "Upstream driver-task CPUs.", inert=_UPSTREAM_WORKERS)

@@ -285,6 +285,9 @@ def trainer_spec(config: GRPOConfig) -> TrainerSpec:
             overlong=dapo.overlong_penalty(config),
         ),
         reference_micro_batch_size=rl.ref_forward_micro_batch_size if engine.loss.needs_reference else None,
+        # Upstream's integrated worker is its hybrid loop's; the async pipeline's trainer holds
+        # its devices alone and keeps the reference there (no host copies on its critical path).
+        offload_reference=rl.use_integrated_worker and rl.pipeline == "hybrid",
         temperature=config.generate_config.sampling_config.temperature,
         n_samples_per_prompt=rl.n_samples_per_prompt,
         adv_estimator=rl.adv_estimator,

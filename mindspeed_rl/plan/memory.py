@@ -38,6 +38,7 @@ between steps: the optimizer term is then the one chunk a step holds on the devi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -116,7 +117,14 @@ class TrainerMemorySpec:
     """Megatron DDP's gradient buffer dtype: fp32, or the parameters' dtype."""
     distributed_optimizer: bool
     reference: bool
-    """A reference model (KL anywhere) on the device, in the parameters' dtype."""
+    """A reference model (KL anywhere), in the parameters' dtype."""
+    reference_offloaded: bool = False
+    """The reference's weights are on the host except during its own log-prob pass
+    (``rl_config.use_integrated_worker``, ``models/training/host_residency.py``): the training
+    peak and the colocated start-up do not hold them; :func:`reference_pass_memory` does."""
+    reference_micro_batch_size: int | None = None
+    """Micro-batch of the reference's forward pass (``ref_forward_micro_batch_size``); None =
+    ``micro_batch_size``."""
     micro_batch_size: int
     seq_length: int
     sequence_parallel: bool
@@ -302,7 +310,7 @@ def trainer_memory(spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank:
         "parameters": float(pbytes * params.total),
         "gradients": float(grad_bytes * params.total),
         "optimizer_state": optimizer,
-        "reference": float(pbytes * params.total) if spec.reference else 0.0,
+        "reference": float(pbytes * params.total) if spec.reference and not spec.reference_offloaded else 0.0,
         "activations": activation_bytes(spec, pp_rank=pp_rank),
         "headroom": TRAINER_HEADROOM_GB * GB,
     }
@@ -315,6 +323,23 @@ def trainer_memory(spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank:
     return MemoryEstimate(terms=terms, budget=device_memory_gb * GB)
 
 
+def reference_pass_memory(
+    spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank: int = 0
+) -> MemoryEstimate:
+    """One rank's memory while the reference scores a batch: the policy's training state (loaded
+    for the step that follows), the reference's weights and a forward pass's activations (no
+    backward: nothing is kept past a layer, :func:`forward_activation_bytes`). Only a separate
+    phase when the reference is offloaded; otherwise :func:`trainer_memory` already holds it."""
+    held = trainer_memory(
+        dataclasses.replace(spec, reference_offloaded=False, routing_replay=False),
+        device_memory_gb,
+        pp_rank=pp_rank,
+    )
+    terms = dict(held.terms)
+    terms["activations"] = forward_activation_bytes(spec, pp_rank=pp_rank)
+    return MemoryEstimate(terms=terms, budget=held.budget)
+
+
 def routing_buffer_bytes_per_token(shape: ModelShape, *, layers: int | None = None, dtype_bytes: int) -> int:
     """Routing replay: bytes one token's routing costs in a buffer of ``dtype_bytes`` integers,
     MoE layers x top-k x dtype (the trainer holds int64 indices for its micro-batch, vLLM's capture
@@ -322,14 +347,11 @@ def routing_buffer_bytes_per_token(shape: ModelShape, *, layers: int | None = No
     return (shape.num_layers if layers is None else layers) * shape.moe_topk * dtype_bytes
 
 
-def activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
-    """Activations kept for the backward pass of the micro-batches in flight (module docstring)."""
+def _layer_activations(spec: TrainerMemorySpec, micro_batch_size: int) -> tuple[float, float]:
+    """(one layer's activations of one micro-batch, its input hidden states), this rank's share."""
     shape = spec.shape
-    # Context parallelism: every per-token term holds this rank's seq_length / CP tokens; the
-    # unfused softmax (never used with CP on TE or MindSpeed, kept for the formula) is the rank's
-    # queries against every key.
     s_full = spec.seq_length
-    s, b, h, t = s_full / spec.cp, spec.micro_batch_size, shape.hidden_size, spec.tp
+    s, b, h, t = s_full / spec.cp, micro_batch_size, shape.hidden_size, spec.tp
     a, g, d = shape.num_attention_heads, shape.num_query_groups, shape.head_dim
     sbh = s * b * h
     replicated = 8 * sbh / (t if spec.sequence_parallel else 1)
@@ -337,20 +359,48 @@ def activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
     if not spec.flash_attention and spec.recompute_granularity != "selective":
         attention += 2 * a * s * s_full * b / t
     if shape.is_moe:
-        # Routed tokens: each token's hidden state visits topk experts (tokens are split over TP by
-        # sequence parallelism before dispatch; experts are whole, so no TP split inside them).
         tokens = s * b / (t if spec.sequence_parallel else 1)
         mlp = shape.moe_topk * tokens * (2 * h + 6 * shape.moe_ffn_hidden_size)
     else:
         mlp = 6 * s * b * shape.ffn_hidden_size / t
-    per_layer = replicated + attention + mlp
+    return replicated + attention + mlp, 2 * sbh / (t if spec.sequence_parallel else 1)
+
+
+def _logits_bytes(spec: TrainerMemorySpec, micro_batch_size: int) -> float:
+    """The last stage's logits of one micro-batch and the chunked log-softmax temporaries."""
+    t = spec.tp
+    vocab = spec.shape.padded_vocab(t, spec.make_vocab_size_divisible_by) / t
+    s, b = spec.seq_length / spec.cp, micro_batch_size
+    return 2 * s * b * vocab + LOGPROB_TEMPORARIES * 4 * min(LOGPROB_CHUNK, spec.seq_length * b) * vocab
+
+
+def forward_activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
+    """A forward-only pass (log-probs, no grad): one micro-batch of ``reference_micro_batch_size``,
+    one layer's activations at a time plus the stage's input and output hidden states, and the
+    logits on the last stage."""
+    b = spec.reference_micro_batch_size or spec.micro_batch_size
+    layer, hidden = _layer_activations(spec, b)
+    total = layer + 2 * hidden
+    if pp_rank == spec.pp - 1:
+        total += _logits_bytes(spec, b)
+    return float(total)
+
+
+def activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
+    """Activations kept for the backward pass of the micro-batches in flight (module docstring).
+
+    Context parallelism: every per-token term holds this rank's seq_length / CP tokens; the
+    unfused softmax (never used with CP on TE or MindSpeed, kept for the formula) is the rank's
+    queries against every key. MoE: each routed token's hidden state visits topk experts (tokens
+    are split over TP by sequence parallelism before dispatch; experts are whole, so no TP split
+    inside them)."""
+    per_layer, layer_input = _layer_activations(spec, spec.micro_batch_size)
     layers = spec.layers_on_stage(pp_rank)
     # Each micro-batch in flight keeps ``kept``; the one being back-propagated also rebuilds
     # ``working`` (full recomputation: one chunk's, or one layer's, full activations) once.
     working = 0.0
     if spec.recompute_granularity == "full":
         count = spec.recompute_num_layers or 1
-        layer_input = 2 * sbh / (t if spec.sequence_parallel else 1)
         if spec.recompute_method == "block":  # the first `count` layers recompute, the rest keep all
             recomputed = min(count, layers)
             kept = recomputed * layer_input + (layers - recomputed) * per_layer
@@ -363,9 +413,8 @@ def activation_bytes(spec: TrainerMemorySpec, *, pp_rank: int = 0) -> float:
     in_flight = spec.pp - pp_rank  # 1F1B: stage i holds up to PP - i micro-batches
     total = in_flight * kept + working
     if pp_rank == spec.pp - 1:
-        vocab = shape.padded_vocab(t, spec.make_vocab_size_divisible_by) / t
         # Log-probs are chunked over every response token (each CP rank scores all of them).
-        total += 2 * s * b * vocab + LOGPROB_TEMPORARIES * 4 * min(LOGPROB_CHUNK, s_full * b) * vocab
+        total += _logits_bytes(spec, spec.micro_batch_size)
     return float(total)
 
 
@@ -422,8 +471,9 @@ def rollout_shortfall(spec: RolloutMemorySpec, estimate: MemoryEstimate) -> str 
 
 # The trainer terms each ``offload_train_*`` part moves to host (``workers/colocation.py``).
 OFFLOADED_TERMS = {"param": "parameters", "grad": "gradients", "optimizer": "optimizer_state"}
-# What stays on the device whatever is offloaded: the reference (never offloaded) and the
-# process's runtime context and communicators.
+# What the ``offload_train_*`` switches do not move: the reference (0 in ``trainer_memory`` when
+# it lives on the host between its passes, ``reference_offloaded``) and the process's runtime
+# context and communicators.
 ALWAYS_RESIDENT = ("reference",)
 # The runtime context and communicator buffers a trainer process holds when its engine starts: an
 # estimate, not a measurement. It is smaller than TRAINER_HEADROOM_GB, which also covers allocator

@@ -22,6 +22,7 @@ from mindspeed_rl.plan.memory import (
     RolloutMemorySpec,
     TrainerMemorySpec,
     colocated_start,
+    reference_pass_memory,
     rollout_memory,
     rollout_shortfall,
     trainer_memory,
@@ -78,6 +79,8 @@ def memory_plan(
             grads_in_fp32=engine.accumulate_allreduce_grads_in_fp32 or engine.param_dtype == "float32",
             distributed_optimizer=engine.use_distributed_optimizer and engine.device != "cpu",
             reference=trainer.reference_micro_batch_size is not None,
+            reference_offloaded=trainer.offload_reference,
+            reference_micro_batch_size=trainer.reference_micro_batch_size,
             micro_batch_size=engine.micro_batch_size,
             seq_length=seq_length,
             sequence_parallel=bool(layout and layout.sequence_parallel),
@@ -125,14 +128,27 @@ def placed_memory(
         for s in placement.trainer_ranks
     ]
     rollout = [rollout_memory(plan.rollout, memory) for _ in placement.generation_actors]
+    # An offloaded reference is on the device only in its own pass: a second phase per rank.
+    reference_pass = (
+        [
+            reference_pass_memory(plan.trainer, memory, pp_rank=s.index // ranks_per_stage)
+            for s in placement.trainer_ranks
+        ]
+        if plan.trainer.reference and plan.trainer.reference_offloaded
+        else []
+    )
     problem = None
     if memory > 0:
-        problem = _first_problem(trainer, plan, rollout, memory)
+        problem = _first_problem(trainer, plan, rollout, memory) or _reference_pass_problem(
+            reference_pass, memory
+        )
     out: dict[str, Any] = {
         "device_memory_gb": memory,
         "trainer_ranks": [e.as_gb() for e in trainer],
         "generation_actors": [e.as_gb() for e in rollout],
     }
+    if reference_pass:
+        out["reference_pass_ranks"] = [e.as_gb() for e in reference_pass]
     if plan.trainer.cp > 1:
         # What each trainer rank's activations were counted for: its share of every sequence.
         out["context_parallel"] = {
@@ -222,6 +238,18 @@ def _start_fixes(plan: MemoryPlan, start: ColocatedStart) -> list[str]:
             "is sharded like the policy and stays on the device)"
         )
     return fixes
+
+
+def _reference_pass_problem(reference_pass: list[MemoryEstimate], memory: float) -> str | None:
+    for rank, est in enumerate(reference_pass):
+        if not est.fits():
+            return (
+                f"trainer rank {rank} needs {est.total / GB:.1f} GB of its {memory:g} GB device during the "
+                f"reference log-prob pass (the reference's weights, {est.terms['reference'] / GB:.1f} GB, are "
+                "onloaded beside the policy's training state); raise the trainer's model-parallel sizes "
+                "(the reference is sharded like the policy) or lower rl_config.ref_forward_micro_batch_size"
+            )
+    return None
 
 
 def _first_problem(

@@ -104,6 +104,7 @@ def megatron_engines(spec: TrainerSpec, policy_path: str) -> Engines:
             seed=spec.engine.seed,
             device=spec.engine.device,
             param_dtype=spec.engine.param_dtype,
+            offload=spec.offload_reference,
         )
         if spec.reference_micro_batch_size is not None
         else None

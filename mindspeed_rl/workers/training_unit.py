@@ -90,6 +90,7 @@ def torch_engines(spec: TrainerSpec, policy_path: str) -> Engines:
             device=spec.engine.device,
             param_dtype=spec.engine.param_dtype,
             chunk_tokens=spec.engine.log_prob_chunk_tokens,
+            offload=spec.offload_reference,
         )
         if spec.reference_micro_batch_size is not None
         else None

@@ -10,6 +10,7 @@ import torch
 
 from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.device import resolve_device, torch_dtype
+from mindspeed_rl.models.training.host_residency import HostResidency
 from mindspeed_rl.models.training.log_probs import compute_response_log_probs
 
 if TYPE_CHECKING:
@@ -33,7 +34,9 @@ def load_causal_lm(
 
 class ReferenceModel:
     """Weights loaded once (the initial policy) and never updated; on the policy's device and in
-    its parameter dtype (bf16 runs keep no fp32 reference copy: it is never trained)."""
+    its parameter dtype (bf16 runs keep no fp32 reference copy: it is never trained).
+    ``offload``: the weights live on the host except during :meth:`compute_log_probs`
+    (upstream's integrated worker, :mod:`~mindspeed_rl.models.training.host_residency`)."""
 
     def __init__(
         self,
@@ -44,6 +47,7 @@ class ReferenceModel:
         device: str = "cpu",
         param_dtype: str = "float32",
         chunk_tokens: int = 1024,
+        offload: bool = False,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(
@@ -56,14 +60,16 @@ class ReferenceModel:
         self._model.requires_grad_(False)
         self._micro_batch_size = micro_batch_size
         self._pad_token_id = pad_token_id
+        self.residency = HostResidency(self._model, enabled=offload)
 
     def compute_log_probs(self, batch: TrainBatch, temperature: float) -> list[np.ndarray]:
-        return compute_response_log_probs(
-            self._model,
-            batch,
-            temperature=temperature,
-            micro_batch_size=self._micro_batch_size,
-            pad_token_id=self._pad_token_id,
-            device=self._device,
-            chunk_tokens=self._chunk_tokens,
-        )
+        with self.residency.resident():
+            return compute_response_log_probs(
+                self._model,
+                batch,
+                temperature=temperature,
+                micro_batch_size=self._micro_batch_size,
+                pad_token_id=self._pad_token_id,
+                device=self._device,
+                chunk_tokens=self._chunk_tokens,
+            )

@@ -75,11 +75,18 @@ def test_the_235b_recipe_at_the_old_utilization_is_refused_with_the_key_and_numb
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The issue's case: with 0.85 vLLM leaves (1 - 0.85) x 64 = 9.6 GB, and the trainer keeps
-    its reference and runtime (every offload_train_* part is on)."""
-    old = "generate_config.gpu_memory_utilization=0.85"
-    code, _, err = _run(capsys, "--config-name", "grpo_qwen3_235b_a22b_A3", old)
+    its reference (``use_integrated_worker: false``) and runtime (every offload_train_* part is on).
+    With upstream's integrated worker (the default) the reference is on the host then: it starts."""
+    assert (
+        _run(
+            capsys, "--config-name", "grpo_qwen3_235b_a22b_A3", "generate_config.gpu_memory_utilization=0.85"
+        )[0]
+        == 0
+    )
+    old = ("generate_config.gpu_memory_utilization=0.85", "rl_config.use_integrated_worker=false")
+    code, _, err = _run(capsys, "--config-name", "grpo_qwen3_235b_a22b_A3", *old)
     assert code == 2
-    memory, offload = _plan("grpo_qwen3_235b_a22b_A3", old)
+    memory, offload = _plan("grpo_qwen3_235b_a22b_A3", *old)
     start = colocated_memory(memory, offload, 64.0)
     assert start["allowed"] == pytest.approx((1 - 0.85) * 64, abs=0.01)
     assert start["resident_at_engine_start"] > start["allowed"]
@@ -95,6 +102,7 @@ def test_the_235b_recipe_at_the_old_utilization_is_refused_with_the_key_and_numb
         "--config-name",
         "grpo_qwen3_235b_a22b_A3",
         f"generate_config.gpu_memory_utilization={highest}",
+        "rl_config.use_integrated_worker=false",
     )
     assert code == 0
 

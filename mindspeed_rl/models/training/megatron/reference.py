@@ -16,6 +16,7 @@ import torch
 
 from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.device import torch_dtype
+from mindspeed_rl.models.training.host_residency import HostResidency
 from mindspeed_rl.models.training.megatron.groups import ensure_host_group
 from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 from mindspeed_rl.models.training.megatron.log_probs import compute_log_probs_megatron
@@ -41,7 +42,9 @@ def load_model_in_dtype(
 class MegatronReferenceModel:
     """The frozen initial policy, sharded like the trained one (same layout, no DDP, no grads), in
     the policy's parameter dtype and on its device: the reference is never trained, so an fp32
-    copy of a bf16 policy would double its memory for nothing."""
+    copy of a bf16 policy would double its memory for nothing. ``offload``: the weights live on the
+    host except during :meth:`compute_log_probs` (upstream's integrated worker,
+    :mod:`~mindspeed_rl.models.training.host_residency`)."""
 
     def __init__(
         self,
@@ -53,6 +56,7 @@ class MegatronReferenceModel:
         seed: int = 1,
         device: str = "cpu",
         param_dtype: str = "float32",
+        offload: bool = False,
     ) -> None:
         init_model_parallel(layout, seed)
         self._device = torch.device(device)
@@ -62,18 +66,20 @@ class MegatronReferenceModel:
         self._model.requires_grad_(False)
         self._micro_batch_size = micro_batch_size
         self._pad_token_id = pad_token_id
+        self.residency = HostResidency(self._model, enabled=offload)
 
     @property
     def model(self) -> torch.nn.Module:
         return self._model
 
     def compute_log_probs(self, batch: TrainBatch, temperature: float) -> list[np.ndarray]:
-        return compute_log_probs_megatron(
-            self._model,
-            self.dims,
-            batch,
-            temperature=temperature,
-            micro_batch_size=self._micro_batch_size,
-            pad_token_id=self._pad_token_id,
-            device=self._device,
-        )
+        with self.residency.resident():
+            return compute_log_probs_megatron(
+                self._model,
+                self.dims,
+                batch,
+                temperature=temperature,
+                micro_batch_size=self._micro_batch_size,
+                pad_token_id=self._pad_token_id,
+                device=self._device,
+            )
