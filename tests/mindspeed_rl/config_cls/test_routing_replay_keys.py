@@ -41,7 +41,9 @@ def test_loads_on_a_moe_model_with_the_torch_engine(mode: str) -> None:
 @pytest.mark.parametrize("mode", ["R2", "R3"])
 def test_loads_on_a_moe_model_with_the_megatron_engine(mode: str) -> None:
     config = load_config_from_files(
-        CONFIGS, "grpo_tiny_megatron_moe", (f"++rl_config.routing_replay={mode}", "++rl_config.rollout_backend=hf")
+        CONFIGS,
+        "grpo_tiny_megatron_moe",
+        (f"++rl_config.routing_replay={mode}", "++rl_config.rollout_backend=hf"),
     )
     assert config.actor_config.megatron_only.use_mcore_models
     assert build_run_plan(config).trainer.routing_replay == mode

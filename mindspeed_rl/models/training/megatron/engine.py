@@ -18,8 +18,9 @@ shards go over the gloo host group (``groups``).
 The roles around this class live in their own modules: the optimizer and its step
 (``optimizer``: megatron's on an accelerator; on a CPU host, where megatron's distributed
 optimizer takes only ``torch.cuda`` tensors, the torch engine's fp32-master AdamW), scoring
-(``log_probs``), the reference (``reference``) and the shard-by-shard weight export to rank 0's
-host (``hf_export``).
+(``log_probs``), the reference (``reference``), the shard-by-shard weight export to rank 0's
+host (``hf_export``) and MoE routing replay (``routing_replay``: a batch that carries routing is
+routed by it in every forward, through megatron-core's router replay).
 """
 
 from __future__ import annotations

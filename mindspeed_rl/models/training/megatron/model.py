@@ -20,7 +20,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.models.training.megatron import context_parallel, patches, routing_replay, stages, uneven_stages
+from mindspeed_rl.models.training.megatron import (
+    context_parallel,
+    patches,
+    routing_replay,
+    stages,
+    uneven_stages,
+)
 from mindspeed_rl.models.training.megatron.attention import attention_choice
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import SafetensorsSource, TensorSource

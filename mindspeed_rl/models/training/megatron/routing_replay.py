@@ -79,9 +79,10 @@ def stage_routers(model: torch.nn.Module) -> list[_Router]:
     """This rank's MoE routers (its pipeline stage's layers) in layer order."""
     found = []
     for module in model.modules():
+        router: Any = module
         replay = getattr(module, "router_replay", None)
         if replay is not None and getattr(module, "topk", None) is not None:
-            found.append(_Router(module=module, replay=replay, layer=int(module.layer_number) - 1))
+            found.append(_Router(module=module, replay=replay, layer=int(router.layer_number) - 1))
     return sorted(found, key=lambda r: r.layer)
 
 
@@ -203,7 +204,7 @@ class ReplayPass:
             self._current = None
 
     def _hook(self, router: _Router) -> Any:
-        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+        def hook(module: Any, args: Any, output: Any) -> None:
             current = self._current
             if current is None:
                 return  # a forward outside this pass's micro-batches
@@ -220,7 +221,9 @@ class ReplayPass:
             if not self._owner:
                 return
             with torch.no_grad():
-                used = _indices(routing_map, k).reshape(current.positions.numel(), rows_count, k).transpose(0, 1)
+                used = (
+                    _indices(routing_map, k).reshape(current.positions.numel(), rows_count, k).transpose(0, 1)
+                )
                 real = current.micro.indices.size
                 if current.recorded is not None:
                     logits = module.gating(args[0]).reshape(-1, routing_map.shape[1]).float()
@@ -258,10 +261,10 @@ class ReplayPass:
     def total_stats(self) -> ReplayStats:
         """Collective: the stats summed over the ranks that own them."""
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (self.stats.replayed, self.stats.natural_differs), group=host_group())
-        return ReplayStats(
-            replayed=sum(g[0] for g in gathered), natural_differs=sum(g[1] for g in gathered)
+        dist.all_gather_object(
+            gathered, (self.stats.replayed, self.stats.natural_differs), group=host_group()
         )
+        return ReplayStats(replayed=sum(g[0] for g in gathered), natural_differs=sum(g[1] for g in gathered))
 
 
 def _laid_out(micro: Micro, num_layers: int, top_k: int) -> torch.Tensor:
