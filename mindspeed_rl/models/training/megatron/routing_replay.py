@@ -216,7 +216,8 @@ class ReplayPass:
                 raise ValueError(
                     f"layer {router.layer + 1}'s router routed {routing_map.shape[0]} tokens "
                     f"(top-{k} each expected); this rank's share of the micro-batch is {tokens} "
-                    "(positions x rows): the replay layout does not match megatron's token layout"
+                    "(positions x rows): the replay layout does not match megatron's token layout, or the "
+                    "router dropped tokens (moe_expert_capacity_factor, which replay does not support)"
                 )
             if not self._owner:
                 return

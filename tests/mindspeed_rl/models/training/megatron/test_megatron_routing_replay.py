@@ -157,3 +157,19 @@ def test_sequence_parallel_positions() -> None:
     targets = routing_replay._targets(record)
     # token t = s * B + b; the unrecorded row gets experts 0..K-1
     assert targets.tolist() == [[0, 1], [6, 7], [2, 3], [8, 9], [4, 5], [0, 1]]
+
+
+def test_filler_rows_carry_no_record_and_real_rows_keep_theirs() -> None:
+    """A DP rank short of rows fills its micro-batch with one-token rows: their routing is -1 (no
+    record), the real rows' records travel with them."""
+    from mindspeed_rl.models.training.megatron.forward import plan_micros
+
+    batch = _random_routing(parity_batch(100, num_samples=3))
+    micros = plan_micros(
+        batch, dp_rank=1, dp_size=2, micro_batch_size=2, pad_token_id=0, device=torch.device("cpu")
+    )
+    rows = [r for m in micros for r in m.batch.routing or ()]
+    real = [int(i) for m in micros for i in m.indices]
+    assert len(rows) == 2 and len(real) == 1
+    np.testing.assert_array_equal(rows[0], (batch.routing or ())[real[0]])
+    assert rows[1].shape == (1, LAYERS, TOP_K) and (rows[1] == -1).all()
