@@ -303,12 +303,22 @@ def _routing_replay(config: GRPOConfig, p: Problems) -> None:
             f"{mode} replays MoE routing, but model {config.model_name or '?'} is dense (no num_experts); "
             "set routing_replay: null",
         )
-    if config.actor_config.megatron_only.use_mcore_models:
+    mega = config.actor_config.megatron_only
+    if mega.use_mcore_models and _asks_npu(config):
         p.add(
             key,
-            f"{mode} is not wired into the megatron engine yet (megatron-core's router replay, "
-            "transformer/moe/router_replay.py, is not driven by it): use the torch engine "
-            "(actor_config.use_mcore_models: false) or set routing_replay: null",
+            f"{mode} in the megatron engine drives megatron-core 0.19.2's router replay "
+            "(transformer/moe/router_replay.py); MindSpeed's megatron-core 0.12.1 on NPU has none: use "
+            "the torch engine (actor_config.use_mcore_models: false) or set routing_replay: null",
+        )
+    pp = config.actor_config.parallel.pipeline_model_parallel_size
+    if mega.use_mcore_models and mega.recompute_granularity and pp > 1:
+        p.add(
+            key,
+            f"{mode} with recompute_granularity under pipeline parallelism: megatron-core 0.19.2 "
+            "recomputes a micro-batch's forward after later micro-batches set their routing, so it would "
+            "replay the wrong routing; unset actor_config.recompute_granularity or use "
+            "pipeline_model_parallel_size: 1",
         )
     if mode == "R3" and config.rl_config.rollout_backend == "vllm" and _cpu_only(config):
         p.add(
@@ -324,6 +334,15 @@ def _routing_replay(config: GRPOConfig, p: Problems) -> None:
             "its model turns and the tool responses between them, which the agent loop does not record "
             "yet; use routing_replay: R2 (the trainer replays its own recompute's routing) or null",
         )
+
+
+def _asks_npu(config: GRPOConfig) -> bool:
+    """Some role of the run asks for an NPU."""
+    rl, a = config.rl_config, config.async_config
+    roles = [rl.actor_resource]
+    if rl.pipeline == "async":
+        roles += [a.trainer_resources, a.actor_resources, a.control_resources]
+    return any(r.num_npus > 0 for r in roles)
 
 
 def _cpu_only(config: GRPOConfig) -> bool:

@@ -1,5 +1,6 @@
 """rl_config.routing_replay: null by default; R2/R3 load on a MoE model with the torch engine and
-reach the plan; refused by name on a dense model and on the megatron engine; the memory planner
+reach the plan, and so they do with the megatron engine; refused by name on a dense model, on
+MindSpeed's megatron-core (NPU) and with recompute under pipeline parallelism; the memory planner
 counts the routing buffers."""
 
 from __future__ import annotations
@@ -37,12 +38,36 @@ def test_loads_on_a_moe_model_with_the_torch_engine(mode: str) -> None:
     assert plan.rollout.record_routing is (mode == "R3")
 
 
+@pytest.mark.parametrize("mode", ["R2", "R3"])
+def test_loads_on_a_moe_model_with_the_megatron_engine(mode: str) -> None:
+    config = load_config_from_files(
+        CONFIGS,
+        "grpo_tiny_megatron_moe",
+        (f"++rl_config.routing_replay={mode}", "++rl_config.rollout_backend=hf"),
+    )
+    assert config.actor_config.megatron_only.use_mcore_models
+    assert build_run_plan(config).trainer.routing_replay == mode
+
+
 @pytest.mark.parametrize(
     ("config_name", "overrides", "message"),
     [
         ("grpo_tiny_cpu", ("++rl_config.routing_replay=R3",), r"routing_replay: R3 replays MoE routing, but model tiny_qwen3 is dense"),
         ("grpo_tiny_cpu", ("++rl_config.routing_replay=R2",), r"R2 replays MoE routing, but model tiny_qwen3 is dense"),
-        ("grpo_tiny_megatron_moe", ("++rl_config.routing_replay=R3",), r"not wired into the megatron engine"),
+        (
+            "grpo_tiny_megatron_moe",
+            (
+                "++rl_config.routing_replay=R2", "++actor_config.pipeline_model_parallel_size=2",
+                "++actor_config.recompute_granularity=full", "++actor_config.recompute_method=uniform",
+                "++actor_config.recompute_num_layers=1",
+            ),
+            r"R2 with recompute_granularity under pipeline parallelism",
+        ),
+        (
+            "grpo_tiny_megatron_moe",
+            ("++rl_config.routing_replay=R2", "++async_config.trainer_resources.num_npus=1"),
+            r"MindSpeed's megatron-core 0.12.1 on NPU has none",
+        ),
         ("grpo_tiny_megatron_moe", ("++rl_config.routing_replay=R4",), r"routing_replay"),
         (
             "grpo_tiny_megatron_moe",

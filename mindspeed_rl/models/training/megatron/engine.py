@@ -18,8 +18,9 @@ shards go over the gloo host group (``groups``).
 The roles around this class live in their own modules: the optimizer and its step
 (``optimizer``: megatron's on an accelerator; on a CPU host, where megatron's distributed
 optimizer takes only ``torch.cuda`` tensors, the torch engine's fp32-master AdamW), scoring
-(``log_probs``), the reference (``reference``) and the shard-by-shard weight export to rank 0's
-host (``hf_export``).
+(``log_probs``), the reference (``reference``), the shard-by-shard weight export to rank 0's
+host (``hf_export``) and MoE routing replay (``routing_replay``: a batch that carries routing is
+routed by it in every forward, through megatron-core's router replay).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from mindspeed_rl.models.training.megatron.optimizer import (
 )
 from mindspeed_rl.models.training.megatron.param_names import export_shard
 from mindspeed_rl.models.training.megatron.reference import load_model_in_dtype
+from mindspeed_rl.models.training.megatron.routing_replay import ReplayPass, ReplayStats
 from mindspeed_rl.models.training.precision import ParamOptimizer
 from mindspeed_rl.models.training.update_loop import (
     LOSS_TERMS,
@@ -129,7 +131,7 @@ class MegatronTrainingEngine:
         return host_optimizer(self.config, self.model.module)
 
     def compute_log_probs(self, batch: TrainBatch, temperature: float) -> list[np.ndarray]:
-        _refuse_routing(batch)
+        """Every sample's response log-probs; a batch that carries routing is replayed by it."""
         return compute_log_probs_megatron(
             self.model,
             self.dims,
@@ -140,6 +142,29 @@ class MegatronTrainingEngine:
             device=self._device,
         )
 
+    def compute_log_probs_and_routing(
+        self, batch: TrainBatch, temperature: float
+    ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, float]]:
+        """MoE routing replay (the torch engine's contract): ``compute_log_probs`` plus each
+        sample's routing as the routers used it (``batch.routing`` replayed where given, the
+        routers' own choice otherwise: R2's record) and ``routing/recompute_*`` metrics
+        (``routing_replay``)."""
+        replay = ReplayPass(self.model, replay=batch.routing is not None, capture=True)
+        with replay.session():
+            log_probs = compute_log_probs_megatron(
+                self.model,
+                self.dims,
+                batch,
+                temperature=temperature,
+                micro_batch_size=self.config.forward_micro_batch_size,
+                pad_token_id=self.config.pad_token_id,
+                device=self._device,
+                replay=replay,
+            )
+        lengths = [(p.size, r.size) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+        used = replay.gather(lengths, self.dims.num_layers, int(self.dims.moe_topk or 0))
+        return log_probs, used, _replay_metrics("recompute", replay.total_stats())
+
     @property
     def kl_coef(self) -> float:
         return self.kl_controller.value
@@ -148,8 +173,17 @@ class MegatronTrainingEngine:
         self.kl_controller.update(kl, num_samples)
 
     def update(self, batch: TrainBatch, temperature: float) -> dict[str, float]:
-        _refuse_routing(batch)
-        return run_update(self, self._step, batch, temperature)
+        """One GRPO update; a batch that carries routing is replayed by it in every forward."""
+        if batch.routing is None:
+            return run_update(self, self._step, batch, temperature)
+        replay = ReplayPass(self.model, replay=True, capture=False)
+        with replay.session():
+            self._step.replay = replay
+            try:
+                metrics = run_update(self, self._step, batch, temperature)
+            finally:
+                self._step.replay = None
+        return {**metrics, **_replay_metrics("train", replay.total_stats())}
 
     def snapshot_shard(self) -> tuple[dict[str, torch.Tensor], ShardCoords]:
         """This rank's weights in the training layout (global megatron names, this rank's shapes),
@@ -215,6 +249,8 @@ class _MegatronStep:
 
     def __init__(self, engine: MegatronTrainingEngine) -> None:
         self._engine = engine
+        self.replay: ReplayPass | None = None
+        """Routing replay's pass while an update replays routing (``MegatronTrainingEngine.update``)."""
 
     def zero_grad(self) -> None:
         self._engine.model.zero_grad_buffer()
@@ -233,7 +269,13 @@ class _MegatronStep:
             pad_token_id=engine.config.pad_token_id,
             device=engine.device,
         )
-        outputs = run_micros(engine.model, micros, partial(self._micro_loss, loss), forward_only=False)
+        outputs = run_micros(
+            engine.model,
+            micros,
+            partial(self._micro_loss, loss),
+            forward_only=False,
+            around_forward=None if self.replay is None else self.replay.micro,
+        )
         with patches.cpu_runtime_mode():
             finalize_model_grads([engine.model])
         sums = LossSums(engine.device, loss.stats_size)
@@ -279,12 +321,10 @@ class _MegatronStep:
         return float(optimizer.param_groups[0]["lr"]) if self._engine.megatron_optimizer else optimizer.lr
 
 
-def _refuse_routing(batch: TrainBatch) -> None:
-    """A batch to replay would otherwise be routed freely, silently: say so (check_config refuses
-    rl_config.routing_replay with use_mcore_models first; this guards direct callers)."""
-    if batch.routing is not None:
-        raise ValueError(
-            "the megatron engine does not replay MoE routing yet (megatron-core 0.19.2's "
-            "transformer/moe/router_replay.py is not wired into this engine); set "
-            "rl_config.routing_replay: null or use the torch engine (use_mcore_models: false)"
-        )
+def _replay_metrics(stage: str, stats: ReplayStats) -> dict[str, float]:
+    """The torch engine's ``routing/*`` names for one pass's replay statistics."""
+    rows = max(1, stats.replayed)
+    return {
+        f"routing/{stage}_replayed_rows": float(stats.replayed),
+        f"routing/{stage}_router_disagree_frac": stats.natural_differs / rows,
+    }

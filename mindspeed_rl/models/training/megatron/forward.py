@@ -12,7 +12,9 @@ Shared by the policy (update, compute_log_probs) and the frozen reference. The d
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -30,6 +32,10 @@ LOGPROB_CHUNK_TOKENS = 1024
 
 LossFn = Callable[["Micro", torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
 """``loss_fn(micro, logits) -> (loss, num_tokens, stats)``, called on the last pipeline stage."""
+
+AroundForward = Callable[["Micro"], AbstractContextManager[None]]
+"""Entered around each micro-batch's model call on every stage (routing replay sets the
+micro-batch's routing there: ``routing_replay.ReplayPass.micro``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +95,11 @@ def _fill_rows(batch: TrainBatch, rows: int, pad_token_id: int) -> TrainBatch:
     def more(values: tuple[np.ndarray, ...] | None, filler: np.ndarray) -> tuple[np.ndarray, ...] | None:
         return None if values is None else values + (filler,) * missing
 
+    routing = None
+    if batch.routing is not None and batch.routing:
+        # A filler row's single input position has no record (-1): the replay routes it anywhere.
+        layers, top_k = batch.routing[0].shape[1:]
+        routing = batch.routing + (np.full((1, layers, top_k), -1, dtype=np.int64),) * missing
     return TrainBatch(
         prompt_ids=batch.prompt_ids + (one,) * missing,
         response_ids=batch.response_ids + (one,) * missing,
@@ -98,6 +109,7 @@ def _fill_rows(batch: TrainBatch, rows: int, pad_token_id: int) -> TrainBatch:
         rollout_log_probs=more(batch.rollout_log_probs, zero),
         versions=more(batch.versions, np.zeros(1, dtype=np.int64)),
         loss_masks=more(batch.loss_masks, np.zeros(1, dtype=np.int64)),
+        routing=routing,
     )
 
 
@@ -185,20 +197,23 @@ def response_log_probs(
 
 def _forward_step(
     loss_fn: LossFn,
+    around: AroundForward | None,
     data: Any,
     model: torch.nn.Module,
 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
     micro: Micro = next(data)
     ids = micro.padded.input_ids
     mine = context_parallel.local_positions(ids.shape[1], ids.device)
-    if mine is None:
-        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-        output = model(ids, positions, patches.causal_attention_mask(ids.shape[1], ids.device))
-    else:
-        # This CP rank's positions only. The mask is the layer spec's causal type (TE and MindSpeed
-        # build the cross-rank causal structure themselves); megatron's RotaryEmbedding cuts its
-        # table to these positions (context_parallel docstring), position ids serve no embedding.
-        output = model(ids[:, mine], mine.expand(ids.shape[0], -1), None)
+    with around(micro) if around is not None else contextlib.nullcontext():
+        if mine is None:
+            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+            output = model(ids, positions, patches.causal_attention_mask(ids.shape[1], ids.device))
+        else:
+            # This CP rank's positions only. The mask is the layer spec's causal type (TE and
+            # MindSpeed build the cross-rank causal structure themselves); megatron's RotaryEmbedding
+            # cuts its table to these positions (context_parallel docstring), position ids serve no
+            # embedding.
+            output = model(ids[:, mine], mine.expand(ids.shape[0], -1), None)
     return output, partial(loss_fn, micro)
 
 
@@ -230,12 +245,14 @@ def run_micros(
     loss_fn: LossFn,
     *,
     forward_only: bool,
+    around_forward: AroundForward | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Run megatron's schedule over ``micros``; returns ``loss_fn``'s dicts (last stage only).
 
     ``loss_fn(micro, logits)`` returns ``(loss, num_tokens, stats)``; with
     ``calculate_per_token_loss`` the schedule back-propagates ``loss`` unscaled. ``loss_fn`` sees
-    the micro-batch at the width it ran (:func:`micro_widths`); only its padding differs.
+    the micro-batch at the width it ran (:func:`micro_widths`); only its padding differs, and so
+    does ``around_forward`` (entered around each model call, on every pipeline stage).
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -250,7 +267,7 @@ def run_micros(
     with patches.cpu_runtime_mode():
         return list(
             get_forward_backward_func()(
-                forward_step_func=partial(_forward_step, loss_fn),
+                forward_step_func=partial(_forward_step, loss_fn, around_forward),
                 data_iterator=iter(ran),
                 model=[model],
                 num_microbatches=len(ran),

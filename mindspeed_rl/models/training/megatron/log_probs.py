@@ -8,6 +8,8 @@ reference both score with it.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -16,6 +18,7 @@ from mindspeed_rl.models.training.batch import TrainBatch
 from mindspeed_rl.models.training.log_probs import check_temperature
 from mindspeed_rl.models.training.megatron.forward import Micro, plan_micros, response_log_probs, run_micros
 from mindspeed_rl.models.training.megatron.groups import dp_rank_size, host_group, reports_stats
+from mindspeed_rl.models.training.megatron.routing_replay import ReplayPass
 from mindspeed_rl.weights.megatron_dims import GPTDims
 
 
@@ -28,8 +31,13 @@ def compute_log_probs_megatron(
     micro_batch_size: int,
     pad_token_id: int,
     device: torch.device,
+    replay: ReplayPass | None = None,
 ) -> list[np.ndarray]:
-    """Response log-probs of every sample, identical on every rank (a collective call)."""
+    """Response log-probs of every sample, identical on every rank (a collective call).
+
+    ``replay``: routing replay's pass (entered by the caller), which routes each micro-batch by
+    its ``batch.routing`` and/or captures the routing used. Without it, a batch that carries
+    routing is replayed all the same (the reference pass), one that carries none is routed freely."""
     check_temperature(temperature)
     dp_rank, dp_size = dp_rank_size()
     micros = plan_micros(
@@ -53,8 +61,11 @@ def compute_log_probs_megatron(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            outputs = run_micros(model, micros, loss_fn, forward_only=True)
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            if replay is None and batch.routing is not None:
+                replay = stack.enter_context(ReplayPass(model, replay=True, capture=False).session())
+            around = None if replay is None else replay.micro
+            outputs = run_micros(model, micros, loss_fn, forward_only=True, around_forward=around)
     finally:
         model.train(was_training)
     local: dict[int, np.ndarray] = {}

@@ -20,7 +20,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.models.training.megatron import context_parallel, patches, stages, uneven_stages
+from mindspeed_rl.models.training.megatron import (
+    context_parallel,
+    patches,
+    routing_replay,
+    stages,
+    uneven_stages,
+)
 from mindspeed_rl.models.training.megatron.attention import attention_choice
 from mindspeed_rl.models.training.megatron.hf_mapping import megatron_shard
 from mindspeed_rl.models.training.megatron.hf_sources import SafetensorsSource, TensorSource
@@ -295,6 +301,7 @@ def transformer_config(
         **moe,
         **uneven_stages.config_kwargs(TransformerConfig, stage_list),
         **_cp_settings(TransformerConfig, layout, spec.kind),
+        **routing_replay.replay_config_kwargs(TransformerConfig, is_moe=dims.is_moe),
     )
     uneven_stages.attach(config, stage_list)  # megatron-core without layouts (0.12.1)
     return config
