@@ -202,6 +202,11 @@ class DeltaEncoder:
         self._base: dict[str, np.ndarray] = {}
         self._last_full: int | None = None
 
+    @property
+    def base_version(self) -> int | None:
+        """The version this encoder's next delta is built on (the last one it encoded)."""
+        return self._base_version
+
     def encode(
         self, version: int, tensors: Iterable[tuple[str, torch.Tensor]], receiver_base: int | None
     ) -> DeltaRefresh:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.config_cls.async_config import WeightTransport
     from mindspeed_rl.weights.collective_backend import Backend
+    from mindspeed_rl.weights.delta_fs import DeltaSettings
     from mindspeed_rl.weights.layout import InferenceLayout
 
 
@@ -30,6 +31,8 @@ class Converted:
     """The converted snapshot's path (a memory path for in-memory transports); None = rejected."""
     seconds: float
     reason: str | None = None
+    metrics: dict[str, float] | None = None
+    """``weight_delta`` auto / on: this refresh's delta figures (``DeltaApplier.last``)."""
 
 
 class GuEnd(Protocol):
@@ -45,6 +48,10 @@ class GuEnd(Protocol):
     def convert(self, version: int, path: str, handle: Any = None) -> Converted: ...
 
     def reload_handle(self, path: str) -> Any: ...
+
+    def delta_stats(self) -> dict[str, float]:
+        """``weight_delta`` auto / on: the GU's totals for summary.json ({} without delta)."""
+        ...
 
 
 class Transport(Protocol):
@@ -78,11 +85,21 @@ class Transport(Protocol):
         channels: Iterable[Any] = (),
         bucket_mb: float = 512.0,
         board: Any = None,
+        delta: DeltaSettings | None = None,
     ) -> Any:
         """The TU's exporter (``SnapshotWriter``'s interface: export / wait / close / num_superseded)."""
         ...
 
-    def gu_end(self, cache_dir: Path, layout: InferenceLayout | None = None) -> GuEnd: ...
+    def gu_end(
+        self,
+        cache_dir: Path,
+        layout: InferenceLayout | None = None,
+        *,
+        delta: DeltaSettings | None = None,
+        gu_id: int = 0,
+    ) -> GuEnd:
+        """``delta``: ``weight_delta`` auto / on (None or mode off: full snapshots, as before)."""
+        ...
 
     def actor_reader(
         self, handle: Any, layout: InferenceLayout | None = None, *, rank: int = 0
@@ -90,6 +107,15 @@ class Transport(Protocol):
         """For ``ReloadPolicy.maybe_reload_memory``: fetch and check an in-memory snapshot, then
         the iterator the engine loads from. Raises for a transport whose actors read files."""
         ...
+
+
+def refuse_delta(name: str, delta: DeltaSettings | None) -> None:
+    """A transport delta sync is not wired into yet: refused by name (the plan refuses first)."""
+    if delta is not None and delta.mode != "off":
+        raise ValueError(
+            f"async_config.weight_delta={delta.mode} is wired for weight_transport=shared_fs only, "
+            f"not {name}; set weight_delta: off or weight_transport: shared_fs"
+        )
 
 
 def exporter_stats(writer: Any) -> dict[str, float]:

@@ -9,13 +9,14 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.weights.transports.base import Converted, MemoryHandles, memory_reader
+from mindspeed_rl.weights.transports.base import Converted, MemoryHandles, memory_reader, refuse_delta
 
 if TYPE_CHECKING:
     import torch
 
     from mindspeed_rl.config_cls.async_config import WeightTransport
     from mindspeed_rl.weights.collective_backend import Backend
+    from mindspeed_rl.weights.delta_fs import DeltaSettings
     from mindspeed_rl.weights.layout import InferenceLayout
 
 
@@ -45,6 +46,9 @@ class ObjectStoreGu:
     def reload_handle(self, path: str) -> Any:
         return self._handles.get(path)
 
+    def delta_stats(self) -> dict[str, float]:
+        return {}
+
 
 class ObjectStore:
     name: WeightTransport = "object_store"
@@ -61,12 +65,22 @@ class ObjectStore:
         channels: Iterable[Any] = (),
         bucket_mb: float = 512.0,
         board: Any = None,
+        delta: DeltaSettings | None = None,
     ) -> Any:
+        refuse_delta(self.name, delta)
         from mindspeed_rl.weights.object_store import ObjectStoreExporter
 
         return ObjectStoreExporter(keep_last=keep_last, run_id=run_id, board=board)
 
-    def gu_end(self, cache_dir: Path, layout: InferenceLayout | None = None) -> ObjectStoreGu:
+    def gu_end(
+        self,
+        cache_dir: Path,
+        layout: InferenceLayout | None = None,
+        *,
+        delta: DeltaSettings | None = None,
+        gu_id: int = 0,
+    ) -> ObjectStoreGu:
+        refuse_delta(self.name, delta)
         from mindspeed_rl.weights.layout import InferenceLayout
 
         return ObjectStoreGu(layout or InferenceLayout())
