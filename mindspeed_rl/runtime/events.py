@@ -111,6 +111,8 @@ class SnapshotConverted:
     gu_id: int
     version: int
     seconds: float
+    delta: dict[str, float] | None = None
+    """``weight_delta`` auto / on: bytes sent, changed fraction, encode / apply seconds."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -45,7 +45,6 @@ from mindspeed_rl.weights.delta import (
     BaseMismatch,
     DeltaEncoder,
     DeltaMismatch,
-    DeltaMode,
     DeltaReceiver,
     DeltaRefresh,
     DeltaStats,
@@ -78,20 +77,13 @@ from mindspeed_rl.weights.store import (
     publish_dir,
     snapshot_dirname,
 )
+from mindspeed_rl.weights.transports.base import DeltaSettings
 
 logger = logging.getLogger(__name__)
 
 REPORTS_DIR = ".delta-bases"
 """Under the TU's snapshot root: one ``DeltaBaseReport`` per GU."""
 DELTA_SUFFIX = ".delta"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeltaSettings:
-    """``async_config.weight_delta`` / ``delta_full_interval``, carried typed to both ends."""
-
-    mode: DeltaMode
-    full_interval: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

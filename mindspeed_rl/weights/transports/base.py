@@ -14,15 +14,23 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import torch
 
     from mindspeed_rl.config_cls.async_config import WeightTransport
     from mindspeed_rl.weights.collective_backend import Backend
-    from mindspeed_rl.weights.delta_fs import DeltaSettings
     from mindspeed_rl.weights.layout import InferenceLayout
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeltaSettings:
+    """``async_config.weight_delta`` / ``delta_full_interval``, carried typed from the plan to the
+    TU's exporter and every GU's end (here, not in ``weights.delta``: the plan imports no torch)."""
+
+    mode: Literal["off", "auto", "on"]
+    full_interval: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +77,11 @@ class Transport(Protocol):
     @property
     def opens_channels(self) -> bool:
         """One process group per GU, opened at start (``collective_backend`` / ``bucket_mb`` apply)."""
+        ...
+
+    @property
+    def carries_delta(self) -> bool:
+        """``weight_delta`` auto / on is wired into this transport (others refuse it by name)."""
         ...
 
     @property

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.config_cls.async_config import WeightTransport
     from mindspeed_rl.weights.collective_backend import Backend
-    from mindspeed_rl.weights.delta_fs import DeltaSettings
     from mindspeed_rl.weights.layout import InferenceLayout
+    from mindspeed_rl.weights.transports.base import DeltaSettings
 
 RECEIVE_WAIT_S = 600.0
 """Longest a GU's conversion waits for a collective version the TU announced to finish arriving."""
@@ -77,6 +77,7 @@ class CollectiveGu:
 class Collective:
     name: WeightTransport = "collective"
     needs_shared_folder = False
+    carries_delta = False
     opens_channels = True
     needs_one_torch = True
 

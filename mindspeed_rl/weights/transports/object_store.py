@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.config_cls.async_config import WeightTransport
     from mindspeed_rl.weights.collective_backend import Backend
-    from mindspeed_rl.weights.delta_fs import DeltaSettings
     from mindspeed_rl.weights.layout import InferenceLayout
+    from mindspeed_rl.weights.transports.base import DeltaSettings
 
 
 class ObjectStoreGu:
@@ -53,6 +53,7 @@ class ObjectStoreGu:
 class ObjectStore:
     name: WeightTransport = "object_store"
     needs_shared_folder = False
+    carries_delta = False
     opens_channels = False
     needs_one_torch = False
 

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.config_cls.async_config import WeightTransport
     from mindspeed_rl.weights.collective_backend import Backend
-    from mindspeed_rl.weights.delta_fs import DeltaApplier, DeltaSettings
+    from mindspeed_rl.weights.delta_fs import DeltaApplier
     from mindspeed_rl.weights.layout import InferenceLayout
+    from mindspeed_rl.weights.transports.base import DeltaSettings
 
 
 class SharedFsGu:
@@ -75,6 +76,7 @@ class SharedFsGu:
 class SharedFs:
     name: WeightTransport = "shared_fs"
     needs_shared_folder = True
+    carries_delta = True
     opens_channels = False
     needs_one_torch = False
 
