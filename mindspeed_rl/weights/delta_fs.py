@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -219,6 +220,7 @@ class DeltaApplier:
         self.applied_root = Path(applied_root)
         self.gu_id = gu_id
         self.receivers: dict[int, DeltaReceiver] = {}
+        self._lock = threading.Lock()
         self.stats = DeltaStats()
         self.last: dict[str, float] = {}
         """The last applied version's figures, summed over ranks (metrics.jsonl)."""
@@ -227,6 +229,10 @@ class DeltaApplier:
         """Bring every rank's copy to ``version`` (published at ``path``), then publish it as a full
         training snapshot under ``applied_root``. Raises ``SnapshotError`` (after asking the TU
         for a full snapshot) when a chain is broken or a checksum differs."""
+        with self._lock:  # the copies are advanced by one conversion at a time
+            return self._apply(version, path)
+
+    def _apply(self, version: int, path: Path) -> SnapshotInfo:
         root = Path(path).parent
         manifest = SnapshotManifest.load(path)
         if manifest.version != version:
@@ -266,7 +272,8 @@ class DeltaApplier:
             version,
             layout,
             manifest.run_id,
-            {r: receiver.tensors() for r, receiver in self.receivers.items()},
+            # Only this snapshot's ranks: a copy of a rank the layout no longer has is not written.
+            {shard.rank: self.receivers[shard.rank].tensors() for shard in manifest.shards},
         )
         return info
 
