@@ -11,7 +11,9 @@ AdamW normalises it), and after each the exported bf16 weights go through
 - ``tp2_to_tp1``: the same weights cut into two TP ranks (``hf_dense_rules``), one link per rank,
   then merged for a TP1 GU with the real merge code;
 
-timing each refresh end to end through two media, side by side with the full refresh of the same
+and through the wired ``shared_fs`` path (``shared_fs_wired``: the real exporters and GU end,
+``weight_delta`` on against off, export call to converted snapshot); timing each refresh end to
+end through two media, side by side with the full refresh of the same
 bytes: ``file`` (the shared_fs medium: write + fsync + read back the packed bytes) and ``memory``
 (the in-memory media's floor: one copy of the packed bytes; Ray's object store and a gloo group
 add their own per-byte cost on top, not measured here). Full = the same path with a full refresh.
@@ -203,6 +205,58 @@ def refresh_case(
     return out
 
 
+def wired_case(
+    layout: TrainingLayout, versions: list[dict[str, torch.Tensor]], tmp: Path
+) -> dict[str, float]:
+    """The real ``weight_transport: shared_fs`` path (``weights.delta_fs``), ``weight_delta`` on
+    against off: per version, from the TU ranks' export call until the GU's conversion is
+    published (write + publish, then apply + write the applied copy + convert for on; write +
+    publish, then hard link or merge for off), and the bytes the TU put in the shared folder."""
+    from safetensors.torch import load_file
+
+    from mindspeed_rl.weights.store import snapshot_dirname
+    from mindspeed_rl.weights.transports import DeltaSettings, transport_for
+
+    shared_fs = transport_for("shared_fs")
+    out: dict[str, list[float]] = {"on_s": [], "off_s": [], "on_bytes": [], "off_bytes": []}
+    for kind, delta in (("off", None), ("on", DeltaSettings(mode="on", full_interval=10**6))):
+        root = tmp / f"wired-{kind}-{layout.world_size}"
+        writers = [
+            shared_fs.exporter(root / "trainer", 2, run_id="bench", delta=delta)
+            for _ in range(layout.world_size)
+        ]
+        gu = shared_fs.gu_end(root / "gu0", delta=delta, gu_id=0)
+        try:
+            for i, full in enumerate(versions):
+                shards = tp_ranks(layout, full) if layout.world_size > 1 else [full]
+                tic = time.perf_counter()
+                futures = [w.export(i + 1, shards[r].items(), layout, r) for r, w in enumerate(writers)]
+                for f in futures:
+                    f.result()
+                folder = root / "trainer" / snapshot_dirname(i + 1)
+                nbytes = sum(p.stat().st_size for p in folder.iterdir() if p.name.startswith("rank-"))
+                done = gu.convert(i + 1, str(folder))
+                seconds = time.perf_counter() - tic
+                assert done.path is not None
+                got = load_file(str(Path(done.path) / "rank-00000.safetensors"))
+                for name, t in full.items():  # exact: what actors load is the trainer's bits
+                    assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), (kind, i, name)
+                if i > 0:
+                    out[f"{kind}_s"].append(seconds)
+                    out[f"{kind}_bytes"].append(float(nbytes))
+        finally:
+            for w in writers:
+                w.close()
+    return {
+        "delta_s": statistics.median(out["on_s"]),
+        "full_s": statistics.median(out["off_s"]),
+        "seconds_ratio": statistics.median(d / f for d, f in zip(out["on_s"], out["off_s"], strict=True)),
+        "bytes_ratio": statistics.median(
+            d / f for d, f in zip(out["on_bytes"], out["off_bytes"], strict=True)
+        ),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from mindspeed_rl.models.tiny import create_tiny_model
 
@@ -248,6 +302,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ("identity", TrainingLayout()),
                 ("tp2_to_tp1", TrainingLayout(tp_size=2, rules=hf_dense_rules())),
             ):
+                case[f"{case_name}/shared_fs_wired"] = wired_case(layout, versions, Path(tmp))
                 for medium_name, carry in (("file", file_medium(Path(tmp))), ("memory", memory_medium)):
                     r = refresh_case(layout, versions, carry)
                     case[f"{case_name}/{medium_name}"] = {
