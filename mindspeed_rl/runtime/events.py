@@ -187,4 +187,7 @@ class EventLog(AppendLog[Event]):
 
     @staticmethod
     def to_json_dict(event: Event) -> dict[str, Any]:
-        return {"event": type(event).__name__, **asdict(event)}
+        record = {"event": type(event).__name__, **asdict(event)}
+        if isinstance(event, SnapshotConverted) and event.delta is None:
+            del record["delta"]  # weight_delta off: the line is what it was before the field
+        return record

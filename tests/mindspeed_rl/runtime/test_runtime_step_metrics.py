@@ -75,3 +75,15 @@ def test_delta_figures_reach_the_step_digest_only_when_the_gus_report_them() -> 
     assert on["delta/bytes_sent"] == 200.0 and on["delta/refreshes"] == 2.0
     assert on["delta/changed_fraction"] == pytest.approx(0.03)
     assert on["delta/encode_s"] == pytest.approx(0.02) and on["delta/apply_s"] == pytest.approx(0.06)
+
+
+def test_a_conversion_record_carries_delta_only_when_reported() -> None:
+    from mindspeed_rl.runtime import events as ev
+
+    plain = ev.SnapshotConverted(time=1.0, gu_id=0, version=2, seconds=0.5)
+    assert ev.EventLog.to_json_dict(plain) == {
+        "event": "SnapshotConverted", "time": 1.0, "gu_id": 0, "version": 2, "seconds": 0.5,
+    }  # fmt: skip
+    figures = {"delta_bytes_sent": 10.0}
+    with_delta = ev.SnapshotConverted(time=1.0, gu_id=0, version=2, seconds=0.5, delta=figures)
+    assert ev.EventLog.to_json_dict(with_delta)["delta"] == figures
