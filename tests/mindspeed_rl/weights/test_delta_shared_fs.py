@@ -276,3 +276,38 @@ def test_the_other_transports_refuse_delta_by_name(tmp_path: Path) -> None:
             transport_for(name).exporter(tmp_path, 2, delta=on)
     off = DeltaSettings(mode="off", full_interval=10)
     transport_for("object_store").gu_end(tmp_path, delta=off)  # off: accepted everywhere
+
+
+def test_the_plan_carries_delta_to_the_gu_weight_side(tmp_path: Path) -> None:
+    """From the YAML key to the GU: the plan's ``AsyncSpec.weight_delta`` reaches every GU's spec
+    (``async_cluster.gu_specs``) and its weight side (``GuWeightSide``), whose conversions hand
+    the control loop the refresh's figures; the TU's exporter gets the same settings."""
+    from mindspeed_rl.config_cls import load_config_from_files
+    from mindspeed_rl.plan.build import build_run_plan
+    from mindspeed_rl.trainer.async_cluster import gu_specs
+    from mindspeed_rl.workers.fault_plan import FaultPlan
+    from mindspeed_rl.workers.gu_weights import GuWeightSide
+
+    overrides = ["async_config.weight_delta=on", "async_config.delta_full_interval=5"]
+    plan = build_run_plan(load_config_from_files(codec.CONFIGS, "grpo_tiny_asp", overrides))
+    assert plan.async_spec is not None
+    snapshots = tmp_path / "snapshots"
+    specs = gu_specs(plan, str(tmp_path / "policy"), {}, snapshots, FaultPlan())
+    assert {s.weight_delta for s in specs} == {DeltaSettings(mode="on", full_interval=5)}
+    side = GuWeightSide(specs[0])
+    exporter = transport_for(plan.async_spec.weight_transport).exporter(
+        snapshots / "trainer", 2, run_id=RUN, delta=plan.async_spec.weight_delta
+    )
+    trainer = codec.Trainer(codec._dense, tied=True)
+    try:
+        for version in range(1, 4):
+            trainer.step()
+            full = trainer.export()
+            exporter.export(version, full.items(), codec.TP1, 0).result()
+            done = side.convert(version, str(snapshots / "trainer" / snapshot_dirname(version)))
+            assert done.path is not None and done.delta is not None
+            assert (done.delta["delta_changed_fraction"] == 1.0) == (version == 1)  # v1 full, then deltas
+            _assert_exact(_loaded(done.path), full, version)
+        assert side.delta_stats()["delta_refreshes"] == 3
+    finally:
+        exporter.close()
