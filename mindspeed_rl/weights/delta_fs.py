@@ -138,10 +138,6 @@ def delta_file(rank: int) -> str:
     return f"rank-{rank:05d}{DELTA_SUFFIX}"
 
 
-def is_delta_snapshot(path: Path) -> bool:
-    return any(Path(path).glob(f"rank-*{DELTA_SUFFIX}"))
-
-
 class DeltaSnapshotWriter(SnapshotWriter):
     """``SnapshotWriter`` whose shards are ``delta.pack``-ed refreshes (full or sparse).
 
