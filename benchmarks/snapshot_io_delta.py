@@ -220,7 +220,7 @@ def wired_case(
     shared_fs = transport_for("shared_fs")
     out: dict[str, list[float]] = {"on_s": [], "off_s": [], "on_bytes": [], "off_bytes": []}
     for kind, delta in (("off", None), ("on", DeltaSettings(mode="on", full_interval=10**6))):
-        root = tmp / f"wired-{kind}-{layout.world_size}"
+        root = Path(tempfile.mkdtemp(dir=tmp, prefix=f"wired-{kind}-"))  # one per call: a fresh run
         writers = [
             shared_fs.exporter(root / "trainer", 2, run_id="bench", delta=delta)
             for _ in range(layout.world_size)
