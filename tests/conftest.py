@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 TESTS = Path(__file__).resolve().parent
 # The end-to-end stream: CLI runs (Ray, engines, the launcher), one at a time. Measured on 2 cores,
 # each keeps about 1.2 cores busy on average (start-up chains, hang timeouts, engine waits), so the
-# other worker runs the rest of the suite alongside (``make test``: -n 2 --dist loadscope).
+# other worker runs the rest of the suite alongside (``pytest -n 2 --dist loadscope``).
 E2E_PATHS = (TESTS / "mindspeed_rl" / "trainer", TESTS / "cli", TESTS / "mindspeed_rl" / "test_launcher.py")
 # The megatron engine's end-to-end runs go with the rest (beside megatron's own gloo tests): the
 # two streams then take about as long as each other (measured: ~1000 s and ~800 s of one worker).
@@ -36,7 +36,9 @@ def stream_of(path: Path) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``-n 2 --dist loadscope`` (``make test``): the scope of a test is its stream, so each stream
+    """``-n 2 --dist loadscope`` (not ``make test``'s default yet: a CLI run joins any Ray cluster
+    whose bootstrap file it finds on the node, including a test cluster the other stream started,
+    so the streams are not yet isolated): the scope of a test is its stream, so each stream
     runs in order on one worker: the end-to-end runs never overlap one another (nor is a session's
     shared run made twice), and the rest of the suite runs beside them. (xdist's own loadgroup
     cannot do this under pytest 9: it renames tests through ``Item._nodeid``, which pytest 9.2 no

@@ -25,11 +25,11 @@ class FilterScorer:
 
     def score(self, samples: Sequence[Sample], prompts: Mapping[str, PromptRecord]) -> None:
         """Set ``filter_score`` on every sample (in place: samples are the actor's own until sent)."""
-        responses = [
-            self._tokenizer.decode(list(s.response_token_ids), skip_special_tokens=True) for s in samples
-        ]
+        from mindspeed_rl.workers.reward_inputs import reward_inputs
+
+        responses, tool_records = reward_inputs(samples, self._tokenizer)
         labels = [prompts[s.prompt_id].label for s in samples]
-        scores = self._reward_fn(responses, labels).rewards
+        scores = self._reward_fn(responses, labels, tool_records).rewards
         for sample, value in zip(samples, scores):
             sample.filter_score = float(value)
 

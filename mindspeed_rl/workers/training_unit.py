@@ -441,11 +441,11 @@ class TrainingUnit:
         return found if found is not None else self._prompts[prompt_id]
 
     def _rewards(self, samples: Sequence[Sample]) -> RewardResult:
-        responses = [
-            self._tokenizer.decode(list(s.response_token_ids), skip_special_tokens=True) for s in samples
-        ]
+        from mindspeed_rl.workers.reward_inputs import reward_inputs
+
+        responses, tool_records = reward_inputs(samples, self._tokenizer)
         labels = [self._record(s.prompt_id).label for s in samples]
-        return self._reward_fn(responses, labels)
+        return self._reward_fn(responses, labels, tool_records)
 
     def score_held_out(self, prompts: Sequence[PromptRecord], decoded: HeldOutDecode) -> dict[str, float]:
         """``eval/*`` metrics of held-out ``prompts`` decoded by a rollout engine, scored with the

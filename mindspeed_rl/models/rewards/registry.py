@@ -1,9 +1,10 @@
 """Verifier registry: upstream's ``verifier_function`` / ``verifier_weight`` pair -> one reward fn.
 
-A verifier is any ``(response, label) -> float``. The run plan checks the names
-(``check_verifier_names``), so a typo fails in ``check_config`` with the nearest known name instead
-of upstream's silent skip, and an upstream name whose meaning this framework does not have fails
-naming that feature. The ``demo`` verifier lives with the demo task and is imported only when requested.
+A verifier is any ``(response, label) -> float``; a tool-aware one (``retool_reward``) also reads
+each multi-turn sample's ToolRecord (its own text and tool rounds) when the caller passes them.
+The run plan checks the names (``check_verifier_names``), so a typo fails in ``check_config`` with
+the nearest known name instead of upstream's silent skip, and an upstream name whose meaning this
+framework does not have fails naming that feature. The ``demo`` verifier lives with the demo task and is imported only when requested.
 
 Bounded and unbounded verifiers: the format, maze and demo checks are linear-time string scans
 that cannot hang, and the demo one runs ~500 times an iteration in microseconds; they run in the
@@ -22,13 +23,21 @@ from typing import NoReturn, Protocol
 
 import numpy as np
 
-from mindspeed_rl.models.rewards import dapo_math, format_verifiers, math_verifiers, maze
+from mindspeed_rl.models.rewards import dapo_math, format_verifiers, math_verifiers, maze, retool
 from mindspeed_rl.models.rewards.config import RewardConfig
 from mindspeed_rl.models.rewards.pool import PoolScores, VerifierPool
+from mindspeed_rl.models.rewards.retool import ToolRecord
 
 
 class Verifier(Protocol):
     def __call__(self, response: str, label: str, /) -> float: ...
+
+
+class ToolVerifier(Protocol):
+    """A verifier that also reads the sample's tool use (multi-turn rollouts): it is given the
+    model's own text (tool responses removed) and the number of tool rounds."""
+
+    def __call__(self, response: str, label: str, tool_rounds: int, /) -> float: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +47,9 @@ class _Entry:
     """True when the verifier provably finishes quickly (runs in-process, no timeout)."""
     warm_up: Callable[[], object] | None = None
     """Run once in the parent before the workers fork (imports, caches); see VerifierPool."""
+    tool_verifier: ToolVerifier | None = None
+    """Set for a tool-aware verifier (bounded only): RewardFunction calls it with each sample's
+    ToolRecord when it has one; ``verifier`` is its single-turn form (whole text, no tool rounds)."""
 
 
 _EAGER: dict[str, _Entry] = {
@@ -61,6 +73,8 @@ _EAGER: dict[str, _Entry] = {
     "strict_format": _Entry(verifier=format_verifiers.strict_format_reward, bounded=True),
     "maze_integrity": _Entry(verifier=maze.maze_integrity, bounded=True),
     "maze_correct": _Entry(verifier=maze.maze_correct, bounded=True),
+    # Upstream's ReTool scorer (multi-turn DAPO): strict box +1 / -1, +0.1 per tool round when wrong.
+    "retool_reward": _Entry(verifier=retool.retool_reward, bounded=True, tool_verifier=retool.retool_reward),
 }
 # name -> (module, attribute, bounded): imported on first use so a missing optional module only
 # matters to the configs that ask for it.
@@ -72,12 +86,7 @@ _LAZY: dict[str, tuple[str, str, bool]] = {
 
 # Upstream names whose meaning this framework does not have: an error naming the feature, raised
 # when the run plan is built (check_config), not at the first reward call.
-_REFUSED: dict[str, str] = {
-    "retool_reward": (
-        "is upstream's ReTool scorer for multi-turn tool rollouts, not implemented yet; score the final "
-        "answer with a verifier such as 'acc' (multi-turn responses are scored on their whole text)"
-    ),
-}
+_REFUSED: dict[str, str] = {}  # none at present (retool_reward is built: retool.py)
 
 
 def known_verifiers() -> tuple[str, ...]:
@@ -159,6 +168,8 @@ class RewardFunction:
     ) -> None:
         self.names = names
         self.weights = weights
+        # Tool records are applied in-process only (the pool sends (response, label) pairs).
+        assert all(e.bounded for e in entries if e.tool_verifier is not None), "tool verifiers are bounded"
         self._in_process = tuple(i for i, e in enumerate(entries) if e.bounded)
         self._pooled = tuple(i for i, e in enumerate(entries) if not e.bounded)
         self._entries = entries
@@ -173,15 +184,31 @@ class RewardFunction:
             else None
         )
 
-    def __call__(self, responses: Sequence[str], labels: Sequence[str]) -> RewardResult:
+    def __call__(
+        self,
+        responses: Sequence[str],
+        labels: Sequence[str],
+        tool_records: Sequence[ToolRecord | None] | None = None,
+    ) -> RewardResult:
+        """``tool_records`` (multi-turn rollouts, one per response, None for a single-turn one):
+        what tool-aware verifiers read instead of the whole text; the others score ``responses``."""
         if len(responses) != len(labels):
             raise ValueError(
                 f"got {len(responses)} responses but {len(labels)} labels; pass one label per "
                 "response (repeat each prompt's label n_samples_per_prompt times)"
             )
+        if tool_records is not None and len(tool_records) != len(responses):
+            raise ValueError(
+                f"got {len(tool_records)} tool records for {len(responses)} responses; pass one per "
+                "response (None for a response without tool use)"
+            )
         scores = np.zeros((len(self.names), len(responses)), dtype=np.float64)
         for i in self._in_process:
-            verifier = self._entries[i].verifier
+            entry = self._entries[i]
+            if entry.tool_verifier is not None and tool_records is not None:
+                scores[i] = _score_with_tools(entry.tool_verifier, responses, labels, tool_records)
+                continue
+            verifier = entry.verifier
             scores[i] = np.fromiter(
                 (float(verifier(r, lab)) for r, lab in zip(responses, labels)),
                 dtype=np.float64,
@@ -212,6 +239,23 @@ class RewardFunction:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _score_with_tools(
+    verifier: ToolVerifier,
+    responses: Sequence[str],
+    labels: Sequence[str],
+    records: Sequence[ToolRecord | None],
+) -> np.ndarray:
+    # A response without a record (no tool use recorded) is scored on its whole text, no rounds.
+    return np.fromiter(
+        (
+            float(verifier(r, lab, 0) if rec is None else verifier(rec.model_text, lab, rec.tool_rounds))
+            for r, lab, rec in zip(responses, labels, records)
+        ),
+        dtype=np.float64,
+        count=len(responses),
+    )
 
 
 def build_reward_fn(reward_config: RewardConfig) -> RewardFunction:

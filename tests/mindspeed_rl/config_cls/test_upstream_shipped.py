@@ -30,14 +30,11 @@ RUNS = {
     # Long-context DAPO: context parallel 2 (megatron_cp_algo) at TP8 PP2 over 64 NPUs.
     "dapo_qwen25_32b_A2_20k": (CONFIGS, "8x8"),
     "dapo_qwen25_32b_A3_32k": (CONFIGS, "4x16"),
+    # Multi-turn DAPO with the code tool (retool_config.yaml) and upstream's retool_reward.
+    "dapo_qwen25_7b_A2_multi_turn": (CONFIGS, "1x8"),
 }
 # recipe -> phrases its error names: the feature, not an unknown key.
 REFUSED = {
-    "dapo_qwen25_7b_A2_multi_turn": [
-        # Its multi-turn keys are accepted; its reward is upstream's ReTool scorer, not built yet.
-        "rl_config.verifier_function: 'retool_reward' is upstream's ReTool scorer",
-        "not implemented yet",
-    ],
     "grpo_lora_qwen25_32b_A2": ["megatron_training.lora_r: LoRA is not supported"],
 }
 
