@@ -32,13 +32,12 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -62,25 +61,24 @@ from mindspeed_rl.weights.export import (
 from mindspeed_rl.weights.export_queue import Pending
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.manifest import (
-    MANIFEST_NAME,
     ShardEntry,
     SnapshotError,
     SnapshotInfo,
     SnapshotManifest,
     TensorEntry,
+    format_checksum,
 )
-from mindspeed_rl.weights.shardio import write_shard
+from mindspeed_rl.weights.shardio import dtype_name
 from mindspeed_rl.weights.store import (
     fsync_path,
     lease,
-    new_temp_dir,
     prune,
-    publish_dir,
     snapshot_dirname,
 )
 from mindspeed_rl.weights.transports.base import DeltaSettings
 
 logger = logging.getLogger(__name__)
+_R = TypeVar("_R")
 
 REPORTS_DIR = ".delta-bases"
 """Under the TU's snapshot root: one ``DeltaBaseReport`` per GU."""
@@ -178,7 +176,8 @@ class DeltaSnapshotWriter(SnapshotWriter):
             pending.rank, DeltaEncoder(self.settings.mode, full_interval=self.settings.full_interval)
         )
         base = None if self._full_asked(pending.rank) else encoder.base_version
-        refresh = encoder.encode(pending.version, prep.tensors.items(), base)
+        # prep.tensors are the export's own host copies (export._prepare): the encoder keeps them.
+        refresh = encoder.encode(pending.version, prep.tensors.items(), base, owned=True)
         self.delta_stats.record(refresh, 0.0)
         buffer = pack(refresh)
         staging = self.root_dir / staging_dirname(pending.version)
@@ -209,11 +208,11 @@ class _ChainBroken(SnapshotError):
 
 
 class DeltaApplier:
-    """A GU's host copies (one ``DeltaReceiver`` per TU rank) of the newest applied version, and
-    the local full training snapshot each applied version is written as for conversion."""
+    """A GU's host copies (one ``DeltaReceiver`` per TU rank) of the newest applied version,
+    handed to the converter from memory (``GuConverter.convert_tensors``): no training snapshot
+    is written and read back on the GU."""
 
-    def __init__(self, applied_root: Path, gu_id: int) -> None:
-        self.applied_root = Path(applied_root)
+    def __init__(self, gu_id: int) -> None:
         self.gu_id = gu_id
         self.receivers: dict[int, DeltaReceiver] = {}
         self._lock = threading.Lock()
@@ -221,14 +220,14 @@ class DeltaApplier:
         self.last: dict[str, float] = {}
         """The last applied version's figures, summed over ranks (metrics.jsonl)."""
 
-    def apply(self, version: int, path: Path) -> SnapshotInfo:
-        """Bring every rank's copy to ``version`` (published at ``path``), then publish it as a full
-        training snapshot under ``applied_root``. Raises ``SnapshotError`` (after asking the TU
-        for a full snapshot) when a chain is broken or a checksum differs."""
-        with self._lock:  # the copies are advanced by one conversion at a time
-            return self._apply(version, path)
+    def apply(self, version: int, path: Path, convert: Callable[[Applied], _R]) -> _R:
+        """Bring every rank's copy to ``version`` (published at ``path``), then ``convert`` it
+        while the copies cannot change. Raises ``SnapshotError`` (after asking the TU for a full
+        snapshot) when a chain is broken or a checksum differs."""
+        with self._lock:  # the copies are advanced, and converted, by one conversion at a time
+            return convert(self._apply(version, path))
 
-    def _apply(self, version: int, path: Path) -> SnapshotInfo:
+    def _apply(self, version: int, path: Path) -> Applied:
         root = Path(path).parent
         manifest = SnapshotManifest.load(path)
         if manifest.version != version:
@@ -262,16 +261,13 @@ class DeltaApplier:
             "delta_refreshes_applied": float(applied),
         }
         write_report(root, DeltaBaseReport(gu_id=self.gu_id, holds=version, full_requests=self._asked(root)))
-        layout = manifest.training_layout()
-        info = write_training_snapshot(
-            self.applied_root,
+        # Only this snapshot's ranks: a copy of a rank the layout no longer has is not converted.
+        return applied_snapshot(
             version,
-            layout,
+            manifest.training_layout(),
             manifest.run_id,
-            # Only this snapshot's ranks: a copy of a rank the layout no longer has is not written.
-            {shard.rank: self.receivers[shard.rank].tensors() for shard in manifest.shards},
+            {shard.rank: self.receivers[shard.rank] for shard in manifest.shards},
         )
-        return info
 
     def ask_full(self, root: Path) -> None:
         write_report(root, DeltaBaseReport(gu_id=self.gu_id, holds=None, full_requests=self._asked(root) + 1))
@@ -310,31 +306,42 @@ class DeltaApplier:
                 at = refresh.base_version
 
 
-def write_training_snapshot(
-    root: Path,
-    version: int,
-    layout: TrainingLayout,
-    run_id: str | None,
-    per_rank: Mapping[int, Mapping[str, torch.Tensor]],
-    keep_last: int = 2,
-) -> SnapshotInfo:
-    """Publish ``per_rank`` as a training snapshot ``v<version>`` under ``root`` (what the TU's
-    ``SnapshotWriter`` writes for a full export), keeping the newest ``keep_last``."""
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / snapshot_dirname(version)
-    if target.exists():  # a rejected conversion of the same version left it: rebuilt from the copy
-        shutil.rmtree(target)
-    temp = new_temp_dir(root, version)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Applied:
+    """An applied version in host memory: the training manifest a full export of it would have
+    (its checksums the trainer's, checked when applied) and its tensors keyed as the converter
+    reads them, ``(shard file, name)``. Views of the GU's copies: valid until the next apply."""
+
+    manifest: SnapshotManifest
+    tensors: dict[tuple[str, str], torch.Tensor]
+
+
+def applied_snapshot(
+    version: int, layout: TrainingLayout, run_id: str | None, per_rank: Mapping[int, DeltaReceiver]
+) -> Applied:
     shards: list[ShardEntry] = []
     entries: list[TensorEntry] = []
+    tensors: dict[tuple[str, str], torch.Tensor] = {}
     for rank in sorted(per_rank):
-        name = f"rank-{rank:05d}.safetensors"
-        tensors = per_rank[rank]
-        nbytes, written = write_shard(
-            temp / name, tensors, {n: layout.spec_for(n) for n in tensors}, shard_file=name
-        )
-        shards.append(ShardEntry(file=name, rank=rank, coords=layout.coords(rank), nbytes=nbytes))
-        entries.extend(written)
+        file = f"rank-{rank:05d}.safetensors"
+        checksums = per_rank[rank].checksums()
+        nbytes = 0
+        for name, tensor in per_rank[rank].tensors().items():
+            size = tensor.numel() * tensor.element_size()
+            nbytes += size
+            tensors[(file, name)] = tensor
+            entries.append(
+                TensorEntry(
+                    name=name,
+                    shape=tuple(tensor.shape),
+                    dtype=dtype_name(tensor.dtype),
+                    shard_file=file,
+                    nbytes=size,
+                    checksum=format_checksum(checksums[name]),
+                    partition=layout.spec_for(name),
+                )
+            )
+        shards.append(ShardEntry(file=file, rank=rank, coords=layout.coords(rank), nbytes=nbytes))
     manifest = SnapshotManifest(
         version=version,
         created_unix=time.time(),
@@ -344,8 +351,4 @@ def write_training_snapshot(
         tensors=tuple(entries),
         run_id=run_id,
     )
-    (temp / MANIFEST_NAME).write_text(manifest.dumps())
-    fsync_path(temp / MANIFEST_NAME)
-    info = publish_dir(temp, root, version)
-    prune(root, keep_last, run_id=run_id)
-    return info
+    return Applied(manifest=manifest, tensors=tensors)

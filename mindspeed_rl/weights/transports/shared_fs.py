@@ -32,14 +32,10 @@ class SharedFsGu:
         from mindspeed_rl.weights.convert import GuConverter
         from mindspeed_rl.weights.delta_fs import DeltaApplier
 
-        cache = Path(cache_dir)
-        self._converter = GuConverter(cache, layout, num_threads=1)
-        # The applied copy is written beside the cache (not in it: the cache holds only
-        # converted snapshots, which its retention counts).
+        self._converter = GuConverter(Path(cache_dir), layout, num_threads=1)
+        # The applied copy lives in this GU's memory and is converted from there.
         self._delta: DeltaApplier | None = (
-            DeltaApplier(cache.with_name(f"{cache.name}-applied"), gu_id)
-            if delta is not None and delta.mode != "off"
-            else None
+            DeltaApplier(gu_id) if delta is not None and delta.mode != "off" else None
         )
 
     def open_channel(self, gu_id: int, world_size: int, backend: Backend) -> Any:
@@ -58,8 +54,10 @@ class SharedFsGu:
             result = self._converter.convert(SnapshotInfo(version=version, path=Path(path)))
             return Converted(path=str(result.converted.path), seconds=result.total_seconds)
         started = time.perf_counter()
-        applied = self._delta.apply(version, Path(path))  # raises SnapshotError after asking for a full
-        result = self._converter.convert(applied)
+        # Raises SnapshotError after asking for a full; converted from the in-memory copy.
+        result = self._delta.apply(
+            version, Path(path), lambda a: self._converter.convert_tensors(a.manifest, a.tensors)
+        )
         return Converted(
             path=str(result.converted.path),
             seconds=time.perf_counter() - started,
