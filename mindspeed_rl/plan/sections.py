@@ -445,11 +445,11 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
             f"async_config.delta_full_interval={a.delta_full_interval}; use a full snapshot every N >= 1 versions"
         )
     if a.weight_delta != "off" and not transport_for(a.weight_transport).carries_delta:
-        # Wired on shared_fs only (weights/delta_fs.py); accepting it elsewhere would silently
-        # send full snapshots.
+        # Wired on shared_fs and object_store (weights/delta_fs.py, delta_object_store.py);
+        # accepting it elsewhere would silently send full snapshots.
         raise ValueError(
-            f"async_config.weight_delta={a.weight_delta} is wired for weight_transport=shared_fs only, "
-            f"not {a.weight_transport}; set weight_delta: off or weight_transport: shared_fs"
+            f"async_config.weight_delta={a.weight_delta} is wired for weight_transport=shared_fs and "
+            f"object_store, not {a.weight_transport}; set weight_delta: off or another weight_transport"
         )
     asp = copy_section(config.asp_config, ASPConfig)
     spec = AsyncSpec(

@@ -126,8 +126,8 @@ def refuse_delta(name: str, delta: DeltaSettings | None) -> None:
     """A transport delta sync is not wired into yet: refused by name (the plan refuses first)."""
     if delta is not None and delta.mode != "off":
         raise ValueError(
-            f"async_config.weight_delta={delta.mode} is wired for weight_transport=shared_fs only, "
-            f"not {name}; set weight_delta: off or weight_transport: shared_fs"
+            f"async_config.weight_delta={delta.mode} is wired for weight_transport=shared_fs and "
+            f"object_store, not {name}; set weight_delta: off or another weight_transport"
         )
 
 
