@@ -1,4 +1,4 @@
-"""The async pipeline with ``weight_delta: on`` (shared_fs) end to end: real CLI, real Ray, the
+"""The async pipeline with ``weight_delta: on`` (shared_fs, object_store) end to end: real CLI, real Ray, the
 light HF engine, the tiny config of ``test_async_e2e``. Every prompt is consumed once, the
 refreshes travel as deltas (the summary's and the metrics' delta figures), and what the GUs
 converted for their actors is, bit for bit, the trainer's final weights."""
@@ -22,8 +22,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # exits after forwarding one completion, actor 0 of GU 1 in its first minibatch: a replacement
 # actor starts and loads the GU's converted folder, a full copy).
 RUNS = {
-    "plain": (1, 2, ""),
-    "gu_and_actor_killed": (2, 2, "gu:0:1,actor:1:0:1"),
+    "plain": (1, 2, "", "shared_fs"),
+    "gu_and_actor_killed": (2, 2, "gu:0:1,actor:1:0:1", "shared_fs"),
+    # The deltas in Ray's object store (weights/delta_object_store.py): the TU's handles carry
+    # the chains, the GU finds the run's board by name from its own process.
+    "object_store": (1, 2, "", "object_store"),
 }
 
 
@@ -31,7 +34,7 @@ RUNS = {
 def test_async_run_with_delta_on_is_exact_and_loses_nothing(
     tmp_path: Path, policy_models: PolicyModels, name: str
 ) -> None:
-    gus, actors, faults = RUNS[name]
+    gus, actors, faults, transport = RUNS[name]
     policy_models.provide(tmp_path / "model", "grpo_tiny_asp", base.TINY)
     run_dir = base.run_cli(
         tmp_path,
@@ -39,6 +42,7 @@ def test_async_run_with_delta_on_is_exact_and_loses_nothing(
         f"async_config.num_generation_units={gus}",
         f"async_config.actors_per_unit={actors}",
         "async_config.weight_delta=on",
+        f"async_config.weight_transport={transport}",
         "async_config.delta_full_interval=3",
         "async_config.snapshot_keep=4",
         *(base.FAULT_TIMEOUTS if faults else ()),
@@ -57,6 +61,9 @@ def test_async_run_with_delta_on_is_exact_and_loses_nothing(
     assert summary["delta_bytes_sent"] > 0 and summary["delta_full_bytes"] > 0
     assert summary["delta_resends"] == 0 and summary["delta_apply_seconds"] > 0
     assert any("delta/bytes_sent" in r and r["delta/refreshes"] >= 1 for r in records)
+    if transport == "object_store":  # no file: what the TU put is the packed refreshes
+        assert summary["object_store_bytes_put"] == summary["delta_bytes_sent"]
+        return
     # The newest snapshot the surviving GU converted is what its actors load (a full copy): it
     # equals the trainer's final weights in the snapshot's dtype, bit for bit.
     converted = latest_published(run_dir / "snapshots" / f"gu{gus - 1}")
