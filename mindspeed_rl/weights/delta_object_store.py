@@ -174,9 +174,11 @@ class DeltaObjectStoreExporter(ExportQueue[_Prepared]):
             return {**self.delta_stats.as_summary(), "object_store_bytes_put": float(self._bytes_put)}
 
     def release_all(self) -> None:
+        """Drop every reference this exporter holds (end of run); a later export starts full."""
         with self._lock:
             self._held.clear()
             self._chains.clear()
+            self._encoders.clear()
 
     def _payload(self, version: int, chosen: list[Any], layout: TrainingLayout, rank: int) -> _Prepared:
         return _prepare(chosen, layout, rank)
