@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,11 +16,45 @@ if TYPE_CHECKING:
 TESTS = Path(__file__).resolve().parent
 # The end-to-end stream: CLI runs (Ray, engines, the launcher), one at a time. Measured on 2 cores,
 # each keeps about 1.2 cores busy on average (start-up chains, hang timeouts, engine waits), so the
-# other worker runs the rest of the suite alongside (``pytest -n 2 --dist loadscope``).
+# other worker runs the rest of the suite alongside (``make test``: -n 2 --dist loadscope).
 E2E_PATHS = (TESTS / "mindspeed_rl" / "trainer", TESTS / "cli", TESTS / "mindspeed_rl" / "test_launcher.py")
-# The megatron engine's end-to-end runs go with the rest (beside megatron's own gloo tests): the
-# two streams then take about as long as each other (measured: ~1000 s and ~800 s of one worker).
-REST_PATHS = (TESTS / "mindspeed_rl" / "trainer" / "test_megatron_async_e2e.py",)
+# The megatron engine's end-to-end runs and the trace replay go with the rest (beside megatron's
+# own gloo tests), so that the two streams end close together: on a fresh clone the e2e stream
+# ran about 4 minutes past the rest while the replay (about 2 minutes) was still in it.
+REST_PATHS = (
+    TESTS / "mindspeed_rl" / "trainer" / "test_megatron_async_e2e.py",
+    TESTS / "cli" / "test_replay_trace.py",
+)
+
+
+# This process's Ray temp root and the RAY_TMPDIR it replaced (restored at the end).
+_RAY_ROOT = pytest.StashKey[tuple[str, "str | None"]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A Ray temp root of this pytest process's own (each xdist worker is one process).
+
+    A CLI run joins the cluster named by the bootstrap file under ``$RAY_TMPDIR/ray`` (Ray's rule,
+    followed by ``utils/ray_setup.py``): with a shared ``/tmp/ray`` it would join a test cluster
+    another worker, or another checkout's tests, started on this host, and inherit that process's
+    environment. Set before any test starts Ray, so every cluster, every CLI subprocess and every
+    bootstrap file of this process lives under its own root. The path stays short: Ray's socket
+    paths are limited to about 107 characters."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    root = tempfile.mkdtemp(prefix=f"rt-{worker}-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    config.stash[_RAY_ROOT] = (root, os.environ.get("RAY_TMPDIR"))
+    os.environ["RAY_TMPDIR"] = root
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root, before = config.stash.get(_RAY_ROOT, (None, None))
+    if root is None:
+        return
+    if before is None:
+        os.environ.pop("RAY_TMPDIR", None)
+    else:
+        os.environ["RAY_TMPDIR"] = before
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -36,9 +73,8 @@ def stream_of(path: Path) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``-n 2 --dist loadscope`` (not ``make test``'s default yet: a CLI run joins any Ray cluster
-    whose bootstrap file it finds on the node, including a test cluster the other stream started,
-    so the streams are not yet isolated): the scope of a test is its stream, so each stream
+    """``-n 2 --dist loadscope`` (``make test``; the workers' Ray clusters are kept apart by
+    ``pytest_configure``): the scope of a test is its stream, so each stream
     runs in order on one worker: the end-to-end runs never overlap one another (nor is a session's
     shared run made twice), and the rest of the suite runs beside them. (xdist's own loadgroup
     cannot do this under pytest 9: it renames tests through ``Item._nodeid``, which pytest 9.2 no

@@ -53,6 +53,7 @@ from mindspeed_rl.config_cls.megatron_config import _GROUPS  # noqa: E402
 from mindspeed_rl.config_cls.refusals import PPO_WITH_CRITIC  # noqa: E402
 from mindspeed_rl.config_cls.rollout_correction import RolloutCorrectionSection  # noqa: E402
 from mindspeed_rl.plan.colocation import OFFLOAD_KEYS  # noqa: E402
+from mindspeed_rl.plan.sections import SWAP_OPTIMIZER_KEY  # noqa: E402
 
 OUT = ROOT / "docs" / "reference" / "config.md"
 
@@ -166,6 +167,8 @@ def status(f: dataclasses.Field[Any], pipeline_note: str | None = None, *, coloc
     parts: list[str] = []
     if colocated:  # the plan takes these off the inert list where colocated_offload gives a spec
         return f"**honoured** in the colocated hybrid; inert elsewhere: {_reason_text(reason or '')}"
+    if f.name == SWAP_OPTIMIZER_KEY:  # the plan takes it off the inert list where swaps_optimizer
+        return f"**honoured** by the megatron engine on NPU; inert elsewhere: {_reason_text(reason or '')}"
     if refused is not None:
         accepts = f.metadata.get(ACCEPTS, ())
         allowed = f"`{show(field_default(f))}`"

@@ -200,7 +200,12 @@ class UpstreamInertKeys:
     swap_optimizer: bool = opt(
         False,
         "Swap optimizer state to host memory (MindSpeed).",
-        inert="MindSpeed memory swapping; results are the same without it",
+        inert=megatron_reason(
+            "honoured on NPU, where it passes --swap-optimizer to MindSpeed (with use_distributed_optimizer: "
+            "true; plan.sections.swaps_optimizer); megatron-core 0.19.2 (CUDA) and the CPU path have no swap "
+            "optimizer: the state stays on the device, where the memory planner counts it (same results)",
+            torch="the torch engine keeps its optimizer state on the device (same results)",
+        ),
     )
     use_ascend_coc: bool = opt(False, "Ascend compute-communication overlap.", inert=_NO_COC)
     coc_mode: int = opt(-1, "CoC mode.", inert=_NO_COC)

@@ -37,6 +37,12 @@ def colocated_offload(config: GRPOConfig) -> OffloadSpec | None:
                 "set rl_config.rollout_backend: vllm, or leave colocate false (two processes)"
             )
     g = config.generate_config
+    # Under MindSpeed's swap optimizer the state is on the host between steps already (its device
+    # tensors are empty storage), so there is nothing for offload_train_optimizer to move.
+    from mindspeed_rl.plan.sections import swaps_optimizer  # sections imports this module
+
     return OffloadSpec(
-        optimizer=g.offload_train_optimizer, grad=g.offload_train_grad, param=g.offload_train_param
+        optimizer=g.offload_train_optimizer and not swaps_optimizer(config),
+        grad=g.offload_train_grad,
+        param=g.offload_train_param,
     )

@@ -30,6 +30,10 @@ it recomputes (once: only the micro-batch being back-propagated rebuilds it; ``b
 the full set of the layers past ``recompute_num_layers``). The last stage adds the micro-batch's vocab-parallel logits (2 s b V / TP) and the
 fp32 log-softmax chunk of ``LOGPROB_CHUNK`` tokens. With 1F1B the first stage holds up to PP
 micro-batches in flight. Context parallelism divides ``s`` by CP in every term of a rank.
+
+MindSpeed's swap optimizer (``swap_optimizer`` on NPU) keeps the optimizer state on the host
+between steps: the optimizer term is then the one chunk a step holds on the device
+(:func:`swap_chunk`), and a colocated rank keeps none of it when its rollout engine starts.
 """
 
 from __future__ import annotations
@@ -50,6 +54,9 @@ TRAINER_HEADROOM_GB = 3.0
 # three fp32 temporaries of the chunk's vocab-parallel logits are alive at once.
 LOGPROB_CHUNK = 1024
 LOGPROB_TEMPORARIES = 3
+# MindSpeed's ``--swap-optimizer-times`` default (26.1.0_core_r0.12.1, SwapOptimizerFeature): the
+# swap optimizer brings a rank's optimizer shard to the device in chunks of 1/16 of its elements.
+SWAP_OPTIMIZER_TIMES = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +132,10 @@ class TrainerMemorySpec:
     """MoE routing replay: the micro-batch's routing to replay sits on the device beside it."""
     cp: int = 1
     """Context-parallel ranks: each holds ``seq_length / cp`` tokens of every sequence."""
+    swap_optimizer_times: int = 0
+    """MindSpeed's swap optimizer (NPU): its state lives on the host between steps and comes to the
+    device in chunks of 1/``swap_optimizer_times`` of the shard during a step (:func:`swap_chunk`);
+    0 = the state stays on the device."""
 
     def layers_on_stage(self, pp_rank: int) -> int:
         return self.stage_layers[pp_rank] if self.stage_layers else self.shape.num_layers // self.pp
@@ -224,6 +235,47 @@ def rank_parameters(
     return ParamCount(dense=dense, expert=layers * expert)
 
 
+def largest_parameter(
+    shape: ModelShape,
+    *,
+    tp: int,
+    pp: int,
+    ep: int,
+    pp_rank: int,
+    divisible_by: int,
+    stage_layers: tuple[int, ...] = (),
+) -> int:
+    """Elements of the largest single parameter tensor of a rank at stage ``pp_rank`` (megatron's
+    fused QKV and gate+up ``linear_fc1``; a stage's local experts counted as one grouped tensor,
+    ``GroupedMLP``'s ``weight1``, which bounds ``TEGroupedMLP``/``SequentialMLP``'s per-expert
+    tensors from above). Under the distributed optimizer a parameter's shard is no larger."""
+    h, d = shape.hidden_size, shape.head_dim
+    qkv = h * (shape.num_attention_heads + 2 * shape.num_query_groups) * d // tp
+    sizes = [qkv, shape.num_attention_heads * d * h // tp]
+    if shape.is_moe:
+        sizes += [shape.num_experts * h, shape.num_experts // ep * 2 * shape.moe_ffn_hidden_size * h]
+    else:
+        sizes.append(2 * shape.ffn_hidden_size * h // tp)
+    layers = stage_layers[pp_rank] if stage_layers else shape.num_layers // pp
+    if not layers:
+        sizes = []
+    if pp_rank == 0 or pp_rank == pp - 1:
+        sizes.append(shape.padded_vocab(tp, divisible_by) // tp * h)
+    return max(sizes, default=0)
+
+
+def swap_chunk(shard: int, largest: int, times: int) -> int:
+    """Elements of optimizer state the swap optimizer holds on the device at once during a step.
+
+    MindSpeed 26.1.0_core_r0.12.1 (core/optimizer/swap_optimizer/swap_optimizer.py):
+    ``swap_numel = swap_num // swap_optimizer_times`` over the rank's fp32 master shards;
+    ``swap_adamw_step`` brings parameters in (master, ``exp_avg``, ``exp_avg_sq``) while the running
+    count stays within ``swap_numel`` or holds nothing yet, steps each, sends it back, and brings
+    the next chunk in only after the previous one has left (it waits on the swap-to-host stream). A
+    chunk is therefore at most ``swap_numel`` elements, or one parameter larger than that."""
+    return max(shard // times, min(largest, shard))
+
+
 def trainer_memory(spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank: int = 0) -> MemoryEstimate:
     """One rank's memory at stage ``pp_rank``."""
     params = rank_parameters(
@@ -235,9 +287,17 @@ def trainer_memory(spec: TrainerMemorySpec, device_memory_gb: float, *, pp_rank:
     # Adam's two moments in fp32, plus fp32 master weights when the parameters are not fp32.
     state_bytes = 8 + (0 if spec.param_dtype == "float32" else 4)
     if spec.distributed_optimizer:
-        optimizer = state_bytes * (params.dense / spec.dp + params.expert / spec.expert_dp)
+        shard = params.dense / spec.dp + params.expert / spec.expert_dp
     else:
-        optimizer = float(state_bytes * params.total)
+        shard = float(params.total)
+    if spec.swap_optimizer_times:
+        # Only the chunk being stepped is on the device (the rest of the step's state is on host).
+        biggest = largest_parameter(
+            spec.shape, tp=spec.tp, pp=spec.pp, ep=spec.ep, pp_rank=pp_rank,
+            divisible_by=spec.make_vocab_size_divisible_by, stage_layers=spec.stage_layers,
+        )  # fmt: skip
+        shard = swap_chunk(int(shard), biggest, spec.swap_optimizer_times)
+    optimizer = float(state_bytes * shard)
     terms = {
         "parameters": float(pbytes * params.total),
         "gradients": float(grad_bytes * params.total),
@@ -417,10 +477,14 @@ def colocated_start(
     *,
     gpu_memory_utilization: float,
     device_memory_gb: float,
+    swapped_optimizer: bool = False,
 ) -> ColocatedStart:
     """``trainer`` (``trainer_memory``) and ``rollout`` (``rollout_memory``) of one rank, with
-    ``offloaded`` the ``offload_train_*`` parts ("param", "grad", "optimizer") that are on."""
+    ``offloaded`` the ``offload_train_*`` parts ("param", "grad", "optimizer") that are on;
+    ``swapped_optimizer``: MindSpeed's swap optimizer keeps the state on the host between steps."""
     gone = {OFFLOADED_TERMS[part] for part in offloaded}
+    if swapped_optimizer:
+        gone.add(OFFLOADED_TERMS["optimizer"])  # on the host between steps (``swap_chunk``)
     kept = [*(t for t in OFFLOADED_TERMS.values() if t not in gone), *ALWAYS_RESIDENT]
     resident = {term: trainer.terms[term] for term in kept}
     resident["runtime_context"] = START_CONTEXT_GB * GB
@@ -441,6 +505,9 @@ SHRINK_HINTS = {
     "(or expert_model_parallel_size for MoE)",
     "gradients": "raise the model-parallel sizes, or leave accumulate_allreduce_grads_in_fp32 off",
     "optimizer_state": "set actor_config.use_distributed_optimizer: true (shards it over data parallel)",
+    "optimizer_state_sharded": "the distributed optimizer already shards it, over {dp} data-parallel rank(s) "
+    "(world {world} / (TP {tp} x PP {pp})): add ranks for more data parallelism, or on NPU set "
+    "megatron_training.swap_optimizer: true (MindSpeed keeps it on the host between steps)",
     "reference": "raise the model-parallel sizes (the reference is sharded like the policy)",
     "activations": "set actor_config.recompute_granularity: full (and sequence_parallel: true at TP > 1), "
     "raise actor_config.context_parallel_size, or lower micro_batch_size / seq_length",

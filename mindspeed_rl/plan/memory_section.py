@@ -15,6 +15,7 @@ from mindspeed_rl.plan.memory import (
     GB,
     OFFLOADED_TERMS,
     SHRINK_HINTS,
+    SWAP_OPTIMIZER_TIMES,
     ColocatedStart,
     MemoryEstimate,
     ModelShape,
@@ -87,6 +88,7 @@ def memory_plan(
             stage_layers=layout.stage_layers if layout else (),
             routing_replay=trainer.routing_replay is not None,
             cp=layout.context_parallel_size if layout else 1,
+            swap_optimizer_times=SWAP_OPTIMIZER_TIMES if layout and layout.swap_optimizer else 0,
         ),
         rollout=RolloutMemorySpec(
             shape=shape,
@@ -158,6 +160,7 @@ def colocated_memory(plan: MemoryPlan, offload: OffloadSpec, memory_gb: float) -
             offload.all_parts(),
             gpu_memory_utilization=utilization,
             device_memory_gb=memory_gb,
+            swapped_optimizer=plan.trainer.swap_optimizer_times > 0,
         )
         for stage in range(plan.trainer.pp)
     ]
@@ -228,6 +231,11 @@ def _first_problem(
         if not est.fits():
             term = est.largest()
             hint = SHRINK_HINTS[term]
+            t = plan.trainer
+            if term == "optimizer_state" and t.distributed_optimizer:
+                hint = SHRINK_HINTS["optimizer_state_sharded"].format(
+                    dp=t.dp, world=t.world_size, tp=t.tp, pp=t.pp
+                )
             if term != "activations" and plan.trainer.recompute_granularity != "full":
                 hint += f"; or cut activations ({est.terms['activations'] / 1e9:.1f} GB): {SHRINK_HINTS['activations']}"
             return (

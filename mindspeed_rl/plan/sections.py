@@ -373,6 +373,33 @@ def resources(r: ActorResources) -> ActorResources:
     return ActorResources(num_cpus=r.num_cpus, num_gpus=r.num_gpus, num_npus=r.num_npus)
 
 
+# Upstream's ``swap_optimizer`` key: honoured where :func:`swaps_optimizer` says so, inert elsewhere.
+SWAP_OPTIMIZER_KEY = "swap_optimizer"
+
+
+def swaps_optimizer(config: GRPOConfig) -> bool:
+    """Upstream's ``swap_optimizer`` acts: the megatron engine on NPU, where MindSpeed
+    (26.1.0_core_r0.12.1) replaces megatron's DistributedOptimizer with its
+    ``SwapDistributedOptimizer`` when its adaptor sees ``--swap-optimizer``
+    (``patches.mindspeed_argv``). megatron-core 0.19.2 (CUDA) and the CPU path have no such
+    optimizer: there the key stays inert and the planner counts the optimizer state on the device.
+    MindSpeed refuses it without the distributed optimizer (``SwapOptimizerFeature.validate_args``),
+    and so does this, at plan time."""
+    if not (
+        config.actor_config.upstream_inert.swap_optimizer
+        and config.actor_config.megatron_only.use_mcore_models
+    ):
+        return False
+    if trainer_device(config) != "npu":
+        return False
+    if not config.actor_config.parallel.use_distributed_optimizer:
+        raise ValueError(
+            "swap_optimizer: true needs use_distributed_optimizer: true (MindSpeed's swap optimizer is "
+            "a distributed optimizer that keeps its shards on the host); set both, or swap_optimizer: false"
+        )
+    return True
+
+
 def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
     """``use_mcore_models: true`` selects the megatron engine with ``actor_config``'s layout (DP is
     what the ranks leave over); false keeps the torch engine, and the loader then lists these keys
@@ -401,6 +428,7 @@ def megatron_layout(config: GRPOConfig) -> MegatronLayout | None:
         use_fused_rmsnorm=m.use_fused_rmsnorm,
         use_fused_swiglu=m.use_fused_swiglu,
         use_fused_rotary_pos_emb=m.use_fused_rotary_pos_emb,
+        swap_optimizer=swaps_optimizer(config),
     )
     # The layer spec this layout gets on its device must be able to train it (MoE at TP > 1 needs
     # sequence parallelism; the CPU spec cannot shard the sequence): refused here, before any
@@ -431,6 +459,8 @@ def plan_inert_keys(config: GRPOConfig) -> tuple[InertKey, ...]:
     if colocated_offload(config) is not None:
         # Colocated hybrid on GPU/NPU: the offload switches act (workers/colocation.py).
         found = [k for k in found if (k.section, k.key) not in OFFLOAD_KEYS]
+    if swaps_optimizer(config):
+        found = [k for k in found if k.key != SWAP_OPTIMIZER_KEY]
     return dedupe(found)
 
 

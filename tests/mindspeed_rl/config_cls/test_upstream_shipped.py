@@ -32,6 +32,10 @@ RUNS = {
     "dapo_qwen25_32b_A3_32k": (CONFIGS, "4x16"),
     # Multi-turn DAPO with the code tool (retool_config.yaml) and upstream's retool_reward.
     "dapo_qwen25_7b_A2_multi_turn": (CONFIGS, "1x8"),
+    # Noop layers 5,95 (94 real layers at PP16); swap_optimizer: MindSpeed keeps the optimizer state
+    # on the host between steps, so offload_train_optimizer: false leaves nothing of it on the device
+    # when vLLM starts, and a step holds one 1/16 chunk.
+    "grpo_qwen3_235b_a22b_A2": (CONFIGS, "16x8"),
 }
 # recipe -> phrases its error names: the feature, not an unknown key.
 REFUSED = {
@@ -39,23 +43,27 @@ REFUSED = {
 }
 
 
-# recipe -> phrases of check_config's colocated start-up refusal (issue #39 defect 5): the keys load
-# (noop_layers 5,95 builds 94 layers at PP16), but with offload_train_optimizer: false the trainer
-# keeps its optimizer state on the device when vLLM starts, above what gpu_memory_utilization 0.85
-# leaves it. Upstream ships it so; whether its own vllm-ascend checked free memory is not known here.
+# recipe -> (override, phrases of check_config's colocated start-up refusal, issue #39 defect 5):
+# without upstream's swap_optimizer the 235B recipe's offload_train_optimizer: false keeps the
+# optimizer state on the device when vLLM starts, above what gpu_memory_utilization 0.85 leaves.
 REFUSED_AT_START = {
-    "grpo_qwen3_235b_a22b_A2": [
-        "colocated start-up",
-        "(1 - generate_config.gpu_memory_utilization 0.85) x 64 GB",
-        "set generate_config.offload_train_optimizer: true",
-    ],
+    "grpo_qwen3_235b_a22b_A2": (
+        "megatron_training.swap_optimizer=false",
+        [
+            "colocated start-up",
+            "(1 - generate_config.gpu_memory_utilization 0.85) x 64 GB",
+            "set generate_config.offload_train_optimizer: true",
+        ],
+    ),
 }
 
 
 # recipe -> (cluster, what --cluster's memory check names): accepted, placed, but over its device.
 OVER_MEMORY = {
     # num_layer_list 16,17,16,15 at TP4 PP4 DP1: stage 0 holds 16 layers and 4 micro-batches in
-    # flight, and the reference model stays on the device through the update.
+    # flight, each counted at max_prompt_length + max_tokens per sample (use_remove_padding packs
+    # the actual tokens, but a micro-batch of responses cut at max_tokens reaches that too); the
+    # distributed optimizer has DP 1 to shard over, and the reference stays on the device.
     "grpo_qwen25_32b_A3": ("1x16", "trainer rank 0 needs 64.4 GB of its 64 GB device"),
 }
 
@@ -100,12 +108,38 @@ def test_shipped_recipe_refused_names_the_feature(capsys: pytest.CaptureFixture[
 def test_shipped_recipe_that_would_not_start_its_engines_is_refused_naming_the_key(
     capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
-    code, out, err = _check(capsys, CONFIGS, name)
+    override, phrases = REFUSED_AT_START[name]
+    code, out, err = _check(capsys, CONFIGS, name, override)
     assert code == 2 and "unknown key" not in err and "Traceback" not in err
-    for phrase in REFUSED_AT_START[name]:
+    for phrase in phrases:
         assert phrase in err, err
-    fixed = _check(capsys, CONFIGS, name, "generate_config.offload_train_optimizer=true")
+    fixed = _check(capsys, CONFIGS, name, override, "generate_config.offload_train_optimizer=true")
     assert fixed[0] == 0, fixed[2]
+
+
+def test_swap_optimizer_keeps_the_235b_optimizer_state_off_the_device(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Honoured on NPU (MindSpeed's swap optimizer), so not listed inert; each rank's optimizer term
+    # is one swap chunk, well under its 1/16 x 12 bytes x (the stage's experts: EP8 of 128, DP 1).
+    code, out, err = _check(capsys, CONFIGS, "grpo_qwen3_235b_a22b_A2", "--list-inert")
+    assert code == 0 and "swap_optimizer" not in out
+    code, out, err = _check(capsys, CONFIGS, "grpo_qwen3_235b_a22b_A2", "--cluster", "16x8")
+    assert code == 0, err
+    memory = json.loads(out)["memory_gb"]
+    assert "optimizer_state" not in memory["colocated_start"]
+    code, out, err = _check(
+        capsys,
+        CONFIGS,
+        "grpo_qwen3_235b_a22b_A2",
+        "--cluster",
+        "16x8",
+        "megatron_training.swap_optimizer=false",
+    )
+    whole = json.loads(out)["memory_gb"]
+    for swapped, kept in zip(memory["trainer_ranks"], whole["trainer_ranks"], strict=True):
+        assert swapped["optimizer_state"] < kept["optimizer_state"] / 4
+        assert swapped["activations"] == kept["activations"]
 
 
 def test_moe_tp_extend_ep_spreads_whole_experts_over_tp_x_ep() -> None:
@@ -149,6 +183,11 @@ def test_shipped_recipe_over_its_device_memory_names_the_rank(
     assert code == 0, err
     code, out, err = _check(capsys, CONFIGS, name, "--cluster", cluster)
     assert code == 2 and phrase in err, err
+    # The distributed optimizer is already on (DP 1): the hint names DP and the swap optimizer.
+    assert "over 1 data-parallel rank(s) (world 16 / (TP 4 x PP 4))" in err
+    assert "use_distributed_optimizer: true" not in err
+    fixed = _check(capsys, CONFIGS, name, "--cluster", cluster, "megatron_training.swap_optimizer=true")
+    assert fixed[0] == 0, fixed[2]
     stages = json.loads(out)["memory_gb"]["trainer_ranks"]
     # Per-stage memory follows the uneven split: 16, 17, 16, 15 layers, 4 ranks (TP4) per stage.
     params = [stages[4 * s]["parameters"] for s in range(4)]

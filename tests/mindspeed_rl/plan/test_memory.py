@@ -17,6 +17,7 @@ from mindspeed_rl.plan.memory import (
     TrainerMemorySpec,
     activation_bytes,
     colocated_start,
+    largest_parameter,
     rank_parameters,
     rollout_memory,
     rollout_shortfall,
@@ -92,7 +93,8 @@ def _count_worker(rank: int, port: int, layout_name: str, shapes: list[str], out
         sizes = [(".experts." in n, p.numel()) for n, p in model.named_parameters()]
         dense = sum(size for is_expert, size in sizes if not is_expert)
         expert = sum(size for is_expert, size in sizes if is_expert)
-        out.put((layout_name, name, rank, ps.get_pipeline_model_parallel_rank(), dense, expert))
+        largest = max(p.numel() for p in model.parameters())
+        out.put((layout_name, name, rank, ps.get_pipeline_model_parallel_rank(), dense, expert, largest))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -114,9 +116,13 @@ def test_parameter_counts_equal_real_megatron_models(layout_name: str) -> None:
     seen = 0
     tp, pp, ep = LAYOUTS[layout_name]
     while not out.empty():
-        _, name, rank, pp_rank, dense, expert = out.get()
+        _, name, rank, pp_rank, dense, expert, largest = out.get()
         planned = rank_parameters(SHAPES[name], tp=tp, pp=pp, ep=ep, pp_rank=pp_rank, divisible_by=8)
         assert (planned.dense, planned.expert) == (dense, expert), (name, rank, pp_rank)
+        # The swap optimizer's chunk bound: the largest tensor exactly for dense models; for MoE an
+        # upper bound (the CPU build's SequentialMLP keeps one tensor per expert, the plan groups them).
+        bound = largest_parameter(SHAPES[name], tp=tp, pp=pp, ep=ep, pp_rank=pp_rank, divisible_by=8)
+        assert bound >= largest if SHAPES[name].is_moe else bound == largest, (name, rank, pp_rank)
         seen += 1
     assert seen >= 2 * (1 if layout_name == "ep2" else 2)  # every buildable shape, both ranks
 

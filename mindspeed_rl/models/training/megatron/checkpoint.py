@@ -44,6 +44,7 @@ from mindspeed_rl.models.training.update_loop import progress_state, restore_pro
 
 if TYPE_CHECKING:
     from mindspeed_rl.models.training.megatron.engine import MegatronTrainingEngine
+    from mindspeed_rl.models.training.megatron.layout import MegatronLayout
 
 DIST_DIR = "mcore_dist"
 _ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -83,6 +84,20 @@ def _host_optimizer_state(engine: MegatronTrainingEngine) -> dict[str, Any]:
     return state
 
 
+def optimizer_sharding(layout: MegatronLayout) -> dict[str, str]:
+    """Extra arguments of the distributed optimizer's ``sharded_state_dict`` for ``layout``.
+
+    MindSpeed's swap optimizer (26.1.0_core_r0.12.1, ``SwapDistributedOptimizer``) keeps the fp32
+    masters and moments in host buffers between steps, their device tensors without storage, and
+    overrides only megatron's ``dp_zero_gather_scatter`` path (``get_parameter_state_dp_zero``,
+    ``load_parameter_state_from_dp_zero``), which reads those host buffers. megatron-core 0.12.1's
+    default, ``fully_sharded_model_space``, would read the empty device tensors, so a swapping
+    layout asks for ``dp_zero_gather_scatter`` (``DistributedOptimizer.sharded_state_dict``'s
+    ``sharding_type``; ``ChainedOptimizer`` passes it to each). That format gathers the state on
+    data-parallel rank 0; not run on an Ascend host here."""
+    return {"sharding_type": "dp_zero_gather_scatter"} if layout.swap_optimizer else {}
+
+
 def sharded_state(
     engine: MegatronTrainingEngine, *, optimizer: bool, is_loading: bool = False
 ) -> dict[str, Any]:
@@ -100,7 +115,9 @@ def sharded_state(
         # megatron's optimizers: sharded_state_dict(model_sharded_state_dict, is_loading) in
         # 0.12.1 and 0.19.2 (optimizer/optimizer.py, distrib_optimizer.py); not run on this host.
         # A distributed optimizer reshards over another DP size with its default sharding type.
-        state["optimizer"] = engine.optimizer.sharded_state_dict(model_state, is_loading=is_loading)
+        state["optimizer"] = engine.optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, **optimizer_sharding(engine.layout)
+        )
         return state
     optim_state = _host_optimizer_state(engine)
     # The AdamW's state ids are positions in ``params``: map them to the model's sharded tensors.

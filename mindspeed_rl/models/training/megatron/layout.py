@@ -47,6 +47,11 @@ class MegatronLayout:
     use_fused_rotary_pos_emb: bool = False
     """The fused kernels are MindSpeed's (NPU); on CUDA TransformerEngine fuses the norm itself and
     the SwiGLU / RoPE switches select megatron's fusions; on CPU they change nothing."""
+    swap_optimizer: bool = False
+    """MindSpeed's swap optimizer (NPU, upstream's ``swap_optimizer``; needs the distributed
+    optimizer): the fp32 master shards and Adam moments live in pinned host memory, and each step
+    brings them to the device in chunks of 1/``swap_optimizer_times`` of the rank's shard
+    (MindSpeed 26.1.0_core_r0.12.1, core/optimizer/swap_optimizer/swap_optimizer.py)."""
 
     def __post_init__(self) -> None:
         sizes = {

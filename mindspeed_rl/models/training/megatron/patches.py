@@ -87,6 +87,12 @@ def mindspeed_argv(layout: MegatronLayout) -> list[str]:
         # ulysses_cp_algo). The size itself reaches it through TransformerConfig's explicit
         # context_parallel_size (an unregistered --context-parallel-size would arrive as a string).
         flags += ["--context-parallel-algo", layout.context_parallel_algo]
+    if layout.swap_optimizer:
+        # MindSpeed's SwapOptimizerFeature patches megatron's DistributedOptimizer with its
+        # SwapDistributedOptimizer and its fused AdamW's step (the default --optimizer-selection
+        # fused_adamw); its validate_args wants --use-distributed-optimizer among the args too.
+        # --swap-optimizer-times stays at MindSpeed's default (plan.memory.SWAP_OPTIMIZER_TIMES).
+        flags += ["--swap-optimizer", "--use-distributed-optimizer"]
     if layout.recompute_granularity is not None:
         flags += ["--recompute-granularity", layout.recompute_granularity]
         if layout.recompute_method is not None:
