@@ -11,10 +11,11 @@ AdamW normalises it), and after each the exported bf16 weights go through
 - ``tp2_to_tp1``: the same weights cut into two TP ranks (``hf_dense_rules``), one link per rank,
   then merged for a TP1 GU with the real merge code;
 
-timing each refresh end to end through two media, side by side with the full refresh of the same
-bytes: ``file`` (the shared_fs medium: write + fsync + read back the packed bytes) and ``memory``
-(the in-memory media's floor: one copy of the packed bytes; Ray's object store and a gloo group
-add their own per-byte cost on top, not measured here). Full = the same path with a full refresh.
+and through the wired transports, ``weight_delta`` on against off, export call to what the GU
+offers its actors (checked bit for bit there): ``shared_fs_wired`` (the real exporters and GU end:
+files in a snapshot root on this host's disk) and ``object_store_wired`` (a local Ray instance).
+``memory`` is the codec alone over an in-memory medium (one copy of the packed bytes): the floor
+of any medium.
 
 Also per version: the changed fraction (elements whose bits changed), sparse bytes / full bytes,
 and the alternative encoding measured on the same words: xor with the base, compressed with zlib
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -135,20 +135,6 @@ def tp_ranks(layout: TrainingLayout, full: dict[str, torch.Tensor]) -> list[dict
     return out
 
 
-def file_medium(folder: Path) -> Callable[[bytes], bytes]:
-    def carry(buffer: bytes) -> bytes:
-        path = folder / "refresh.bin"
-        with open(path, "wb") as f:
-            f.write(buffer)
-            f.flush()
-            os.fsync(f.fileno())
-        data = path.read_bytes()
-        path.unlink()
-        return data
-
-    return carry
-
-
 def memory_medium(buffer: bytes) -> bytes:
     return bytes(bytearray(buffer))
 
@@ -203,10 +189,118 @@ def refresh_case(
     return out
 
 
+def wired_case(
+    layout: TrainingLayout, versions: list[dict[str, torch.Tensor]], tmp: Path
+) -> dict[str, float]:
+    """The real ``weight_transport: shared_fs`` path (``weights.delta_fs``), ``weight_delta`` on
+    against off: per version, from the TU ranks' export call until the GU's conversion is
+    published (write + publish, then apply + write the applied copy + convert for on; write +
+    publish, then hard link or merge for off), and the bytes the TU put in the shared folder."""
+    from safetensors.torch import load_file
+
+    from mindspeed_rl.weights.store import snapshot_dirname
+    from mindspeed_rl.weights.transports import DeltaSettings, transport_for
+
+    shared_fs = transport_for("shared_fs")
+    out: dict[str, list[float]] = {"on_s": [], "off_s": [], "on_bytes": [], "off_bytes": []}
+    for kind, delta in (("off", None), ("on", DeltaSettings(mode="on", full_interval=10**6))):
+        root = Path(tempfile.mkdtemp(dir=tmp, prefix=f"wired-{kind}-"))  # one per call: a fresh run
+        writers = [
+            shared_fs.exporter(root / "trainer", 2, run_id="bench", delta=delta)
+            for _ in range(layout.world_size)
+        ]
+        gu = shared_fs.gu_end(root / "gu0", delta=delta, gu_id=0)
+        try:
+            for i, full in enumerate(versions):
+                shards = tp_ranks(layout, full) if layout.world_size > 1 else [full]
+                tic = time.perf_counter()
+                futures = [w.export(i + 1, shards[r].items(), layout, r) for r, w in enumerate(writers)]
+                for f in futures:
+                    f.result()
+                folder = root / "trainer" / snapshot_dirname(i + 1)
+                nbytes = sum(p.stat().st_size for p in folder.iterdir() if p.name.startswith("rank-"))
+                done = gu.convert(i + 1, str(folder))
+                seconds = time.perf_counter() - tic
+                assert done.path is not None
+                got = load_file(str(Path(done.path) / "rank-00000.safetensors"))
+                for name, t in full.items():  # exact: what actors load is the trainer's bits
+                    assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), (kind, i, name)
+                if i > 0:
+                    out[f"{kind}_s"].append(seconds)
+                    out[f"{kind}_bytes"].append(float(nbytes))
+        finally:
+            for w in writers:
+                w.close()
+    return _summary(out)
+
+
+def object_store_case(layout: TrainingLayout, versions: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """The real ``weight_transport: object_store`` path (``weights.delta_object_store``),
+    ``weight_delta`` on against off, on a local Ray instance: per version, from the TU ranks'
+    export call until the GU offers the snapshot to its actors (put + announce, then the GU's
+    check for off; encode + put of the packed delta, then fetch + apply + put of the applied copy
+    for on), and the bytes the TU put. Checked bit for bit through the actors' reader."""
+    from mindspeed_rl.weights.transport import memory_path
+    from mindspeed_rl.weights.transports import DeltaSettings, transport_for
+    from mindspeed_rl.weights.transports.base import memory_reader
+
+    store = transport_for("object_store")
+    out: dict[str, list[float]] = {"on_s": [], "off_s": [], "on_bytes": [], "off_bytes": []}
+    for kind, delta in (("off", None), ("on", DeltaSettings(mode="on", full_interval=10**6))):
+        run_id = f"bench-{kind}-{layout.world_size}-{time.monotonic_ns()}"
+        writers = [
+            store.exporter(Path("/nonexistent"), 2, run_id=run_id, delta=delta)
+            for _ in range(layout.world_size)
+        ]
+        gu = store.gu_end(Path("/nonexistent"), delta=delta, gu_id=0)
+        try:
+            for i, full in enumerate(versions):
+                shards = tp_ranks(layout, full) if layout.world_size > 1 else [full]
+                tic = time.perf_counter()
+                futures = [w.export(i + 1, shards[r].items(), layout, r) for r, w in enumerate(writers)]
+                results = [f.result() for f in futures]
+                (handle,) = [r.handle for r in results if r.handle is not None]
+                done = gu.convert(i + 1, memory_path(i + 1), handle)
+                seconds = time.perf_counter() - tic
+                assert done.path is not None
+                weights, _ = memory_reader(gu.reload_handle(done.path))()
+                got = dict(weights)
+                for name, t in full.items():  # exact: what actors load is the trainer's bits
+                    assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), (kind, i, name)
+                del got, weights
+                if i > 0:
+                    out[f"{kind}_s"].append(seconds)
+                    out[f"{kind}_bytes"].append(float(sum(r.bytes_written for r in results)))
+        finally:
+            for w in writers:
+                w.close()
+                if hasattr(w, "release_all"):
+                    w.release_all()
+    return _summary(out)
+
+
+def _summary(out: dict[str, list[float]]) -> dict[str, float]:
+    return {
+        "delta_s": statistics.median(out["on_s"]),
+        "full_s": statistics.median(out["off_s"]),
+        "seconds_ratio": statistics.median(d / f for d, f in zip(out["on_s"], out["off_s"], strict=True)),
+        "bytes_ratio": statistics.median(
+            d / f for d, f in zip(out["on_bytes"], out["off_bytes"], strict=True)
+        ),
+        "delta_bytes": statistics.median(out["on_bytes"]),
+        "full_bytes": statistics.median(out["off_bytes"]),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
     from mindspeed_rl.models.tiny import create_tiny_model
 
     results: dict[str, Any] = {"arch": arch(args), "steps": args.steps, "cases": {}}
+    # The object_store case's Ray: local, no dashboard (its puts go to this host's shared memory).
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    media: list[tuple[str, Callable[[bytes], bytes]]] = [("memory", memory_medium)]
     with tempfile.TemporaryDirectory() as tmp:
         model_path = create_tiny_model(Path(tmp) / "model", arch(args), seed=0)
         for lr in [float(x) for x in args.lrs.split(",")]:
@@ -248,7 +342,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ("identity", TrainingLayout()),
                 ("tp2_to_tp1", TrainingLayout(tp_size=2, rules=hf_dense_rules())),
             ):
-                for medium_name, carry in (("file", file_medium(Path(tmp))), ("memory", memory_medium)):
+                case[f"{case_name}/shared_fs_wired"] = wired_case(layout, versions, Path(tmp))
+                case[f"{case_name}/object_store_wired"] = object_store_case(layout, versions)
+                for medium_name, carry in media:
                     r = refresh_case(layout, versions, carry)
                     case[f"{case_name}/{medium_name}"] = {
                         "delta_s": statistics.median(r["delta_s"]),
@@ -262,4 +358,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     }
             results["cases"][f"lr={lr:g}"] = case
             print(json.dumps({f"lr={lr:g}": case}, indent=1), flush=True)
+    ray.shutdown()
+    print_table(results)
     return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    """One line per learning rate, layout and transport: what the docs table shows."""
+    print(f"{results['params'] / 1e6:.0f} M parameters ({results['dtype']}), medians over the refreshes")
+    print("lr     changed  layout      transport            bytes(delta/full)  refresh s (delta vs full)")
+    for lr, case in results["cases"].items():
+        changed = statistics.median(case["changed_fraction"])
+        for key, row in case.items():
+            if "/" not in key:
+                continue
+            layout, transport = key.split("/")
+            print(
+                f"{lr[3:]:6s} {changed:7.2%}  {layout:10s}  {transport:19s}  {row['bytes_ratio']:.3f}x"
+                f"             {row['seconds_ratio']:.2f}x ({row['delta_s']:.2f} vs {row['full_s']:.2f})"
+            )

@@ -63,9 +63,9 @@ class AsyncConfig(ControlKnobs):
         "off",
         "Delta weight sync: off = every refresh carries the whole model; on = a refresh carries, per "
         "tensor, only the elements whose bits changed since the receiver's version (checked bit for bit "
-        "after applying); auto = a delta only when it is under half the full bytes. The codec and "
-        "protocol are built (weights/delta.py, guides/weight-delta.md); auto / on are refused until "
-        "they are wired into the TU -> GU transports.",
+        "after applying); auto = a delta only when it is under half the full bytes. Wired for "
+        "weight_transport=shared_fs and object_store (weights/delta_fs.py, delta_object_store.py; "
+        "guides/weight-delta.md); collective refuses auto / on.",
     )
     delta_full_interval: int = opt(
         10,

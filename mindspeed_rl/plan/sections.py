@@ -31,6 +31,7 @@ from mindspeed_rl.plan.colocation import OFFLOAD_KEYS, colocated_offload
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.role_envs import RoleEnvs, role_envs_from_config
 from mindspeed_rl.weights.collective_backend import Backend, resolve_backend
+from mindspeed_rl.weights.transports import DeltaSettings, transport_for
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
@@ -75,6 +76,8 @@ class AsyncSpec:
     snapshot_interval: int
     weight_transport: WeightTransport = DEFAULT_WEIGHT_TRANSPORT
     """Looked up by ``weights.transports.transport_for`` where it is acted on."""
+    weight_delta: DeltaSettings | None = None
+    """``weight_delta`` auto / on (None: off, full snapshots): the TU's exporter and every GU's end."""
     bucket_mb: float = 512.0
     """collective: MB per send bucket."""
     collective_backend: Backend = "gloo"
@@ -486,13 +489,12 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
         raise ValueError(
             f"async_config.delta_full_interval={a.delta_full_interval}; use a full snapshot every N >= 1 versions"
         )
-    if a.weight_delta != "off":
-        # The codec, the base/resend protocol and the wire form exist and are tested
-        # (weights/delta.py); the GU -> TU "my base is v" channel and the GU's apply-before-convert
-        # step are not wired yet, so accepting the key would silently send full snapshots.
+    if a.weight_delta != "off" and not transport_for(a.weight_transport).carries_delta:
+        # Wired on shared_fs and object_store (weights/delta_fs.py, delta_object_store.py);
+        # accepting it elsewhere would silently send full snapshots.
         raise ValueError(
-            f"async_config.weight_delta={a.weight_delta}: delta sync is not wired into the TU -> GU "
-            "transports yet (weights/delta.py holds the codec and protocol); set weight_delta: off"
+            f"async_config.weight_delta={a.weight_delta} is wired for weight_transport=shared_fs and "
+            f"object_store, not {a.weight_transport}; set weight_delta: off or another weight_transport"
         )
     asp = copy_section(config.asp_config, ASPConfig)
     spec = AsyncSpec(
@@ -506,6 +508,9 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
         snapshot_keep=a.snapshot_keep,
         snapshot_interval=a.snapshot_interval,
         weight_transport=a.weight_transport,
+        weight_delta=None
+        if a.weight_delta == "off"
+        else DeltaSettings(mode=a.weight_delta, full_interval=a.delta_full_interval),
         bucket_mb=a.bucket_mb,
         collective_backend=resolve_backend(
             a.collective_backend,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
 
 from mindspeed_rl.runtime import events as ev
@@ -361,10 +361,17 @@ class ControlLoop:
 
     @_serialized
     def on_snapshot_converted(
-        self, gu_id: int, version: int, seconds: float, *, at: float | None = None
+        self,
+        gu_id: int,
+        version: int,
+        seconds: float,
+        *,
+        at: float | None = None,
+        delta: Mapping[str, float] | None = None,
     ) -> None:
-        """``at``: when the conversion ended (clock time), for a GU that batches its reports."""
-        self.weights.converted(gu_id, version, seconds, at=at)
+        """``at``: when the conversion ended (clock time), for a GU that batches its reports;
+        ``delta``: the refresh's delta figures (``weight_delta`` auto / on)."""
+        self.weights.converted(gu_id, version, seconds, at=at, delta=delta)
 
     @_serialized
     def on_weights_loaded(

@@ -111,6 +111,8 @@ class SnapshotConverted:
     gu_id: int
     version: int
     seconds: float
+    delta: dict[str, float] | None = None
+    """``weight_delta`` auto / on: bytes sent, changed fraction, encode / apply seconds."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,4 +187,7 @@ class EventLog(AppendLog[Event]):
 
     @staticmethod
     def to_json_dict(event: Event) -> dict[str, Any]:
-        return {"event": type(event).__name__, **asdict(event)}
+        record = {"event": type(event).__name__, **asdict(event)}
+        if isinstance(event, SnapshotConverted) and event.delta is None:
+            del record["delta"]  # weight_delta off: the line is what it was before the field
+        return record

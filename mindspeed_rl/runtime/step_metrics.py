@@ -108,6 +108,7 @@ def _weight_flow(events: list[ev.Event]) -> dict[str, float | None]:
     converts = [e.seconds for e in events if isinstance(e, ev.SnapshotConverted)]
     loads = [e for e in events if isinstance(e, ev.WeightsLoaded)]
     return {
+        **_delta(events),
         "snapshot/save_s": _mean(saves),
         "snapshot/convert_s": _mean(converts),
         "snapshot/load_s": _mean([e.seconds for e in loads]),
@@ -115,6 +116,21 @@ def _weight_flow(events: list[ev.Event]) -> dict[str, float | None]:
         "snapshot/reloads_not_newest": float(
             sum(e.newest_at_start is not None and e.version < e.newest_at_start for e in loads)
         ),
+    }
+
+
+def _delta(events: list[ev.Event]) -> dict[str, float | None]:
+    """``weight_delta`` auto / on: the step's refreshes as the GUs applied them (nothing when off).
+    Bytes and seconds are summed over the step's conversions, the changed fraction averaged."""
+    deltas = [e.delta for e in events if isinstance(e, ev.SnapshotConverted) and e.delta is not None]
+    if not deltas:
+        return {}
+    return {
+        "delta/bytes_sent": sum(d["delta_bytes_sent"] for d in deltas),
+        "delta/changed_fraction": _mean([d["delta_changed_fraction"] for d in deltas]),
+        "delta/encode_s": sum(d["delta_encode_seconds"] for d in deltas),
+        "delta/apply_s": sum(d["delta_apply_seconds"] for d in deltas),
+        "delta/refreshes": float(len(deltas)),
     }
 
 

@@ -7,6 +7,7 @@ Moving the bytes is the workers' job (``mindspeed_rl.weights``); this only recor
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 
 from mindspeed_rl.runtime import events as ev
 from mindspeed_rl.runtime.clock import Clock
@@ -54,12 +55,24 @@ class WeightFlowLedger:
             )
         )
 
-    def converted(self, gu_id: int, version: int, seconds: float, *, at: float | None = None) -> None:
+    def converted(
+        self,
+        gu_id: int,
+        version: int,
+        seconds: float,
+        *,
+        at: float | None = None,
+        delta: Mapping[str, float] | None = None,
+    ) -> None:
         """``at``: when the conversion ended, if the GU reports it later than that (clock time)."""
         self._timings.convert.add(seconds)
         self._events.append(
             ev.SnapshotConverted(
-                time=self._clock.now() if at is None else at, gu_id=gu_id, version=version, seconds=seconds
+                time=self._clock.now() if at is None else at,
+                gu_id=gu_id,
+                version=version,
+                seconds=seconds,
+                delta=None if delta is None else dict(delta),
             )
         )
 

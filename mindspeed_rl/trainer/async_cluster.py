@@ -67,6 +67,7 @@ class AsyncCluster:
         self._closing = False  # set by close: GU runs ending from then on are not failures
         self._started = 0.0
         self._evaluations = 0
+        self._delta_on = False  # weight_delta auto / on: summary.json sums the GUs' delta totals
         self.env_reports: dict[str, Any] = {}
         """Each process's interpreter and loaded engine stacks (``role_processes``), for summary.json."""
 
@@ -137,6 +138,7 @@ class AsyncCluster:
             check_live(self.env_reports, a.role_envs)
         # The shared-path probe and (collective) the GUs' process groups, before any engine starts.
         weights = start_weight_flow(self.tu, self.gus, a, self.trainer, snapshots)
+        self._delta_on = a.weight_delta is not None
         # Engine start-up is not part of any iteration's time (as in the hybrid loop).
         logger.info(
             "starting %d generation unit(s) x %d actor(s) and the trainer: each engine loads its "
@@ -247,6 +249,7 @@ class AsyncCluster:
         pipeline_seconds = time.perf_counter() - self._started
         control_cpu = self._control_plane_cpu(pipeline_seconds)
         processes = self._processes_at_close()  # while the generation actors are still up
+        delta = self._delta_totals()
         self._stop_gus()
         summary: dict[str, Any] = {**ray.get(self.cu.summary.remote()), **control_cpu}
         # Per completed minibatch: the control plane's cost per unit of work, whatever the run length.
@@ -256,6 +259,7 @@ class AsyncCluster:
         )  # fmt: skip
         ray.get(self.cu.close_events.remote())  # events.jsonl was streamed; this writes the tail
         summary.update(ray.get(self.tu.finish_snapshots.remote()))
+        summary.update(delta)  # the GUs' apply seconds and resends over the TU's zeros
         summary["training_layout"] = training_layout_summary(self.trainer)
         summary["processes"] = processes
         self.save(run_dir / "final_model")
@@ -263,6 +267,20 @@ class AsyncCluster:
             run_dir, pipeline="async", queue_limit_samples=summary.pop("queue_limit_samples"), **summary
         )
         self.kill()
+
+    def _delta_totals(self) -> dict[str, float]:
+        """``weight_delta`` auto / on: the live GUs' apply seconds and full resends, summed (the TU's
+        exporter reports the bytes, the changed fraction and the encode seconds)."""
+        import ray
+
+        if not self._delta_on:
+            return {}
+        live = [gu for g, gu in self.gus.items() if g not in self.failed_gus]
+        totals = {"delta_apply_seconds": 0.0, "delta_resends": 0.0}
+        for stats in ray.get([gu.delta_stats.remote() for gu in live]):
+            for key in totals:
+                totals[key] += stats.get(key, 0.0)
+        return totals
 
     def _processes_at_close(self) -> dict[str, Any]:
         """The processes' reports now that every engine has loaded (the start's, where one is gone)."""
@@ -469,6 +487,7 @@ def gu_specs(
             faults=faults,
             forced_lengths=forced_lengths,
             weight_transport=a.weight_transport,
+            weight_delta=a.weight_delta,
         )
         for g in range(a.num_generation_units)
     ]

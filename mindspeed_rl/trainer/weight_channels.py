@@ -50,6 +50,8 @@ def start_weight_flow(
     finally:
         remove_probe(probe)
     kwargs: dict[str, Any] = {"transport": spec.weight_transport}
+    if spec.weight_delta is not None:
+        kwargs["delta"] = spec.weight_delta
     if transport_for(spec.weight_transport).opens_channels:
         world = sending_ranks(trainer) + 1
         backend = spec.collective_backend

@@ -52,6 +52,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -90,14 +91,20 @@ from mindspeed_rl.weights.store import (
     snapshot_run_id,
 )
 from mindspeed_rl.weights.streaming_merge import (
+    ConversionPlan,
+    Sink,
+    _Group,
+    convert_group_in_memory,
+    group_keys,
     plan_conversion,
     run_conversion,
+    run_groups_bounded,
 )
 
 logger = logging.getLogger(__name__)
 _G = TypeVar("_G")
 
-ConvertMethod = Literal["reused", "linked", "copied", "merged"]
+ConvertMethod = Literal["reused", "linked", "copied", "merged", "from_memory"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,7 +122,8 @@ class ConvertResult:
     """Outcome of `GuConverter.convert`; seconds feed the T_convert metric.
 
     ``method``: "reused" (already cached), "linked" / "copied" (identity layout: the export's
-    file hard-linked, or copied across file systems), "merged" (read, merged, rewritten).
+    file hard-linked, or copied across file systems), "merged" (read, merged, rewritten),
+    "from_memory" (``convert_tensors``: written from host tensors, merged first if needed).
     Seconds of a merge: ``read_seconds`` the checks and the plan (manifest and headers only),
     ``merge_seconds`` the streamed pass (reading, merging and writing interleave, group by
     group), ``write_seconds`` the fsyncs and the publish.
@@ -307,6 +315,50 @@ class GuConverter:
         )
 
     def _merge(self, snapshot: SnapshotInfo, source: SnapshotManifest) -> ConvertResult:
+        def feed(plan: ConversionPlan, writers: list[PlannedShard]) -> None:
+            run_conversion(snapshot.path, plan, self.layout, _sink(writers), num_threads=self.num_threads)
+
+        return self._write_plan(source, feed, method="merged")
+
+    def convert_tensors(
+        self, source: SnapshotManifest, tensors: Mapping[tuple[str, str], torch.Tensor]
+    ) -> ConvertResult:
+        """Convert a training snapshot that is already in host memory (``weight_delta``'s applied
+        copy, keyed by ``(shard file, name)`` as ``source`` lists them) into this cache: the same
+        plan and writers as a merge, fed from memory, so no training snapshot is written and read
+        back first. ``source``'s checksums must be those of ``tensors`` (the caller checked them):
+        an identity layout's file records them without a second CRC pass."""
+        cached = self._cached(source)
+        if cached is not None:
+            return ConvertResult(version=source.version, converted=cached, reused=True, method="reused")
+        identity = is_identity(source, self.layout, self.name_map or NameMap())
+        checked = {(e.shard_file, e.name): e.checksum for e in source.tensors}
+
+        def feed(plan: ConversionPlan, writers: list[PlannedShard]) -> None:
+            if identity:  # one file of the same bytes: each written as it is, its checksum known
+
+                def work(group: _Group) -> None:
+                    for key in group_keys(group):
+                        writers[0].write(key[1], tensors[key], checksum=checked[key])
+
+            else:
+
+                def work(group: _Group) -> None:
+                    convert_group_in_memory(group, plan, tensors, self.layout, _sink(writers))
+
+            run_groups_bounded(plan, work, self.num_threads)
+
+        result = self._write_plan(source, feed, method="from_memory")
+        pruned = prune(self.cache_dir, self.keep_last, self.lease_ttl_s, run_id=source.run_id)
+        return replace(result, pruned_versions=pruned)
+
+    def _write_plan(
+        self,
+        source: SnapshotManifest,
+        feed: Callable[[ConversionPlan, list[PlannedShard]], None],
+        *,
+        method: ConvertMethod,
+    ) -> ConvertResult:
         started = time.perf_counter()
         plan = plan_conversion(source, self.layout, name_map=self.name_map)
         planned = time.perf_counter()
@@ -317,13 +369,7 @@ class GuConverter:
             for file, tensors in zip(files, plan.per_rank, strict=True):
                 specs = {name: self.layout.spec_for(name) for name in tensors}
                 writers.append(PlannedShard(temp / file, tensors, specs))
-            run_conversion(
-                snapshot.path,
-                plan,
-                self.layout,
-                lambda rank, name, tensor: writers[rank].write(name, tensor),
-                num_threads=self.num_threads,
-            )
+            feed(plan, writers)
             converted = time.perf_counter()
             shards: list[ShardEntry] = []
             entries: list[TensorEntry] = []
@@ -343,7 +389,7 @@ class GuConverter:
             version=source.version,
             converted=info,
             reused=False,
-            method="merged",
+            method=method,
             read_seconds=planned - started,
             merge_seconds=converted - planned,
             write_seconds=time.perf_counter() - converted,
@@ -369,6 +415,10 @@ class GuConverter:
         (temp / MANIFEST_NAME).write_text(manifest.dumps())
         fsync_path(temp / MANIFEST_NAME)
         return publish_dir(temp, self.cache_dir, source.version)
+
+
+def _sink(writers: list[PlannedShard]) -> Sink:
+    return lambda rank, name, tensor: writers[rank].write(name, tensor)
 
 
 def _rank_file(rank: int) -> str:

@@ -35,9 +35,10 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -52,6 +53,27 @@ AUTO_MAX_FRACTION = 0.5
 refresh's (above it, the scatter on the receiver costs more than the bytes it saves)."""
 
 Encoding = Literal["full", "sparse"]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _threads() -> int:
+    # As shardio.default_io_threads: numpy's compares / gathers / scatters and zlib's crc32 of a
+    # large buffer release the GIL, so the per-tensor passes of encode and apply run on this many
+    # threads (measured on the 2-core host: the passes over the full words dominate a refresh).
+    import os
+
+    return min(8, max(2, os.cpu_count() or 1))
+
+
+def _map(fn: Callable[[_T], _R], items: Sequence[_T], threads: int | None = None) -> list[_R]:
+    """``[fn(x) for x in items]`` in order, on ``threads`` threads (the largest tensors first)."""
+    n = _threads() if threads is None else threads
+    if n <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="delta") as pool:
+        return list(pool.map(fn, items))
 
 
 class DeltaMismatch(SnapshotError):
@@ -163,14 +185,16 @@ class DeltaStats:
         }
 
 
-def words(tensor: torch.Tensor) -> np.ndarray:
+def words(tensor: torch.Tensor, *, copy: bool = True) -> np.ndarray:
     """The tensor's elements as unsigned words of its element size (its bits, not its values),
-    flat, on the host: a copy the caller owns."""
+    flat, on the host: a copy the caller owns (``copy=False``: a view, for a host tensor nobody
+    changes any more, such as the exporter's own copy)."""
     t = tensor.detach().to("cpu").contiguous().reshape(-1)
     size = t.element_size()
     if size not in (1, 2, 4, 8):
         raise ValueError(f"delta sync carries 1/2/4/8-byte elements; {t.dtype} has {size}")
-    return t.view(torch.uint8).numpy().view(np.dtype(f"u{size}")).copy()
+    flat = t.view(torch.uint8).numpy().view(np.dtype(f"u{size}"))
+    return flat.copy() if copy else flat
 
 
 def from_words(flat: np.ndarray, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -189,7 +213,9 @@ def _dtype_name(tensor: torch.Tensor) -> str:
 class DeltaEncoder:
     """A TU rank's side: encode each version against the base the receiver says it holds."""
 
-    def __init__(self, mode: DeltaMode = "on", *, full_interval: int = 10) -> None:
+    def __init__(
+        self, mode: DeltaMode = "on", *, full_interval: int = 10, threads: int | None = None
+    ) -> None:
         if mode not in ("off", "auto", "on"):
             raise ValueError(f"async_config.weight_delta={mode!r}; use off, auto or on")
         if full_interval < 1:
@@ -201,12 +227,26 @@ class DeltaEncoder:
         self._base_version: int | None = None
         self._base: dict[str, np.ndarray] = {}
         self._last_full: int | None = None
+        self.threads = threads
+        """Threads for the per-tensor passes (None: one per core, 2..8)."""
+
+    @property
+    def base_version(self) -> int | None:
+        """The version this encoder's next delta is built on (the last one it encoded)."""
+        return self._base_version
 
     def encode(
-        self, version: int, tensors: Iterable[tuple[str, torch.Tensor]], receiver_base: int | None
+        self,
+        version: int,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        receiver_base: int | None,
+        *,
+        owned: bool = False,
     ) -> DeltaRefresh:
+        """``owned``: the tensors are host copies that no one changes any more (the exporter's);
+        the encoder keeps views of them as its next base instead of copying them."""
         started = time.perf_counter()
-        current = {name: (t, words(t)) for name, t in tensors}
+        current = {name: (t, words(t, copy=not owned)) for name, t in tensors}
         full_nbytes = sum(int(w.nbytes) for _, w in current.values())
         total = sum(int(w.size) for _, w in current.values())
         delta_ok = (
@@ -227,17 +267,18 @@ class DeltaEncoder:
         base = receiver_base if parts is not None else None
         if parts is None:
             changed = total
-            parts = [
-                TensorDelta(
-                    name=name,
-                    dtype=_dtype_name(t),
-                    shape=tuple(t.shape),
+            parts = _map(
+                lambda item: TensorDelta(
+                    name=item[0],
+                    dtype=_dtype_name(item[1][0]),
+                    shape=tuple(item[1][0].shape),
                     encoding="full",
-                    checksum=_crc(w),
-                    data=w,
-                )
-                for name, (t, w) in current.items()
-            ]
+                    checksum=_crc(item[1][1]),
+                    data=item[1][1],
+                ),
+                list(current.items()),
+                self.threads,
+            )
             self._last_full = version
         self._base = {name: w for name, (_, w) in current.items()}
         self._base_version = version
@@ -254,43 +295,47 @@ class DeltaEncoder:
     def _sparse(
         self, current: Mapping[str, tuple[torch.Tensor, np.ndarray]]
     ) -> tuple[list[TensorDelta], int]:
-        parts = []
-        changed = 0
-        for name, (t, w) in current.items():
+        for name, (_, w) in current.items():
             old = self._base[name]
             if old.shape != w.shape or old.dtype != w.dtype:
                 raise ValueError(f"tensor {name} changed shape or dtype between versions; resend in full")
-            idx = np.flatnonzero(old != w)  # ascending, as flat_indices rebuilds them
-            changed += int(idx.size)
-            parts.append(
-                TensorDelta(
-                    name=name,
-                    dtype=_dtype_name(t),
-                    shape=tuple(t.shape),
-                    encoding="sparse",
-                    checksum=_crc(w),
-                    data=w[idx],
-                    indices=(idx & 0xFFFF).astype(np.uint16),
-                    blocks=np.bincount(idx >> 16, minlength=(w.size + 0xFFFF) >> 16).astype(np.uint32),
-                )
+
+        def one(item: tuple[str, tuple[torch.Tensor, np.ndarray]]) -> TensorDelta:
+            name, (t, w) = item
+            idx = np.flatnonzero(self._base[name] != w)  # ascending, as flat_indices rebuilds them
+            return TensorDelta(
+                name=name,
+                dtype=_dtype_name(t),
+                shape=tuple(t.shape),
+                encoding="sparse",
+                checksum=_crc(w),
+                data=w[idx],
+                indices=(idx & 0xFFFF).astype(np.uint16),
+                blocks=np.bincount(idx >> 16, minlength=(w.size + 0xFFFF) >> 16).astype(np.uint32),
             )
-        return parts, changed
+
+        parts = _map(one, list(current.items()), self.threads)
+        return parts, sum(int(p.data.size) for p in parts)
 
 
 class DeltaReceiver:
     """A GU's copy of one sending rank's tensors, advanced by each refresh and checked."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, threads: int | None = None) -> None:
+        self.threads = threads
+        """Threads for the per-tensor scatter + checksum (None: one per core, 2..8)."""
         self.base_version: int | None = None
         """What to tell the encoder; None = unknown (a full refresh is needed)."""
         self._copy: dict[str, np.ndarray] = {}
         self._meta: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._checksums: dict[str, int] = {}
 
     def reset(self) -> None:
         """Forget the base (after a mismatch, a restart or a resume): the next refresh is full."""
         self.base_version = None
         self._copy.clear()
         self._meta.clear()
+        self._checksums.clear()
 
     def apply(self, refresh: DeltaRefresh) -> float:
         """Apply ``refresh`` to the copy; returns the seconds it took. Raises ``BaseMismatch``
@@ -306,32 +351,52 @@ class DeltaReceiver:
         if refresh.is_full:
             self._copy.clear()
             self._meta.clear()
-        for part in refresh.tensors:
-            base_copy = self._copy.get(part.name)
+            self._checksums.clear()
+        for part in refresh.tensors:  # the structure first, serially: nothing changed yet on error
             if part.encoding == "full":
-                flat = np.array(part.data, copy=True)
-            elif base_copy is None or part.indices is None or part.blocks is None:
+                continue
+            base_copy = self._copy.get(part.name)
+            if base_copy is None or part.indices is None or part.blocks is None:
                 self.reset()
                 raise BaseMismatch(f"v{refresh.version}: tensor {part.name} has no base here")
-            else:
-                flat = base_copy
-                if int(part.blocks.sum()) != part.data.size or part.blocks.size != (flat.size + 0xFFFF) >> 16:
-                    self.reset()
-                    raise DeltaMismatch(
-                        f"weight delta v{refresh.version}: tensor {part.name}'s sparse part is malformed "
-                        "(index blocks do not match its values or its size); a full refresh follows"
-                    )
-                flat[part.flat_indices()] = part.data
-            self._copy[part.name] = flat
-            self._meta[part.name] = (part.dtype, part.shape)
-            if _crc(flat) != part.checksum:
+            if (
+                int(part.blocks.sum()) != part.data.size
+                or part.blocks.size != (base_copy.size + 0xFFFF) >> 16
+            ):
                 self.reset()
                 raise DeltaMismatch(
-                    f"weight delta v{refresh.version}: tensor {part.name} does not match the trainer's "
-                    "after applying (checksum differs); the copy is dropped and a full refresh follows"
+                    f"weight delta v{refresh.version}: tensor {part.name}'s sparse part is malformed "
+                    "(index blocks do not match its values or its size); a full refresh follows"
                 )
+
+        def one(part: TensorDelta) -> tuple[np.ndarray, bool]:
+            # Each tensor's scatter and checksum on its own thread (numpy / zlib release the GIL).
+            if part.encoding == "full":
+                flat = np.array(part.data, copy=True)
+            else:
+                flat = self._copy[part.name]
+                flat[part.flat_indices()] = part.data
+            return flat, _crc(flat) == part.checksum
+
+        results = _map(one, list(refresh.tensors), self.threads)
+        for part, (flat, _) in zip(refresh.tensors, results, strict=True):
+            self._copy[part.name] = flat
+            self._meta[part.name] = (part.dtype, part.shape)
+            self._checksums[part.name] = part.checksum
+        bad = [part.name for part, (_, ok) in zip(refresh.tensors, results, strict=True) if not ok]
+        if bad:
+            self.reset()
+            raise DeltaMismatch(
+                f"weight delta v{refresh.version}: tensor {bad[0]} does not match the trainer's after "
+                f"applying (checksum differs{f'; {len(bad) - 1} more' if len(bad) > 1 else ''}); the copy "
+                "is dropped and a full refresh follows"
+            )
         self.base_version = refresh.version
         return time.perf_counter() - started
+
+    def checksums(self) -> dict[str, int]:
+        """crc32 of each held tensor's bytes (the trainer's, checked when applied)."""
+        return dict(self._checksums)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The held version's tensors (views of the copy: clone before changing them)."""

@@ -177,8 +177,10 @@ class PlannedShard:
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         _pwrite_all(self._fd, memoryview(self.header), 0)
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        """Write ``tensor`` (CPU) as ``name``: its shape and dtype must be the planned ones."""
+    def write(self, name: str, tensor: torch.Tensor, *, checksum: str | None = None) -> None:
+        """Write ``tensor`` (CPU) as ``name``: its shape and dtype must be the planned ones.
+        ``checksum``: its CRC-32 (manifest spelling), already checked by the caller against these
+        very bytes (a delta's applied copy): recorded without a second pass over them."""
         planned = self._by_name.get(name)
         if planned is None:
             raise ValueError(f"{self.path}: {name} is not planned in this shard; plan it with the others")
@@ -191,7 +193,9 @@ class PlannedShard:
         if name in self._crcs:
             raise ValueError(f"{self.path}: {name} is written twice; write each planned tensor once")
         assert self._fd is not None, "write after close"
-        self._crcs[name] = _write_tensor(self._fd, _Placed(name, tensor, planned.offset, planned.nbytes))
+        self._crcs[name] = _write_tensor(
+            self._fd, _Placed(name, tensor, planned.offset, planned.nbytes), checksum
+        )
 
     def finish(self) -> tuple[int, tuple[TensorEntry, ...]]:
         missing = [p.name for p in self.placed if p.name not in self._crcs]
@@ -248,8 +252,11 @@ def _layout_file(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[_Plac
     return header, placed
 
 
-def _write_tensor(fd: int, placed: _Placed) -> str:
+def _write_tensor(fd: int, placed: _Placed, checksum: str | None = None) -> str:
     raw = _raw_bytes(placed.tensor)
+    if checksum is not None:
+        _pwrite_all(fd, raw, placed.offset)
+        return checksum
     crc = 0
     for start in range(0, len(raw), _CHUNK):
         chunk = raw[start : start + _CHUNK]

@@ -184,7 +184,7 @@ class ControlUnit:
             for completed in completions:
                 self._ingested(completed, self._loop.on_minibatch_completed(completed))
             for c in report.conversions:
-                self._loop.on_snapshot_converted(g, c.version, c.seconds, at=c.finished_at)
+                self._loop.on_snapshot_converted(g, c.version, c.seconds, at=c.finished_at, delta=c.delta)
             for r in report.reloads:
                 self._loop.on_weights_loaded(g, r.actor_id, r.version, r.seconds, started_at=r.chosen_at)
             decision = None

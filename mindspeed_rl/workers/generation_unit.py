@@ -243,6 +243,10 @@ class GenerationUnit:
         """collective: this GU's one process group, opened once at start (``weights.transports``)."""
         return self._weights.open_channel(world_size, backend)
 
+    def delta_stats(self) -> dict[str, float]:
+        """``weight_delta`` auto / on: this GU's delta totals for summary.json ({} when off)."""
+        return self._weights.delta_stats()
+
     def convert_snapshot(self, version: int, path: str, handle: Any = None) -> ConversionDone:
         """Convert one published snapshot (called on another thread of this actor by ``run``)."""
         return self._weights.convert(version, path, handle)
@@ -251,7 +255,9 @@ class GenerationUnit:
         self._policy.on_converted(done.version, path=done.path)
         if done.path is not None:
             self._conversions.append(
-                ConversionReport(version=done.version, seconds=done.seconds, finished_at=time.time())
+                ConversionReport(
+                    version=done.version, seconds=done.seconds, finished_at=time.time(), delta=done.delta
+                )
             )
 
     def newest_converted(self, held_version: int) -> tuple[str, int, Any] | None:

@@ -13,6 +13,7 @@ Control Unit's implementation. Plain frozen dataclasses: cheap to pickle, no tor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mindspeed_rl.runtime.minibatch_deadline import DeadlineSettings
@@ -89,6 +90,8 @@ class ConversionReport:
     seconds: float
     finished_at: float
     """When it ended (``time.time()``): the GU reports it with its next call, maybe later."""
+    delta: Mapping[str, float] | None = None
+    """``weight_delta`` auto / on: the refresh's figures (``weights.delta_fs.DeltaApplier.last``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

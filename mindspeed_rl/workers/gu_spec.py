@@ -13,6 +13,7 @@ from mindspeed_rl.workers.fault_plan import FaultPlan
 if TYPE_CHECKING:
     from mindspeed_rl.contracts import RolloutSpec
     from mindspeed_rl.datasets import PromptRecord
+    from mindspeed_rl.weights.transports.base import DeltaSettings
     from mindspeed_rl.workers.forced_lengths import LengthPlan
 
 
@@ -45,6 +46,8 @@ class GuSpec:
     empty = ``actor_options`` for every actor."""
     weight_transport: WeightTransport = DEFAULT_WEIGHT_TRANSPORT
     """How snapshots reach this GU (``weights/transports/``)."""
+    weight_delta: DeltaSettings | None = None
+    """``weight_delta`` auto / on: this GU applies deltas to its host copy (None: off)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,3 +58,5 @@ class ConversionDone:
     path: str | None
     """The converted copy; ``None`` if the snapshot was rejected (actors keep their weights)."""
     seconds: float
+    delta: Mapping[str, float] | None = None
+    """``weight_delta`` auto / on: the refresh's figures (bytes, changed fraction, seconds)."""

@@ -28,7 +28,9 @@ class GuWeightSide:
         # all read the same endpoint, whose memory handles a second one would not know. The torch
         # backend's inference layout is one full replica per actor (TP = EP = 1).
         self.transport = transport_for(spec.weight_transport)
-        self.endpoint = self.transport.gu_end(Path(spec.cache_dir), InferenceLayout())
+        self.endpoint = self.transport.gu_end(
+            Path(spec.cache_dir), InferenceLayout(), delta=spec.weight_delta, gu_id=spec.gu_id
+        )
         self.convert_cpu_seconds = 0.0
         """CPU of the conversion threads since ``reset_cpu`` (weight flow, not control)."""
 
@@ -89,7 +91,11 @@ class GuWeightSide:
         finally:
             # Only this thread's CPU: the converter's own reader threads (num_threads=1 here) aside.
             self.convert_cpu_seconds += time.thread_time() - cpu_started
-        return ConversionDone(version=version, path=result.path, seconds=result.seconds)
+        return ConversionDone(version=version, path=result.path, seconds=result.seconds, delta=result.metrics)
+
+    def delta_stats(self) -> dict[str, float]:
+        """``weight_delta`` auto / on: this GU's totals (applied refreshes, apply seconds, resends)."""
+        return self.endpoint.delta_stats()
 
     def reload_handle(self, path: str) -> Any:
         """What an actor reloading ``path`` is handed beside it: a memory snapshot, or None (a folder)."""

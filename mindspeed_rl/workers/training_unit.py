@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.models.training.batch import TrainBatch
     from mindspeed_rl.weights.export import ExportResult, SnapshotWriter
     from mindspeed_rl.weights.layout import TrainingLayout
+    from mindspeed_rl.weights.transports.base import DeltaSettings
     from mindspeed_rl.workers.evaluator import HeldOutDecode
 
 logger = logging.getLogger(__name__)
@@ -349,10 +350,12 @@ class TrainingUnit:
         transport: WeightTransport = DEFAULT_WEIGHT_TRANSPORT,
         channels: Sequence[Any] = (),
         bucket_mb: float = 512.0,
+        delta: DeltaSettings | None = None,
     ) -> None:
         """``run_id``: the same for every rank of one Training Unit (ranks publish one snapshot
         together through the staging dir, or a ``SnapshotBoard`` in memory); None = a fresh id
-        (a one-process TU). ``transport``/``channels``/``bucket_mb``: ``weights.transports``."""
+        (a one-process TU). ``transport``/``channels``/``bucket_mb``: ``weights.transports``; ``delta``:
+        ``weight_delta`` auto / on (None: full snapshots)."""
         from pathlib import Path
 
         from mindspeed_rl.weights.transports import transport_for
@@ -360,7 +363,7 @@ class TrainingUnit:
         if self._writer is not None:
             raise ValueError("enable_snapshots was already called; a TU exports to one snapshot root")
         self._writer = transport_for(transport).exporter(
-            Path(root_dir), keep_last, run_id=run_id, channels=channels, bucket_mb=bucket_mb
+            Path(root_dir), keep_last, run_id=run_id, channels=channels, bucket_mb=bucket_mb, delta=delta
         )
 
     def export_snapshot(self, version: int, *, notify: Any = None) -> float:

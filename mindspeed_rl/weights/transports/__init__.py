@@ -23,7 +23,7 @@ from functools import cache
 from typing import get_args
 
 from mindspeed_rl.config_cls.async_config import DEFAULT_WEIGHT_TRANSPORT, WeightTransport
-from mindspeed_rl.weights.transports.base import Converted, GuEnd, Transport
+from mindspeed_rl.weights.transports.base import Converted, DeltaSettings, GuEnd, Transport
 
 _MODULES: dict[str, str] = {name: f"{__name__}.{name}" for name in get_args(WeightTransport)}
 """Each transport lives in the module of its name (one module per transport, nothing else)."""
@@ -31,6 +31,7 @@ _MODULES: dict[str, str] = {name: f"{__name__}.{name}" for name in get_args(Weig
 __all__ = [
     "DEFAULT_WEIGHT_TRANSPORT",
     "Converted",
+    "DeltaSettings",
     "GuEnd",
     "Transport",
     "WeightTransport",

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -25,11 +25,22 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DeltaSettings:
+    """``async_config.weight_delta`` / ``delta_full_interval``, carried typed from the plan to the
+    TU's exporter and every GU's end (here, not in ``weights.delta``: the plan imports no torch)."""
+
+    mode: Literal["off", "auto", "on"]
+    full_interval: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Converted:
     path: str | None
     """The converted snapshot's path (a memory path for in-memory transports); None = rejected."""
     seconds: float
     reason: str | None = None
+    metrics: dict[str, float] | None = None
+    """``weight_delta`` auto / on: this refresh's delta figures (``DeltaApplier.last``)."""
 
 
 class GuEnd(Protocol):
@@ -45,6 +56,10 @@ class GuEnd(Protocol):
     def convert(self, version: int, path: str, handle: Any = None) -> Converted: ...
 
     def reload_handle(self, path: str) -> Any: ...
+
+    def delta_stats(self) -> dict[str, float]:
+        """``weight_delta`` auto / on: the GU's totals for summary.json ({} without delta)."""
+        ...
 
 
 class Transport(Protocol):
@@ -65,6 +80,11 @@ class Transport(Protocol):
         ...
 
     @property
+    def carries_delta(self) -> bool:
+        """``weight_delta`` auto / on is wired into this transport (others refuse it by name)."""
+        ...
+
+    @property
     def needs_one_torch(self) -> bool:
         """The bytes travel through torch.distributed: both roles' environments need one torch."""
         ...
@@ -78,11 +98,21 @@ class Transport(Protocol):
         channels: Iterable[Any] = (),
         bucket_mb: float = 512.0,
         board: Any = None,
+        delta: DeltaSettings | None = None,
     ) -> Any:
         """The TU's exporter (``SnapshotWriter``'s interface: export / wait / close / num_superseded)."""
         ...
 
-    def gu_end(self, cache_dir: Path, layout: InferenceLayout | None = None) -> GuEnd: ...
+    def gu_end(
+        self,
+        cache_dir: Path,
+        layout: InferenceLayout | None = None,
+        *,
+        delta: DeltaSettings | None = None,
+        gu_id: int = 0,
+    ) -> GuEnd:
+        """``delta``: ``weight_delta`` auto / on (None or mode off: full snapshots, as before)."""
+        ...
 
     def actor_reader(
         self, handle: Any, layout: InferenceLayout | None = None, *, rank: int = 0
@@ -90,6 +120,15 @@ class Transport(Protocol):
         """For ``ReloadPolicy.maybe_reload_memory``: fetch and check an in-memory snapshot, then
         the iterator the engine loads from. Raises for a transport whose actors read files."""
         ...
+
+
+def refuse_delta(name: str, delta: DeltaSettings | None) -> None:
+    """A transport delta sync is not wired into yet: refused by name (the plan refuses first)."""
+    if delta is not None and delta.mode != "off":
+        raise ValueError(
+            f"async_config.weight_delta={delta.mode} is wired for weight_transport=shared_fs and "
+            f"object_store, not {name}; set weight_delta: off or another weight_transport"
+        )
 
 
 def exporter_stats(writer: Any) -> dict[str, float]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.weights.transports.base import Converted, MemoryHandles, memory_reader
+from mindspeed_rl.weights.transports.base import Converted, MemoryHandles, memory_reader, refuse_delta
 
 if TYPE_CHECKING:
     import torch
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.config_cls.async_config import WeightTransport
     from mindspeed_rl.weights.collective_backend import Backend
     from mindspeed_rl.weights.layout import InferenceLayout
+    from mindspeed_rl.weights.transports.base import DeltaSettings
 
 RECEIVE_WAIT_S = 600.0
 """Longest a GU's conversion waits for a collective version the TU announced to finish arriving."""
@@ -69,10 +70,14 @@ class CollectiveGu:
     def reload_handle(self, path: str) -> Any:
         return self._handles.get(path)
 
+    def delta_stats(self) -> dict[str, float]:
+        return {}
+
 
 class Collective:
     name: WeightTransport = "collective"
     needs_shared_folder = False
+    carries_delta = False
     opens_channels = True
     needs_one_torch = True
 
@@ -85,12 +90,22 @@ class Collective:
         channels: Iterable[Any] = (),
         bucket_mb: float = 512.0,
         board: Any = None,
+        delta: DeltaSettings | None = None,
     ) -> Any:
+        refuse_delta(self.name, delta)
         from mindspeed_rl.weights.collective import CollectiveSender
 
         return CollectiveSender(channels, bucket_mb=bucket_mb, run_id=run_id, board=board)
 
-    def gu_end(self, cache_dir: Path, layout: InferenceLayout | None = None) -> CollectiveGu:
+    def gu_end(
+        self,
+        cache_dir: Path,
+        layout: InferenceLayout | None = None,
+        *,
+        delta: DeltaSettings | None = None,
+        gu_id: int = 0,
+    ) -> CollectiveGu:
+        refuse_delta(self.name, delta)
         from mindspeed_rl.weights.layout import InferenceLayout
 
         return CollectiveGu(layout or InferenceLayout())

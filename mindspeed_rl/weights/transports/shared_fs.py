@@ -1,9 +1,12 @@
 """``weight_transport: shared_fs`` (the default): safetensors files in ``snapshot_dir``, which
 every node must see (the start-up probe checks it). The TU writes them (``export.SnapshotWriter``),
-the GU converts them into its cache folder (``convert.GuConverter``), actors read the folder."""
+the GU converts them into its cache folder (``convert.GuConverter``), actors read the folder.
+``weight_delta`` auto / on: the TU writes packed deltas instead and the GU applies them to its
+host copy before converting (``weights.delta_fs``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,16 +18,25 @@ if TYPE_CHECKING:
 
     from mindspeed_rl.config_cls.async_config import WeightTransport
     from mindspeed_rl.weights.collective_backend import Backend
+    from mindspeed_rl.weights.delta_fs import DeltaApplier
     from mindspeed_rl.weights.layout import InferenceLayout
+    from mindspeed_rl.weights.transports.base import DeltaSettings
 
 
 class SharedFsGu:
     receiver: Any = None
 
-    def __init__(self, cache_dir: Path, layout: InferenceLayout) -> None:
+    def __init__(
+        self, cache_dir: Path, layout: InferenceLayout, delta: DeltaSettings | None = None, gu_id: int = 0
+    ) -> None:
         from mindspeed_rl.weights.convert import GuConverter
+        from mindspeed_rl.weights.delta_fs import DeltaApplier
 
         self._converter = GuConverter(Path(cache_dir), layout, num_threads=1)
+        # The applied copy lives in this GU's memory and is converted from there.
+        self._delta: DeltaApplier | None = (
+            DeltaApplier(gu_id) if delta is not None and delta.mode != "off" else None
+        )
 
     def open_channel(self, gu_id: int, world_size: int, backend: Backend) -> Any:
         raise ValueError("open_channel is for weight_transport=collective, not shared_fs")
@@ -38,16 +50,31 @@ class SharedFsGu:
 
         if is_memory_path(path):
             raise SnapshotError(f"v{version} is an in-memory snapshot, but this GU reads shared_fs files")
-        result = self._converter.convert(SnapshotInfo(version=version, path=Path(path)))
-        return Converted(path=str(result.converted.path), seconds=result.total_seconds)
+        if self._delta is None:
+            result = self._converter.convert(SnapshotInfo(version=version, path=Path(path)))
+            return Converted(path=str(result.converted.path), seconds=result.total_seconds)
+        started = time.perf_counter()
+        # Raises SnapshotError after asking for a full; converted from the in-memory copy.
+        result = self._delta.apply(
+            version, Path(path), lambda a: self._converter.convert_tensors(a.manifest, a.tensors)
+        )
+        return Converted(
+            path=str(result.converted.path),
+            seconds=time.perf_counter() - started,
+            metrics=dict(self._delta.last),
+        )
 
     def reload_handle(self, path: str) -> Any:
         return None  # actors read the converted folder itself
+
+    def delta_stats(self) -> dict[str, float]:
+        return {} if self._delta is None else self._delta.stats.as_summary()
 
 
 class SharedFs:
     name: WeightTransport = "shared_fs"
     needs_shared_folder = True
+    carries_delta = True
     opens_channels = False
     needs_one_torch = False
 
@@ -60,15 +87,27 @@ class SharedFs:
         channels: Iterable[Any] = (),
         bucket_mb: float = 512.0,
         board: Any = None,
+        delta: DeltaSettings | None = None,
     ) -> Any:
         from mindspeed_rl.weights.export import SnapshotWriter
 
+        if delta is not None and delta.mode != "off":
+            from mindspeed_rl.weights.delta_fs import DeltaSnapshotWriter
+
+            return DeltaSnapshotWriter(root_dir, settings=delta, keep_last=keep_last, run_id=run_id)
         return SnapshotWriter(root_dir, keep_last=keep_last, run_id=run_id)
 
-    def gu_end(self, cache_dir: Path, layout: InferenceLayout | None = None) -> SharedFsGu:
+    def gu_end(
+        self,
+        cache_dir: Path,
+        layout: InferenceLayout | None = None,
+        *,
+        delta: DeltaSettings | None = None,
+        gu_id: int = 0,
+    ) -> SharedFsGu:
         from mindspeed_rl.weights.layout import InferenceLayout
 
-        return SharedFsGu(cache_dir, layout or InferenceLayout())
+        return SharedFsGu(cache_dir, layout or InferenceLayout(), delta, gu_id)
 
     def actor_reader(
         self, handle: Any, layout: InferenceLayout | None = None, *, rank: int = 0

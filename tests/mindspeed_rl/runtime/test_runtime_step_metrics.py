@@ -49,3 +49,41 @@ def test_summary_is_built_from_the_observation() -> None:
     assert summary.minibatches_completed == seen.minibatches_completed == 1
     assert summary.max_queue_depth_samples == seen.queue_depth_samples
     assert [(a.gu_id, a.actor_id, a.num_minibatches) for a in summary.actors] == [(0, 0, 1)]
+
+
+def test_delta_figures_reach_the_step_digest_only_when_the_gus_report_them() -> None:
+    """``weight_delta`` auto / on: a GU's conversion report carries its refresh's figures
+    (``ControlLoop.on_snapshot_converted(delta=...)``); off reports none and adds no key."""
+    clock, events = FakeClock(), EventLog()
+    loop = ControlLoop(config=make_config(), schedule=make_schedule(6), clock=clock, events=events)
+    loop.register_gu(0, num_actors=1)
+    loop.register_gu(1, num_actors=1)
+    cursor = MetricsCursor()
+    loop.on_snapshot_converted(0, 1, 0.2)
+    off = step_metrics(loop.observe(), events, cursor)
+    assert not [k for k in off if k.startswith("delta/")]
+    figures = {
+        "delta_bytes_sent": 100.0,
+        "delta_changed_fraction": 0.02,
+        "delta_encode_seconds": 0.01,
+        "delta_apply_seconds": 0.03,
+    }
+    loop.on_snapshot_converted(0, 1, 0.2, delta=figures)
+    loop.on_snapshot_converted(1, 1, 0.2, delta={**figures, "delta_changed_fraction": 0.04})
+    seen = loop.observe(arrivals_since=cursor.num_arrivals, lag_steps_since=cursor.num_lag_steps)
+    on = step_metrics(seen, events, cursor)
+    assert on["delta/bytes_sent"] == 200.0 and on["delta/refreshes"] == 2.0
+    assert on["delta/changed_fraction"] == pytest.approx(0.03)
+    assert on["delta/encode_s"] == pytest.approx(0.02) and on["delta/apply_s"] == pytest.approx(0.06)
+
+
+def test_a_conversion_record_carries_delta_only_when_reported() -> None:
+    from mindspeed_rl.runtime import events as ev
+
+    plain = ev.SnapshotConverted(time=1.0, gu_id=0, version=2, seconds=0.5)
+    assert ev.EventLog.to_json_dict(plain) == {
+        "event": "SnapshotConverted", "time": 1.0, "gu_id": 0, "version": 2, "seconds": 0.5,
+    }  # fmt: skip
+    figures = {"delta_bytes_sent": 10.0}
+    with_delta = ev.SnapshotConverted(time=1.0, gu_id=0, version=2, seconds=0.5, delta=figures)
+    assert ev.EventLog.to_json_dict(with_delta)["delta"] == figures

@@ -294,17 +294,25 @@ def test_the_wire_form_keeps_every_bit() -> None:
         assert torch.equal(_bits(receiver.tensors()[name]), _bits(tensor)), name
 
 
-def test_the_plan_refuses_delta_until_it_is_wired_and_names_the_key() -> None:
+def test_the_plan_carries_delta_on_shared_fs_and_object_store_and_refuses_collective_by_name() -> None:
     from mindspeed_rl.config_cls import load_config_from_files
     from mindspeed_rl.plan.build import build_run_plan
+    from mindspeed_rl.weights.transports import DeltaSettings
 
     def plan(*overrides: str) -> object:
         return build_run_plan(load_config_from_files(CONFIGS, "grpo_tiny_asp", list(overrides)))
 
-    assert plan("async_config.weight_delta=off") is not None
+    off = plan("async_config.weight_delta=off")
+    assert off.async_spec.weight_delta is None  # type: ignore[attr-defined]
+    on = plan("async_config.weight_delta=on", "async_config.delta_full_interval=4")
+    assert on.async_spec.weight_delta == DeltaSettings(mode="on", full_interval=4)  # type: ignore[attr-defined]
+    carried = plan("async_config.weight_delta=on", "async_config.weight_transport=object_store")
+    assert carried.async_spec.weight_delta == DeltaSettings(mode="on", full_interval=10)  # type: ignore[attr-defined]
     with pytest.raises(
-        ValueError, match="async_config.weight_delta=on: delta sync is not wired.*weight_delta: off"
+        ValueError,
+        match="weight_delta=auto is wired for weight_transport=shared_fs and object_store, not collective; "
+        "set weight_delta: off",
     ):
-        plan("async_config.weight_delta=on")
+        plan("async_config.weight_delta=auto", "async_config.weight_transport=collective")
     with pytest.raises(ValueError, match="async_config.delta_full_interval=0"):
         plan("async_config.delta_full_interval=0")
