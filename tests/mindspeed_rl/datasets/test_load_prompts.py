@@ -106,7 +106,10 @@ def test_builtin_maze_source(char_tokenizer):
     assert all(json.loads(r.label)["grid"] for r in prompts.records)
     with pytest.raises(ValueError, match="pass num_samples"):
         load_prompts(data_path="builtin:maze", tokenizer=char_tokenizer, max_prompt_length=4096)
-    with pytest.raises(ValueError, match="known: builtin:demo, builtin:demo_short, builtin:maze"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown built-in source 'builtin:mazes'; known: .*builtin:demo_short, builtin:maze",
+    ):
         load_prompts(data_path="builtin:mazes", tokenizer=char_tokenizer, max_prompt_length=9, num_samples=1)
 
 

@@ -262,9 +262,8 @@ class ReplayPass:
     def total_stats(self) -> ReplayStats:
         """Collective: the stats summed over the ranks that own them."""
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(
-            gathered, (self.stats.replayed, self.stats.natural_differs), group=host_group()
-        )
+        counts = (self.stats.replayed, self.stats.natural_differs)
+        dist.all_gather_object(gathered, counts, group=host_group())
         return ReplayStats(replayed=sum(g[0] for g in gathered), natural_differs=sum(g[1] for g in gathered))
 
 

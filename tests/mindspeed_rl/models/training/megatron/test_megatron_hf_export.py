@@ -29,7 +29,8 @@ ENGINE_FILES = (
 
 def test_object_collectives_of_the_engine_go_over_the_host_group() -> None:
     """Every Python-object collective names ``group=host_group()`` (gloo: never the device), and
-    none carries the weights: only log-probs, coordinates, RNG states and shard metadata."""
+    none carries the weights: only log-probs, coordinates, RNG states, shard metadata and the
+    routing the MoE routers used and its counts (integers, ``routing_replay.py``)."""
     found = 0
     for relative in ENGINE_FILES:
         tree = ast.parse((REPO / relative).read_text())
@@ -44,7 +45,7 @@ def test_object_collectives_of_the_engine_go_over_the_host_group() -> None:
             assert groups and ast.unparse(groups[0]) == "host_group()", f"{where}: {ast.unparse(node)}"
             assert node.func.attr != "gather_object", f"{where}: weights reach rank 0 by ShardCollector"
             sent = ast.unparse(node.args[1] if node.func.attr == "all_gather_object" else node.args[0])
-            assert sent in {"local", "self._coords", "coords", "[meta]", "received", "trainer_state.capture_rng() if rng else None"}, where  # fmt: skip
+            assert sent in {"local", "self._coords", "coords", "[meta]", "received", "trainer_state.capture_rng() if rng else None", "self._rows", "counts"}, where  # fmt: skip
     assert found >= 5
 
 

@@ -246,7 +246,10 @@ def test_the_reference_is_built_in_the_policys_dtype_on_its_device(monkeypatch: 
     monkeypatch.setattr(megatron_engines, "MegatronReferenceModel", Reference)
     monkeypatch.setattr(megatron_engines.dist, "is_initialized", lambda: True)
     spec = SimpleNamespace(
-        megatron=MegatronLayout(), engine=_config("bfloat16", device="cuda"), reference_micro_batch_size=3
+        megatron=MegatronLayout(),
+        engine=_config("bfloat16", device="cuda"),
+        reference_micro_batch_size=3,
+        offload_reference=False,
     )
     megatron_engines.megatron_engines(spec, "/model")  # type: ignore[arg-type]
     assert built["reference"]["param_dtype"] == "bfloat16" and built["reference"]["device"] == "cuda"
