@@ -1,32 +1,7 @@
 """Tool-call parsers: turn the text of one model turn into the calls it makes.
 
 A parser is a small class registered under the name ``rl_config.tool_parser_format`` uses
-(``def _import_parser(path: str) -> ToolParser:
-    import importlib
-
-    module_name, _, class_name = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(
-            f"rl_config.tool_parser_format={path!r}: cannot import it ({exc}); name a registered parser "
-            f"({parser_names()}) or an importable module.Class"
-        ) from exc
-    try:
-        parser = cls()
-    except TypeError as exc:
-        raise ValueError(
-            f"rl_config.tool_parser_format={path!r}: a parser class is built without arguments ({exc})"
-        ) from exc
-    if not callable(getattr(parser, "parse", None)) or not isinstance(getattr(parser, "close_marker", None), str):
-        raise ValueError(
-            f"rl_config.tool_parser_format={path!r} is not a tool parser: it needs parse(text) and a "
-            "close_marker string"
-        )
-    return parser
-
-
-@register_parser("hermes")``), so another syntax plugs in without touching the agent loop; a
+(``@register_parser("hermes")``), so another syntax plugs in without touching the agent loop; a
 dotted ``module.Class`` path names one that is not registered (imported where it is used, as a
 tool YAML's ``class_name`` is).
 Parsing never raises on model output: a call that cannot be read becomes a ``CallError`` that the
