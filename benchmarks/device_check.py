@@ -15,6 +15,8 @@ CUDA context records its error and the next stage starts clean::
     offload         workers/colocation.py's offload/onload on the real optimizer: device memory before,
                     offloaded and back; the state bit-equal after the cycle
     collective      weights/collective*.py: send_packed -> NCCL -> the GU's receiver, bit-equal
+    delta           snapshot_io_delta's cases on the 0.6 B model stepped on the device at lr 1e-6
+                    and 1e-5: changed fraction, delta vs full bytes and refresh seconds (issue #40)
 
 ::
 
@@ -76,6 +78,18 @@ STAGES = (
         ("freed_gb", "expected_gb", "allocated_before_gb", "allocated_onloaded_gb"),
     ),
     Stage("collective", 120, ("model",), ("bit_equal", "transfer_gb_per_s", "backend")),
+    Stage(
+        "delta",
+        180,
+        ("model",),
+        (
+            "params",
+            "changed_fraction_lr1e-6",
+            "identity/shared_fs_wired:bytes_ratio_lr1e-6",
+            "identity/shared_fs_wired:seconds_ratio_lr1e-6",
+            "tp2_to_tp1/shared_fs_wired:seconds_ratio_lr1e-6",
+        ),
+    ),
 )
 BY_NAME = {s.name: s for s in STAGES}
 BLOCKED = ("vllm", "ray", "omegaconf", "hydra", "math_verify")

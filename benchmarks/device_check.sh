@@ -11,7 +11,8 @@
 # Environment: PYTHON (default python3: on the device, the one that holds torch), OUT (where the
 # JSON and the log go; the device tool sets it; default runs/device_check), DEVICE_CHECK_WORK
 # (scratch for the model and the checkpoints, several GB; default /tmp/device_check_work),
-# DEVICE_CHECK_WHEELS (the wheel folder; default .cache/device_wheels).
+# DEVICE_CHECK_WHEELS (the wheel folder; default .cache/device_wheels), DEVICE_CHECK_LIMIT_S (the
+# runner's wall-clock limit, default 465; the stages' budget is 25 s under it).
 # The wheel's version is EXTRAS["megatron"] in mindspeed_rl/_pins.py; .cache/ is git-ignored, so
 # the wheel is never committed: the device tool takes it along when its call names
 # .cache/device_wheels in `carry`.
@@ -36,8 +37,8 @@ WHEELS=${DEVICE_CHECK_WHEELS:-.cache/device_wheels}
 SITE=.cache/device_site
 OUT_DIR=${OUT:-runs/device_check}
 WORK=${DEVICE_CHECK_WORK:-/tmp/device_check_work}
-LIMIT_S=465              # the stages' runner, killed past it: with the install, under 8 minutes
-BUDGET_S=440             # device_check.py starts no stage past it, and cuts the last one's timeout to fit
+LIMIT_S=${DEVICE_CHECK_LIMIT_S:-465}   # the stages' runner, killed past it: with the install, under 8 minutes
+BUDGET_S=$((LIMIT_S - 25))            # device_check.py starts no stage past it, and cuts the last one's timeout to fit
 MAX_WHEEL_BYTES=$((16 * 1024 * 1024))   # the device tool carries 64 MiB in all; this wheel is ~2.4 MB
 
 show() { printf '+'; printf ' %q' "$@"; printf '\n'; }

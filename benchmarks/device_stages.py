@@ -413,6 +413,89 @@ def stage_collective(ctx: StageContext) -> dict[str, Any]:
     return collective_round_trip(_require_model(ctx), device=ctx.device, bucket_mb=ctx.bucket_mb)
 
 
+def _host_weights(engine: Any) -> dict[str, Any]:
+    """The exported bf16 weights on the host, copied (a later update must not change them)."""
+    return {name: t.clone() for name, t in engine.named_weights_for_inference()}
+
+
+DELTA_SECOND_LR_IF_UNDER_S = 70.0
+"""The delta stage measures lr 1e-5 only when lr 1e-6 left room for it under the stage's timeout."""
+
+
+def stage_delta(ctx: StageContext) -> dict[str, Any]:
+    """Issue #40's delta measurement at the size a 24 GB CPU host could not hold: the model stage's
+    Qwen3-0.6B shape in bf16, stepped by the torch engine on the device (fp32 masters) at RL
+    learning rates, then per refresh the delta codec against a full send (``snapshot_io_delta``'s
+    cases: ``identity`` and ``tp2_to_tp1`` over an in-memory medium, and the wired ``shared_fs``
+    exporters and GU end writing to this host's disk), each checked bit for bit. Ray is absent on
+    the device, so the object_store case is not measured here."""
+    import statistics
+
+    from benchmarks import snapshot_io_delta as sid
+    from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
+    from mindspeed_rl.weights.layout import TrainingLayout, hf_dense_rules
+
+    model = _require_model(ctx)
+    steps = 2 if ctx.size == "tiny" else 3
+    figures: dict[str, Any] = {"steps_per_lr": steps, "cases": {}}
+    layouts = (
+        ("identity", TrainingLayout()),
+        ("tp2_to_tp1", TrainingLayout(tp_size=2, rules=hf_dense_rules())),
+    )
+    scratch = ctx.work / "delta"
+    started = time.perf_counter()
+    for lr in (1e-6, 1e-5):
+        if lr != 1e-6 and time.perf_counter() - started > DELTA_SECOND_LR_IF_UNDER_S:
+            figures["skipped"] = (
+                f"lr={lr:g}: the first learning rate took over {DELTA_SECOND_LR_IF_UNDER_S:.0f} s"
+            )
+            break
+        settings = dataclasses.replace(ctx.settings, lr=lr)
+        engine = TorchTrainingEngine(model, gpu_smoke.engine_config(settings))
+        versions = [_host_weights(engine)]
+        params = sum(t.numel() for t in versions[0].values())
+        changed, update_s = [], []
+        for step in range(steps):
+            tic = time.perf_counter()
+            engine.update(_batch(ctx, step), 1.0)
+            _sync(ctx.device)
+            update_s.append(time.perf_counter() - tic)
+            versions.append(_host_weights(engine))
+            old = {k: sid.words(v) for k, v in versions[-2].items()}
+            new = {k: sid.words(v) for k, v in versions[-1].items()}
+            changed.append(sum(int((old[k] != new[k]).sum()) for k in new) / params)
+        del engine
+        gc.collect()
+        case: dict[str, Any] = {
+            "params": params, "dtype": str(next(iter(versions[0].values())).dtype),
+            "full_bytes": sum(t.numel() * t.element_size() for t in versions[0].values()),
+            "changed_fraction": changed, "update_s": update_s,
+        }  # fmt: skip
+        for name, layout in layouts:
+            r = sid.refresh_case(layout, versions, sid.memory_medium)
+            case[f"{name}/memory"] = {
+                "delta_s": statistics.median(r["delta_s"]), "full_s": statistics.median(r["full_s"]),
+                "seconds_ratio": statistics.median(d / f for d, f in zip(r["delta_s"], r["full_s"], strict=True)),
+                "bytes_ratio": statistics.median(
+                    d / f for d, f in zip(r["delta_bytes"], r["full_bytes"], strict=True)
+                ),
+            }  # fmt: skip
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir(parents=True)
+            case[f"{name}/shared_fs_wired"] = sid.wired_case(layout, versions, scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
+        figures["cases"][f"lr={lr:g}"] = case
+        del versions
+        gc.collect()
+    low = figures["cases"]["lr=1e-06"]
+    figures["params"] = low["params"]
+    figures["changed_fraction_lr1e-6"] = statistics.median(low["changed_fraction"])
+    for key in ("identity/shared_fs_wired", "tp2_to_tp1/shared_fs_wired", "identity/memory"):
+        figures[f"{key}:bytes_ratio_lr1e-6"] = low[key]["bytes_ratio"]
+        figures[f"{key}:seconds_ratio_lr1e-6"] = low[key]["seconds_ratio"]
+    return figures
+
+
 STAGE_FUNCS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
     "env": stage_env,
     "model": stage_model,
@@ -422,4 +505,5 @@ STAGE_FUNCS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
     "checkpoint": stage_checkpoint,
     "offload": stage_offload,
     "collective": stage_collective,
+    "delta": stage_delta,
 }

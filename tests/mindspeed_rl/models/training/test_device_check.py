@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -191,6 +192,16 @@ def test_every_stage_runs_on_cpu_with_vllm_and_ray_blocked(tmp_path: Path) -> No
     collective = stages["collective"]["figures"]
     assert collective["backend"] == "gloo" and collective["bit_equal"] and collective["buckets"] > 1
     assert collective["bytes_received"] == collective["bytes"]
+    delta = stages["delta"]["figures"]  # every refresh was checked bit for bit inside the stage
+    for lr in ("lr=1e-06", "lr=1e-05"):
+        case = delta["cases"][lr]
+        assert case["dtype"] == "torch.bfloat16" and len(case["changed_fraction"]) == delta["steps_per_lr"]
+        assert all(0 < f < 1 for f in case["changed_fraction"])
+        for key in ("identity/memory", "identity/shared_fs_wired", "tp2_to_tp1/shared_fs_wired"):
+            assert 0 < case[key]["bytes_ratio"] < 1, (lr, key)
+    # A tenfold learning rate changes more of the bf16 words, so its delta carries more bytes.
+    low, high = (statistics.median(delta["cases"][lr]["changed_fraction"]) for lr in ("lr=1e-06", "lr=1e-05"))
+    assert high > low
 
 
 @pytest.mark.integration
