@@ -309,8 +309,13 @@ def _moves(model: Any, optimizer: Any, parts: Iterable[OffloadPart]) -> list[tup
             (functools.partial(setattr, p, "data"), p.data) for p in model_params if id(p) not in in_buffers
         ]
     if "grad" in wanted:
+        # A gradient moves through its own ``.data``, never by assigning ``p.grad``: torch refuses
+        # a gradient on another device than its parameter, and a parameter whose gradient leaves
+        # (the distributed optimizer's fp32 main shards) may stay on the device or move after it
+        # (found on an H100 by benchmarks/device_check.py's offload stage). The gradient tensor
+        # keeps its identity, as parameters do.
         out += [
-            (functools.partial(setattr, p, "grad"), p.grad)
+            (functools.partial(setattr, p.grad, "data"), p.grad)
             for p in [*model_params, *extra]
             if p.grad is not None and _memory(p.grad) not in buffer_memory
         ]

@@ -111,4 +111,4 @@ def test_a_swapping_layout_checkpoints_its_optimizer_through_the_format_mindspee
     assert optimizer_sharding(MegatronLayout(swap_optimizer=True)) == {
         "sharding_type": "dp_zero_gather_scatter"
     }
-    assert optimizer_sharding(MegatronLayout()) == {}  # megatron's default sharding otherwise
+    assert "sharding_type" not in optimizer_sharding(MegatronLayout())  # the installed megatron's choice

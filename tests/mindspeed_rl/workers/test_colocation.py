@@ -171,6 +171,21 @@ def test_moving_keeps_the_parameters_the_optimizer_holds() -> None:
     assert not torch.equal(before, param.detach())
 
 
+@pytest.mark.parametrize("parts", [("grad",), ("param", "grad", "optimizer")])
+def test_gradients_move_in_place_whatever_moves_with_them(parts: tuple[OffloadPart, ...]) -> None:
+    """A gradient moves through its own ``.data``: torch refuses to assign ``p.grad`` a tensor on
+    another device than ``p`` (seen on a GPU, where the fp32 main shards' gradients left before
+    their parameters did). On this CPU host the same refusal is met with another dtype, which
+    ``Tensor.to`` takes like a device and which makes a real copy (to "cpu" would be a no-op)."""
+    model, optimizer = _trained_model()
+    grads = [model.weight.grad, model.bias.grad]
+    values = [g.detach().double() for g in grads if g is not None]
+    move_train_state(model, optimizer, parts, torch.float64)
+    assert model.weight.grad is grads[0] and model.bias.grad is grads[1]  # the same objects, moved
+    assert all(g is not None and g.dtype == torch.float64 for g in grads)
+    assert all(torch.equal(g, v) for g, v in zip(grads, values, strict=True) if g is not None)
+
+
 def test_fp32_masters_of_a_wrapper_count_as_optimizer_state() -> None:
     model = torch.nn.Linear(3, 2)
     masters = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]

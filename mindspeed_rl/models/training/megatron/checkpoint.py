@@ -84,8 +84,31 @@ def _host_optimizer_state(engine: MegatronTrainingEngine) -> dict[str, Any]:
     return state
 
 
-def optimizer_sharding(layout: MegatronLayout) -> dict[str, str]:
-    """Extra arguments of the distributed optimizer's ``sharded_state_dict`` for ``layout``.
+DIST_OPTIM_FORMAT = "dp_reshardable"
+"""The distributed optimizer's checkpoint format where megatron-core takes ``metadata`` (0.19.2):
+its shards as saved, resharded over another data-parallel size on load (Megatron-LM's own default
+when ``--dist-ckpt-optim-fully-reshardable`` is off). Not 0.19.2's ``sharded_state_dict`` default,
+``fully_sharded_model_space``: that builds ShardedTensors with a ``flattened_range``, which
+0.19.2's ``ShardedTensor.validate_metadata_integrity`` refuses ("ShardedTensor.flattened_range is
+not supported"), so a save with the default fails on the first checkpoint (found by
+``benchmarks/device_check.py``'s checkpoint stage on an H100)."""
+
+
+def _takes_metadata() -> bool:
+    """megatron-core 0.19.2's ``DistributedOptimizer.sharded_state_dict`` selects its format by
+    ``metadata["distrib_optim_sharding_type"]`` (its ``sharding_type`` argument is deprecated);
+    0.12.1's has only ``sharding_type``, defaulting to a ``fully_sharded_model_space`` that works
+    there."""
+    import inspect
+
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return "metadata" in inspect.signature(DistributedOptimizer.sharded_state_dict).parameters
+
+
+def optimizer_sharding(layout: MegatronLayout) -> dict[str, Any]:
+    """Extra arguments of megatron's optimizer ``sharded_state_dict`` for ``layout`` (the same at
+    save and load: the format is part of the checkpoint).
 
     MindSpeed's swap optimizer (26.1.0_core_r0.12.1, ``SwapDistributedOptimizer``) keeps the fp32
     masters and moments in host buffers between steps, their device tensors without storage, and
@@ -94,8 +117,14 @@ def optimizer_sharding(layout: MegatronLayout) -> dict[str, str]:
     default, ``fully_sharded_model_space``, would read the empty device tensors, so a swapping
     layout asks for ``dp_zero_gather_scatter`` (``DistributedOptimizer.sharded_state_dict``'s
     ``sharding_type``; ``ChainedOptimizer`` passes it to each). That format gathers the state on
-    data-parallel rank 0; not run on an Ascend host here."""
-    return {"sharding_type": "dp_zero_gather_scatter"} if layout.swap_optimizer else {}
+    data-parallel rank 0; not run on an Ascend host here. Otherwise, on a megatron-core that takes
+    ``metadata``, :data:`DIST_OPTIM_FORMAT`; the non-distributed optimizers of 0.19.2 accept the
+    same ``metadata`` and ignore the key."""
+    if layout.swap_optimizer:
+        return {"sharding_type": "dp_zero_gather_scatter"}
+    if _takes_metadata():
+        return {"metadata": {"distrib_optim_sharding_type": DIST_OPTIM_FORMAT}}
+    return {}
 
 
 def sharded_state(

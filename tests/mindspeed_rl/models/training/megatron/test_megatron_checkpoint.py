@@ -218,3 +218,31 @@ def test_bf16_resume_restores_the_fp32_masters(tmp_path: Path) -> None:
     assert all(torch.equal(result["resumed"][k], v) for k, v in result["continued"].items())
     fresh, weights = result["fresh"], result["fresh_weights"]
     assert all(torch.equal(fresh[k], weights[k].float()) for k in fresh)
+
+
+@needs_megatron
+def test_the_distributed_optimizer_checkpoints_in_a_format_its_megatron_core_can_save() -> None:
+    """megatron-core 0.19.2's default format for the distributed optimizer builds its shards as
+    ShardedTensors with a ``flattened_range``, which the same version refuses at save (found on an
+    H100 by ``benchmarks/device_check.py``); the engine names ``dp_reshardable`` there. 0.12.1
+    (``make test-mcore012``) has no ``metadata`` and its default works: nothing is passed."""
+    import dataclasses
+    import inspect
+
+    import torch
+    from megatron.core.dist_checkpointing.core import CheckpointingException
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    from mindspeed_rl.models.training.megatron.checkpoint import optimizer_sharding
+    from mindspeed_rl.models.training.megatron.layout import MegatronLayout
+
+    chosen = optimizer_sharding(MegatronLayout())
+    if "metadata" not in inspect.signature(DistributedOptimizer.sharded_state_dict).parameters:
+        assert chosen == {}
+        return
+    assert chosen == {"metadata": {"distrib_optim_sharding_type": "dp_reshardable"}}
+    assert "dp_reshardable" in inspect.getsource(DistributedOptimizer.sharded_state_dict)
+    base = ShardedTensor.from_rank_offsets("w", torch.zeros(4, 4), replica_id=(0, 0, 0))
+    with pytest.raises(CheckpointingException, match="flattened_range is not supported"):
+        dataclasses.replace(base, data=torch.zeros(6), flattened_range=slice(2, 8))
