@@ -192,6 +192,8 @@ def load(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimi
     _check_loadable(state, source, engine, optimizer=optimizer, rng=rng)
     # First: the AdamW state this run builds to receive the saved moments carries the step count.
     restore_progress(engine, state)
+    if optimizer and engine.megatron_optimizer:
+        prime_empty_torch_adam(engine.optimizer)
     with patches.cpu_runtime_mode():
         loaded = dist_checkpointing.load(
             sharded_state(engine, optimizer=optimizer, is_loading=True),
@@ -232,6 +234,46 @@ def _load_host_optimizer(engine: MegatronTrainingEngine, saved: dict[str, Any] |
             moments["step"] = torch.tensor(float(engine.num_optimizer_steps))
             fresh["state"][param_id] = moments
     inner.load_state_dict(fresh)
+
+
+def prime_empty_torch_adam(optimizer: Any) -> int:
+    """Give every parameter of megatron's torch Adam/AdamW (the optimizer it falls back to without
+    Transformer Engine or Apex) the state torch would create on its first step: ``step`` 0 and zero
+    moments. Returns how many parameters it primed.
+
+    Why: megatron-core 0.19.2's ``DistributedOptimizer.sharded_state_dict`` calls ``state_dict()``
+    before it loads, and without TE/Apex ``state_dict()`` asserts that the torch optimizer's state
+    holds exactly one step value (``assert len(steps) == 1``, distrib_optimizer.py): a fresh
+    optimizer has none, so resuming into a run that has not stepped yet fails (found on an H100 by
+    ``benchmarks/device_check.py``'s checkpoint stage). The primed values change nothing: the load
+    overwrites the moments, the fp32 main parameters and the step, and a step from the primed state
+    equals a step from the empty one (torch initialises exactly these). Optimizers that are not
+    torch's own (TE's or Apex's fused Adam, with their own state layout) are left alone."""
+    primed = 0
+    chain = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    for wrapper in chain:
+        inner = getattr(wrapper, "optimizer", None)
+        if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+            continue
+        for group in inner.param_groups:
+            on_device = bool(group.get("fused") or group.get("capturable"))
+            for param in group["params"]:
+                state = inner.state[param]
+                if state:
+                    continue
+                # torch.optim.adam._init_group's initial state (torch 2.11 and 2.13): a float32
+                # step, on the parameter's device only when fused or capturable.
+                state["step"] = (
+                    torch.zeros((), dtype=torch.float32, device=param.device)
+                    if on_device
+                    else torch.tensor(0.0, dtype=torch.float32)
+                )
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                if group.get("amsgrad"):
+                    state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                primed += 1
+    return primed
 
 
 def _load_megatron_optimizer(engine: MegatronTrainingEngine, saved: dict[str, Any] | None) -> None:

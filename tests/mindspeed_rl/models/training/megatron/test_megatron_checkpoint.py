@@ -246,3 +246,37 @@ def test_the_distributed_optimizer_checkpoints_in_a_format_its_megatron_core_can
     base = ShardedTensor.from_rank_offsets("w", torch.zeros(4, 4), replica_id=(0, 0, 0))
     with pytest.raises(CheckpointingException, match="flattened_range is not supported"):
         dataclasses.replace(base, data=torch.zeros(6), flattened_range=slice(2, 8))
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw_amsgrad"])
+def test_priming_an_empty_torch_adam_changes_no_step(kind: str) -> None:
+    """Megatron's torch-Adam fallback is primed before a load (``prime_empty_torch_adam``: 0.19.2's
+    distributed optimizer cannot build its sharded state from an empty one). Priming must be
+    exactly torch's own first-step initialisation: the next steps from a primed and from an empty
+    optimizer agree bit for bit. The wrapper is a stand-in for megatron's ChainedOptimizer over a
+    DistributedOptimizer, which accepts only CUDA parameters; the optimizer inside is torch's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mindspeed_rl.models.training.megatron.checkpoint import prime_empty_torch_adam
+
+    def build() -> tuple[torch.nn.Parameter, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(5, 3))
+        if kind == "adam":
+            return p, torch.optim.Adam([p], lr=0.1, weight_decay=0.01)
+        return p, torch.optim.AdamW([p], lr=0.1, weight_decay=0.01, amsgrad=True)
+
+    plain_p, plain = build()
+    primed_p, primed = build()
+    chain = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=primed)])
+    assert prime_empty_torch_adam(chain) == 1
+    assert prime_empty_torch_adam(chain) == 0  # a parameter with state is left alone
+    assert primed.state_dict()["state"][0]["step"].item() == 0.0
+    for step in range(3):
+        for p, opt in ((plain_p, plain), (primed_p, primed)):
+            p.grad = torch.full_like(p, 0.5 * (step + 1))
+            opt.step()
+        assert torch.equal(plain_p, primed_p), step
+    assert plain.state_dict()["state"][0]["step"] == primed.state_dict()["state"][0]["step"]
