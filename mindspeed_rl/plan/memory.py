@@ -20,7 +20,7 @@ Large Transformer Models" (2022, arXiv:2205.05198, section 4), re-derived for th
 top-k routed experts. Per layer, per micro-batch of ``b`` sequences of ``s`` tokens (bytes):
 
     norm inputs 4sbh + QKV input 2sbh + Q,K,V 2sb(a+2g)d + attention output 2sbad
-    + [no flash attention: softmax output 2as^2b] + MLP: fc1 input 2sbh + 6sbf
+    + [no flash attention: fp32 softmax output and 16-bit probabilities 6as^2b] + MLP: fc1 input 2sbh + 6sbf
     (fc1 output 2 x 2sbf, activation 2sbf; f = ffn width) or, routed, topk x (2sbh + 6sbf_moe)
 
 Tensor parallelism divides every term except the four ``sbh`` norm and block inputs, which
@@ -347,6 +347,19 @@ def routing_buffer_bytes_per_token(shape: ModelShape, *, layers: int | None = No
     return (shape.num_layers if layers is None else layers) * shape.moe_topk * dtype_bytes
 
 
+def unfused_score_bytes(param_dtype: str) -> int:
+    """Bytes an unfused attention keeps per attention score (per head, query and key position).
+
+    Megatron's local attention (megatron-core 0.19.2 ``FusedScaleMaskSoftmax.forward_torch_softmax``
+    with ``attention_softmax_in_fp32``, its default) computes the softmax of 16-bit scores in fp32
+    and casts the probabilities back: autograd keeps the fp32 softmax output (4 bytes, for the
+    softmax's backward) and the 16-bit probabilities (2, for the product with V). HF's eager
+    attention does the same (softmax in fp32, then ``.to(query.dtype)``). In fp32 the two are one
+    4-byte tensor. Counting only the 16-bit copy (2) planned a 0.6 B Qwen3 at seq 2048 on an H100
+    ~8 GB under its measured peak (``docs/benchmarks/device-check.md``)."""
+    return 4 if param_dtype == "float32" else 6
+
+
 def _layer_activations(spec: TrainerMemorySpec, micro_batch_size: int) -> tuple[float, float]:
     """(one layer's activations of one micro-batch, its input hidden states), this rank's share."""
     shape = spec.shape
@@ -357,7 +370,7 @@ def _layer_activations(spec: TrainerMemorySpec, micro_batch_size: int) -> tuple[
     replicated = 8 * sbh / (t if spec.sequence_parallel else 1)
     attention = (2 * s * b * (a + 2 * g) * d + 2 * s * b * a * d) / t
     if not spec.flash_attention and spec.recompute_granularity != "selective":
-        attention += 2 * a * s * s_full * b / t
+        attention += unfused_score_bytes(spec.param_dtype) * a * s * s_full * b / t
     if shape.is_moe:
         tokens = s * b / (t if spec.sequence_parallel else 1)
         mlp = shape.moe_topk * tokens * (2 * h + 6 * shape.moe_ffn_hidden_size)

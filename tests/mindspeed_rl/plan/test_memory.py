@@ -201,9 +201,10 @@ def test_recompute_flash_and_sequence_parallel_shrink_activations() -> None:
                       recompute_granularity="full", recompute_num_layers=1)
     )  # fmt: skip
     assert plain > flash > sp > full > 0
-    # The quadratic attention term alone: 2 a s^2 b / t bytes per layer.
+    # The quadratic attention term alone: 6 a s^2 b / t bytes per layer in bf16 (the fp32 softmax
+    # output and the bf16 probabilities; test_unfused_attention_scores_equal_what_megatron_keeps).
     shape = SHAPES["moe_narrow_experts"]
-    assert plain - flash == pytest.approx(shape.num_layers * 2 * 4 * 128**2 * 2 / 2)
+    assert plain - flash == pytest.approx(shape.num_layers * 6 * 4 * 128**2 * 2 / 2)
 
 
 def test_context_parallelism_divides_every_per_token_term_by_cp() -> None:
@@ -216,7 +217,7 @@ def test_context_parallelism_divides_every_per_token_term_by_cp() -> None:
         half = activation_bytes(dataclasses.replace(spec, seq_length=512))
         # A CP2 rank holds what a rank of half the sequence holds, except that its queries attend
         # to every key (twice the unfused score matrix) and log-probs cover every response token.
-        scores = 0 if flash else shape.num_layers * 2 * shape.num_attention_heads * 512 * 512 * 2
+        scores = 0 if flash else shape.num_layers * 6 * shape.num_attention_heads * 512 * 512 * 2
         half_chunk = 3 * 4 * min(1024, 512 * 2) * vocab
         assert cp2 == pytest.approx(half + scores + log_prob_chunk - half_chunk)
         assert cp2 < activation_bytes(spec)
@@ -356,3 +357,74 @@ def test_byte_terms_equal_what_the_megatron_engine_allocates(tmp_path: Any, layo
         assert {k: planned[k] for k in measured} == measured, (layout_name, rank, dtype, grads_in_fp32)
         seen += 1
     assert seen == 2 * len(ENGINE_DTYPES)
+
+
+def _scores_worker(rank: int, port: int, cases: list[tuple[int, int, int, int, str]], out: Any) -> None:
+    """Megatron's local DotProductAttention (the CPU / no-TE spec) on one rank: for each case, the
+    bytes autograd keeps in tensors of attention-score shape (``[..., s, s]``, one per head)."""
+    import torch
+    import torch.distributed as dist
+
+    from benchmarks.parity.engine import init_gloo
+    from mindspeed_rl.models.training.megatron.layout import MegatronLayout
+    from mindspeed_rl.models.training.megatron.model import init_model_parallel
+    from mindspeed_rl.models.training.megatron.patches import causal_attention_mask
+
+    init_gloo(rank, 1, port)
+    init_model_parallel(MegatronLayout(), seed=0)
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    for heads, groups, seq, batch, dtype_name in cases:
+        dtype = getattr(torch, dtype_name)
+        d = 16
+        config = TransformerConfig(
+            num_layers=1, hidden_size=heads * d, num_attention_heads=heads, num_query_groups=groups,
+            kv_channels=d, attention_dropout=0.0, hidden_dropout=0.0, params_dtype=dtype,
+            bf16=dtype == torch.bfloat16,
+        )  # fmt: skip
+        attention = DotProductAttention(config, 1, AttnMaskType.causal, "self")
+        q = torch.randn(seq, batch, heads, d, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(seq, batch, groups, d, dtype=dtype, requires_grad=True) for _ in range(2))
+        kept: dict[int, int] = {}
+
+        def pack(
+            t: torch.Tensor, kept: dict[int, int] = kept, s: int = seq, n: int = batch * heads
+        ) -> torch.Tensor:
+            if t.dim() >= 2 and tuple(t.shape[-2:]) == (s, s) and t.numel() >= n * s * s:
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            # The engine's explicit causal mask (megatron's default one is built on "cuda").
+            mask = causal_attention_mask(seq, "cpu")
+            attention(q, k, v, attention_mask=mask).float().sum().backward()
+        out.put(((heads, groups, seq, batch, dtype_name), sum(kept.values())))
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+def test_unfused_attention_scores_equal_what_megatron_keeps() -> None:
+    """The planner's s x s term without flash attention (``unfused_score_bytes``) against the
+    bytes megatron's real local attention keeps for backward, on head counts, GQA groups, lengths
+    and dtypes the planner's own shapes do not use."""
+    import torch.multiprocessing as mp
+
+    from benchmarks.parity.engine import free_port
+    from mindspeed_rl.plan.memory import unfused_score_bytes
+
+    cases = [(4, 2, 48, 2, "bfloat16"), (6, 6, 40, 1, "bfloat16"), (4, 1, 32, 3, "float32")]
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.start_processes(_scores_worker, args=(free_port(), cases, out), nprocs=1, start_method="spawn")
+    measured = {}
+    while not out.empty():
+        case, nbytes = out.get()
+        measured[tuple(case)] = nbytes
+    assert set(measured) == set(cases)
+    for heads, groups, seq, batch, dtype in cases:
+        planned = unfused_score_bytes(dtype) * heads * seq * seq * batch
+        assert measured[(heads, groups, seq, batch, dtype)] == planned, (heads, groups, seq, batch, dtype)
