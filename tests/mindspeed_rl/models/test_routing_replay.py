@@ -215,9 +215,7 @@ def _spanning_rollout(moe_path: Path) -> tuple[HFEngine, _Spanning]:
     done = out[0][0]
     assert [(s.version, s.num_tokens) for s in done.segments] == [(0, 3), (1, 5)]
     seq = list(PROMPTS[0]) + list(done.completion.token_ids)
-    spanning = _Spanning(
-        completion=done.completion, seq=seq, boundary=len(PROMPTS[0]) + 3 - 1, v0=v0, v1=v1
-    )
+    spanning = _Spanning(completion=done.completion, seq=seq, boundary=len(PROMPTS[0]) + 3 - 1, v0=v0, v1=v1)
     return engine, spanning
 
 
@@ -245,7 +243,7 @@ def test_trainer_replays_each_segments_routing_of_a_spanning_sample(moe_path: Pa
     _, span = _spanning_rollout(moe_path)
     record = np.asarray(span.completion.routing)
     tokens = list(span.completion.token_ids)
-    trainer = TorchTrainingEngine(moe_path, _config())
+    trainer = TorchTrainingEngine(moe_path, dataclasses.replace(_config(), n_samples_per_prompt=1))
     trainer.model.load_state_dict(span.v1)
     batch = TrainBatch.from_lists(
         prompt_ids=[list(PROMPTS[0])], response_ids=[tokens], advantages=[1.0],

@@ -101,13 +101,18 @@ def test_routing_bytes_are_counted_in_the_queue_the_digest_and_the_summary() -> 
 
     clock, events = FakeClock(), EventLog()
     loop = ControlLoop(
-        config=make_config(num_prompts_per_global_batch=2), schedule=make_schedule(6), clock=clock, events=events
+        config=make_config(num_prompts_per_global_batch=2),
+        schedule=make_schedule(6),
+        clock=clock,
+        events=events,
     )
     loop.register_gu(0, num_actors=1)
     cursor = MetricsCursor()
     assert "queue/routing_bytes_max" not in step_metrics(loop.observe(), events, cursor)  # no routing: no key
     head = loop.dispatch()[0]
-    assert loop.request_start(head.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=0, policy_version=0).granted
+    assert loop.request_start(
+        head.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=0, policy_version=0
+    ).granted
     done = complete(head, actor_id=0, policy_version=0, num_samples_per_prompt=2, finished_at=2.0)
     # 2 MoE layers x top-2 of 4 experts: 4 uint8 bytes per position; positions grow per sample.
     positions = [5 + i for i in range(len(done.samples))]
