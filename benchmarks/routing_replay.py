@@ -151,6 +151,10 @@ def digest_run(run_dir: Path, window: int = 5) -> dict[str, Any]:
         "kl_k3_per_iteration": kl,
         "kl_k3_mean": _mean(kl),
         "kl_k3_iter0": kl[0] if kl else None,
+        # Iterations 1-4 train the same batches in both runs (the schedules part later), and the
+        # median is not carried by the one or two outliers a 30-iteration run can hold.
+        "kl_k3_iters_1_4": kl[1:5],
+        "kl_k3_median": float(np.median(kl)) if kl else None,
         "routing_mismatch_frac_mean": _mean(series("routing/mismatch_frac")),
         "router_disagree_frac_mean": _mean(series("routing/recompute_router_disagree_frac")),
         "reward_first": _mean(rewards[:window]),
