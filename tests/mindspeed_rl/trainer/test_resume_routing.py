@@ -50,6 +50,10 @@ def _routed(mb: ScheduledMinibatch, rng: np.random.Generator) -> CompletedMiniba
     )  # fmt: skip
 
 
+def _trainer_files(folder: Path) -> None:
+    (folder / "model.safetensors").write_bytes(b"weights")
+
+
 def test_prompts_queued_with_routing_at_a_checkpoint_are_reissued_on_resume(tmp_path: Path) -> None:
     config = RuntimeConfig(
         num_prompts_per_global_batch=2, num_samples_per_prompt=N, queue_max_samples=16,
@@ -73,7 +77,7 @@ def test_prompts_queued_with_routing_at_a_checkpoint_are_reissued_on_resume(tmp_
     fingerprint = {"pipeline": "async"}
     ckpt.write_checkpoint(
         tmp_path, lineage.state(1), schedule=lineage.schedule, fingerprint=fingerprint,
-        write_trainer_state=lambda d: (d / "model.safetensors").write_bytes(b"weights"),
+        write_trainer_state=_trainer_files,
     )  # fmt: skip
     point = ckpt.load_resume_point(tmp_path, fingerprint)
     reissued = {p for mb in point.remaining_schedule for p in mb.prompt_ids}
