@@ -190,7 +190,9 @@ class _Spanning:
     v1: dict[str, torch.Tensor]
 
 
-def _spanning_rollout(moe_path: Path) -> tuple[HFEngine, _Spanning]:
+@pytest.fixture(scope="module")
+def spanning(moe_path: Path) -> tuple[HFEngine, _Spanning]:
+    """Shared by the recording and the replay test (each reloads the weights it needs)."""
     engine = HFEngine(str(moe_path), record_routing=True)
     v0 = {k: v.clone() for k, v in engine.model.state_dict().items()}
     shifted = HFEngine(str(moe_path))
@@ -219,10 +221,10 @@ def _spanning_rollout(moe_path: Path) -> tuple[HFEngine, _Spanning]:
     return engine, spanning
 
 
-def test_partial_rollout_keeps_each_segments_routing(moe_path: Path) -> None:
+def test_partial_rollout_keeps_each_segments_routing(spanning: tuple[HFEngine, _Spanning]) -> None:
     """A response decoded over two weight versions: positions decoded on v0 carry v0's routing,
     positions from the first input of v1 on carry v1's (each from a forward of that version)."""
-    engine, span = _spanning_rollout(moe_path)
+    engine, span = spanning
     seq, boundary = span.seq, span.boundary
     routing = np.sort(np.asarray(span.completion.routing), axis=-1)
     assert routing.shape == (len(seq) - 1, 2, 2)
@@ -236,11 +238,13 @@ def test_partial_rollout_keeps_each_segments_routing(moe_path: Path) -> None:
     assert not np.array_equal(_routing_of(engine.model, seq)[:boundary], on_v0)
 
 
-def test_trainer_replays_each_segments_routing_of_a_spanning_sample(moe_path: Path) -> None:
+def test_trainer_replays_each_segments_routing_of_a_spanning_sample(
+    moe_path: Path, spanning: tuple[HFEngine, _Spanning]
+) -> None:
     """R3 with partial rollouts: the trainer, on v1's weights, routes the v0 segment's rows by v0's
     record (not by its own v1 router, which chooses otherwise there) and the v1 segment's by v1's,
     in the log-prob recompute and in the update's forward."""
-    _, span = _spanning_rollout(moe_path)
+    span = spanning[1]
     record = np.asarray(span.completion.routing)
     tokens = list(span.completion.token_ids)
     trainer = TorchTrainingEngine(moe_path, dataclasses.replace(_config(), n_samples_per_prompt=1))
