@@ -86,6 +86,11 @@ class LoopObservation:
     queue_bound_samples: int = 0
     """The queue's provable worst case: ``Q_max`` plus one largest minibatch (all its samples)
     per registered actor, since backpressure stops new starts but not the ones already running."""
+    queue_routing_bytes: int = 0
+    """MoE routing replay (R3): bytes of routing records the queued samples carry now."""
+    max_queue_routing_bytes: int = 0
+    routing_bytes_per_sample: float | None = None
+    """Mean routing bytes of the samples handed to the trainer; None before the first step."""
     minibatches_timed_out: int = 0
     minibatch_errors: int = 0
     """Attempts whose engine raised inside generate."""

@@ -72,6 +72,11 @@ def observe(loop: ControlLoop, *, arrivals_since: int, lag_steps_since: int) -> 
         minibatch_errors=loop.faults.by_kind[FaultKind.ERROR],
         actor_deaths=loop.faults.by_kind[FaultKind.DIED],
         actor_restarts=loop.recovery.actor_restarts,
+        queue_routing_bytes=loop.queue.routing_bytes,
+        max_queue_routing_bytes=loop.queue.max_routing_bytes,
+        routing_bytes_per_sample=(
+            loop.queue.routing_bytes_taken / loop.queue.samples_taken if loop.queue.samples_taken else None
+        ),
     )
 
 

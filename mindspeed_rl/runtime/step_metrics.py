@@ -29,6 +29,8 @@ class MetricsCursor:
     seconds_paused: float = 0.0
     # Queue depth when the previous digest was taken: the window's starting depth.
     depth_samples: int = 0
+    # Likewise the routing bytes the queue held then (MoE routing replay).
+    routing_bytes: int = 0
 
 
 def _mean(values: list[float]) -> float | None:
@@ -67,6 +69,12 @@ def step_metrics(seen: LoopObservation, events: ev.EventLog, cursor: MetricsCurs
         "lag/d_off_eq4": _mean([s.d_off_estimate_mean for s in lags if s.d_off_estimate_mean is not None]),
         "lag/policy_version": float(seen.latest_version),
     }
+    if seen.max_queue_routing_bytes:  # MoE routing replay (R3) records routing; otherwise all 0
+        # As for the depth: the window's peak is its starting value or a value right after an arrival.
+        out["queue/routing_bytes_max"] = float(
+            max([cursor.routing_bytes, *(a.routing_bytes_after for a in arrivals)])
+        )
+        out["queue/routing_bytes_now"] = float(seen.queue_routing_bytes)
     out.update(_generation(new_events))
     out.update(_weight_flow(new_events))
     out.update(_duty_cycles(seen))
@@ -75,6 +83,7 @@ def step_metrics(seen: LoopObservation, events: ev.EventLog, cursor: MetricsCurs
     cursor.num_lag_steps = seen.num_lag_steps
     cursor.seconds_paused = seen.seconds_paused
     cursor.depth_samples = seen.queue_depth_samples
+    cursor.routing_bytes = seen.queue_routing_bytes
     # MetricsWriter accepts numbers only; a metric with nothing to report this step is omitted.
     return {k: v for k, v in out.items() if v is not None}
 

@@ -51,6 +51,10 @@ class RuntimeSummary:
     actors: tuple[ActorObservation, ...]
     """Per actor, as observed at the end of the run (one record type for both read-outs)."""
     mean_duty_cycle: float | None
+    max_queue_routing_bytes: int
+    """MoE routing replay (R3): the most bytes of routing records the Training Queue held at once."""
+    routing_bytes_per_sample: float | None
+    """Mean routing bytes of the samples trained on (0 without R3; None if nothing was trained)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (dict keys become strings, as JSON requires)."""
@@ -95,4 +99,6 @@ def build_summary(seen: LoopObservation) -> RuntimeSummary:
         actor_restarts=seen.actor_restarts,
         actors=actors,
         mean_duty_cycle=sum(cycles) / len(cycles) if cycles else None,
+        max_queue_routing_bytes=seen.max_queue_routing_bytes,
+        routing_bytes_per_sample=seen.routing_bytes_per_sample,
     )

@@ -34,6 +34,8 @@ class QueueArrival:
     depth_samples_after: int
     depth_global_batches_before: float
     """``Q_arrival`` of Eq. 4: queued prompts ÷ prompts per global batch, before insertion."""
+    routing_bytes_after: int = 0
+    """MoE routing replay (R3): the routing records the queue held after the insertion, in bytes."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,10 +59,22 @@ class TrainingQueue:
         self.arrivals: AppendLog[QueueArrival] = AppendLog()
         """One record per put; the Control Unit trims what its per-step digest has read."""
         self.max_depth_samples = 0
+        # MoE routing replay (R3): the routing records riding with the queued samples. Counted
+        # because they are the queue's one per-token payload besides the token ids themselves
+        # (layers x top-k bytes per token), so the queue bound also bounds this memory.
+        self._routing_bytes = 0
+        self.max_routing_bytes = 0
+        self.samples_taken = 0
+        self.routing_bytes_taken = 0
 
     @property
     def depth_samples(self) -> int:
         return self._depth_samples
+
+    @property
+    def routing_bytes(self) -> int:
+        """Bytes of MoE routing records the queued samples carry (0 without routing replay)."""
+        return self._routing_bytes
 
     @property
     def depth_prompts(self) -> int:
@@ -89,6 +103,8 @@ class TrainingQueue:
             self._seq += 1
         self._depth_samples += len(completed.samples)
         self.max_depth_samples = max(self.max_depth_samples, self._depth_samples)
+        self._routing_bytes += sum(s.routing_bytes for s in completed.samples)
+        self.max_routing_bytes = max(self.max_routing_bytes, self._routing_bytes)
         arrival = QueueArrival(
             time=self._clock.now(),
             minibatch_id=completed.minibatch_id,
@@ -98,6 +114,7 @@ class TrainingQueue:
             depth_samples_before=before,
             depth_samples_after=self._depth_samples,
             depth_global_batches_before=before_batches,
+            routing_bytes_after=self._routing_bytes,
         )
         self.arrivals.append(arrival)
         return arrival
@@ -110,6 +127,10 @@ class TrainingQueue:
         for queued in prompts:
             del self._prompts[queued.group.prompt_id]
             self._depth_samples -= len(queued.group.samples)
+            routing = sum(s.routing_bytes for s in queued.group.samples)
+            self._routing_bytes -= routing
+            self.routing_bytes_taken += routing
+            self.samples_taken += len(queued.group.samples)
         return GlobalBatch(step=step, prompts=tuple(q.group for q in prompts))
 
     def pop_global_batch(

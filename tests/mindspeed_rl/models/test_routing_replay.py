@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -177,9 +178,21 @@ def test_training_forward_replays_and_trains_the_router(moe_path: Path) -> None:
     assert all(not torch.equal(a, b) for a, b in zip(before, after))
 
 
-def test_partial_rollout_keeps_each_segments_routing(moe_path: Path, tmp_path: Path) -> None:
-    """A response decoded over two weight versions: positions decoded on v0 carry v0's routing,
-    positions from the first input of v1 on carry v1's (each from a forward of that version)."""
+@dataclasses.dataclass(frozen=True)
+class _Spanning:
+    """One response decoded over two weight versions (v0: the built model, v1: perturbed routers)."""
+
+    completion: Any
+    seq: list[int]
+    boundary: int
+    """Rows before it are v0's; the last v0 token is first an input on v1."""
+    v0: dict[str, torch.Tensor]
+    v1: dict[str, torch.Tensor]
+
+
+@pytest.fixture(scope="module")
+def spanning(moe_path: Path) -> tuple[HFEngine, _Spanning]:
+    """Shared by the recording and the replay test (each reloads the weights it needs)."""
     engine = HFEngine(str(moe_path), record_routing=True)
     v0 = {k: v.clone() for k, v in engine.model.state_dict().items()}
     shifted = HFEngine(str(moe_path))
@@ -204,14 +217,60 @@ def test_partial_rollout_keeps_each_segments_routing(moe_path: Path, tmp_path: P
     done = out[0][0]
     assert [(s.version, s.num_tokens) for s in done.segments] == [(0, 3), (1, 5)]
     seq = list(PROMPTS[0]) + list(done.completion.token_ids)
-    routing = np.sort(np.asarray(done.completion.routing), axis=-1)
+    spanning = _Spanning(completion=done.completion, seq=seq, boundary=len(PROMPTS[0]) + 3 - 1, v0=v0, v1=v1)
+    return engine, spanning
+
+
+def test_partial_rollout_keeps_each_segments_routing(spanning: tuple[HFEngine, _Spanning]) -> None:
+    """A response decoded over two weight versions: positions decoded on v0 carry v0's routing,
+    positions from the first input of v1 on carry v1's (each from a forward of that version)."""
+    engine, span = spanning
+    seq, boundary = span.seq, span.boundary
+    routing = np.sort(np.asarray(span.completion.routing), axis=-1)
     assert routing.shape == (len(seq) - 1, 2, 2)
-    boundary = len(PROMPTS[0]) + 3 - 1  # the last v0 token is first an input on v1
-    engine.model.load_state_dict(v0)
+    engine.model.load_state_dict(span.v0)
     on_v0 = _routing_of(engine.model, seq[: boundary + 1])[:boundary]
-    engine.model.load_state_dict(v1)
+    engine.model.load_state_dict(span.v1)
     on_v1 = _routing_of(engine.model, seq)[boundary:-1]
     np.testing.assert_array_equal(routing[:boundary], on_v0)
     np.testing.assert_array_equal(routing[boundary:], on_v1)
     # The two versions route this response differently, so the test tells the segments apart.
     assert not np.array_equal(_routing_of(engine.model, seq)[:boundary], on_v0)
+
+
+def test_trainer_replays_each_segments_routing_of_a_spanning_sample(
+    moe_path: Path, spanning: tuple[HFEngine, _Spanning]
+) -> None:
+    """R3 with partial rollouts: the trainer, on v1's weights, routes the v0 segment's rows by v0's
+    record (not by its own v1 router, which chooses otherwise there) and the v1 segment's by v1's,
+    in the log-prob recompute and in the update's forward."""
+    span = spanning[1]
+    record = np.asarray(span.completion.routing)
+    tokens = list(span.completion.token_ids)
+    trainer = TorchTrainingEngine(moe_path, dataclasses.replace(_config(), n_samples_per_prompt=1))
+    trainer.model.load_state_dict(span.v1)
+    batch = TrainBatch.from_lists(
+        prompt_ids=[list(PROMPTS[0])], response_ids=[tokens], advantages=[1.0],
+        rollout_log_probs=[list(span.completion.log_probs)],
+    )  # fmt: skip
+    free_lp, free, _ = trainer.compute_log_probs_and_routing(batch, 1.0)
+    own_v1 = np.sort(free[0], axis=-1)
+    wanted = np.sort(record, axis=-1)
+    flipped = np.any(own_v1[: span.boundary] != wanted[: span.boundary], axis=-1)
+    assert flipped.any(), "v1's router must disagree with v0's record somewhere for the test to mean anything"
+    np.testing.assert_array_equal(own_v1[span.boundary :], wanted[span.boundary :])
+
+    lp, used, metrics = trainer.compute_log_probs_and_routing(batch.with_routing([record]), 1.0)
+    np.testing.assert_array_equal(np.sort(used[0], axis=-1), wanted)  # both segments, row for row
+    assert metrics["routing/recompute_router_disagree_frac"] == pytest.approx(
+        flipped.sum() / (record.shape[0] * record.shape[1])
+    )
+    # The v0 rows' routing reaches the scores: a v1-segment token's log-prob attends to them.
+    assert not np.allclose(lp[0][3:], free_lp[0][3:], atol=1e-6)
+
+    update = batch.with_routing([record]).with_log_probs(old=lp)
+    metrics = trainer.update(update, 1.0)
+    assert metrics["routing/train_replayed_rows"] == record.shape[0] * record.shape[1]
+    assert metrics["routing/train_router_disagree_frac"] == pytest.approx(
+        flipped.sum() / (record.shape[0] * record.shape[1])
+    )

@@ -87,3 +87,57 @@ def test_a_conversion_record_carries_delta_only_when_reported() -> None:
     figures = {"delta_bytes_sent": 10.0}
     with_delta = ev.SnapshotConverted(time=1.0, gu_id=0, version=2, seconds=0.5, delta=figures)
     assert ev.EventLog.to_json_dict(with_delta)["delta"] == figures
+
+
+def test_routing_bytes_are_counted_in_the_queue_the_digest_and_the_summary() -> None:
+    """MoE routing replay (R3): the Training Queue counts the routing records its samples carry;
+    the per-step digest reports the window's peak and the current bytes, the summary the peak and
+    the mean per sample the trainer took. Samples of different lengths, so a wrong count shows."""
+    import dataclasses
+
+    import numpy as np
+
+    from mindspeed_rl.runtime.routing import Routing
+
+    clock, events = FakeClock(), EventLog()
+    loop = ControlLoop(
+        config=make_config(num_prompts_per_global_batch=2),
+        schedule=make_schedule(6),
+        clock=clock,
+        events=events,
+    )
+    loop.register_gu(0, num_actors=1)
+    cursor = MetricsCursor()
+    assert "queue/routing_bytes_max" not in step_metrics(loop.observe(), events, cursor)  # no routing: no key
+    head = loop.dispatch()[0]
+    assert loop.request_start(
+        head.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=0, policy_version=0
+    ).granted
+    done = complete(head, actor_id=0, policy_version=0, num_samples_per_prompt=2, finished_at=2.0)
+    # 2 MoE layers x top-2 of 4 experts: 4 uint8 bytes per position; positions grow per sample.
+    positions = [5 + i for i in range(len(done.samples))]
+    rng = np.random.default_rng(0)
+    samples = tuple(
+        dataclasses.replace(s, routing=Routing.from_array(rng.integers(0, 4, size=(p, 2, 2)), num_experts=4))
+        for s, p in zip(done.samples, positions)
+    )
+    loop.on_minibatch_completed(dataclasses.replace(done, samples=samples))
+    queued = sum(positions) * 4
+    assert loop.queue.routing_bytes == queued
+    seen = loop.observe(arrivals_since=cursor.num_arrivals, lag_steps_since=cursor.num_lag_steps)
+    digest = step_metrics(seen, events, cursor)
+    assert digest["queue/routing_bytes_max"] == digest["queue/routing_bytes_now"] == queued
+    assert loop.observe().routing_bytes_per_sample is None  # nothing trained yet
+    batch = loop.pop_global_batch(0)
+    assert batch is not None
+    taken = sum(s.routing_bytes for s in batch.samples)
+    assert taken == 4 * sum(s.routing.positions for s in batch.samples if s.routing is not None)
+    loop.on_train_step_done(0)
+    seen = loop.observe(arrivals_since=cursor.num_arrivals, lag_steps_since=cursor.num_lag_steps)
+    digest = step_metrics(seen, events, cursor)
+    # No arrival since: the window's peak is what the queue held when it started.
+    assert digest["queue/routing_bytes_max"] == queued
+    assert digest["queue/routing_bytes_now"] == queued - taken == loop.queue.routing_bytes
+    summary = loop.summary().to_dict()
+    assert summary["max_queue_routing_bytes"] == queued
+    assert summary["routing_bytes_per_sample"] == taken / len(batch.samples)
