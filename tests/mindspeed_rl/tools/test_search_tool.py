@@ -225,3 +225,11 @@ def test_bad_tool_config_is_refused_by_name() -> None:
         SearchTool({"retrieval_service_url": ""}, SCHEMA)
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['topn'\]"):
         SearchTool({"retrieval_service_url": "http://x/retrieve", "topn": 3}, SCHEMA)
+
+
+def test_the_shipped_search_config_builds_and_its_corpus_loads() -> None:
+    (entry,) = read_tool_config(ROOT / "configs" / "tools" / "search_tool_config.yaml")
+    assert isinstance(build_tools((entry,))["search"], SearchTool)
+    index = BM25Index.from_jsonl(ROOT / str(entry.config["corpus_path"]))
+    (hits,) = index.search(["highest mountain above sea level"], k=3)
+    assert "Mount Everest" in hits[0].passage.contents
