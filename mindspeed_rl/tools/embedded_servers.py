@@ -206,8 +206,14 @@ def start_server(plan: ServerPlan, log_dir: Path) -> tuple[StartedServer, subpro
         if proc.poll() is not None or time.monotonic() > deadline:
             _stop(proc)
             tail = log.read_text(errors="replace").strip()[-2000:]
+            # The server's own advice names its CLI flag; a run's user sets the tool config key.
+            hint = (
+                "; in a tool config, isolate_network: false is --allow-network"
+                if "--allow-network" in tail
+                else ""
+            )
             raise EmbeddedServerError(
-                f"the embedded {plan.kind} server for {plan.url} did not start ({tail or 'no output'}); "
+                f"the embedded {plan.kind} server for {plan.url} did not start ({tail or 'no output'}){hint}; "
                 f"command: {' '.join(cmd)}"
             )
         time.sleep(0.1)
