@@ -167,7 +167,7 @@ def run(cfg: DictConfig, config_name: str | None, entry: str = "grpo") -> int:
             # Before Ray: the local sandbox / retriever the tools point at must answer from the
             # first call, and a server that cannot start fails the run before any actor does.
             servers.enter_context(embedded_servers(tool_entries(config), run_dir / "servers"))
-        except EmbeddedServerError as err:
+        except (EmbeddedServerError, ValueError) as err:  # ValueError: the tool YAML itself
             print(f"error: {err}", file=sys.stderr)
             return EXIT_TRAINER
         return _start_and_train(config, trainer, run_dir, hooks)
