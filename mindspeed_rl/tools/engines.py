@@ -35,6 +35,10 @@ class EngineTurns:
         self._sampling = dataclasses.replace(sampling, min_tokens=0)
         self._stops = [tuple(s) for s in stop_token_sequences if s]
 
+    def with_sampling(self, sampling: SamplingConfig) -> EngineTurns:
+        """The same engine and stops with other sampling (held-out evaluation's seeded one)."""
+        return EngineTurns(self._engine, sampling, self._stops)
+
     def generate_turns(
         self, contexts: Sequence[Sequence[int]], max_tokens: Sequence[int]
     ) -> list[Completion]:

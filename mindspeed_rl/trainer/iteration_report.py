@@ -33,7 +33,14 @@ class IterationReport:
         self._eval = plan.evaluation
         self._num_iters = plan.data.train_iters
         self._eval_prompts = select_eval_prompts(held_out, self._eval)
-        self._eval_settings = EvalSettings.for_run(plan.rollout.sampling, self._eval, plan.rollout.seed)
+        multi = plan.rollout.multi_turn
+        self._eval_settings = EvalSettings.for_run(
+            plan.rollout.sampling,
+            self._eval,
+            plan.rollout.seed,
+            # Held-out prompts of a multi-turn run are decoded as trajectories with the run's tools.
+            max_response_tokens=None if multi is None else multi.settings.max_total_response_length,
+        )
         self._sink = MetricsWriter(run_dir, plan.logging)
 
     def __enter__(self) -> IterationReport:

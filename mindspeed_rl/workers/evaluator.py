@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from mindspeed_rl.datasets import PromptRecord
     from mindspeed_rl.models.rewards import RewardFunction
     from mindspeed_rl.models.rollout.base import RolloutEngine, SamplingConfig
+    from mindspeed_rl.runtime.records import ToolUse
+    from mindspeed_rl.tools.agent_loop import AgentLoop
+    from mindspeed_rl.tools.engines import EngineTurns
 
 EVAL_PROMPTS_FILE = "eval_prompts.jsonl"
 # Float slack for "every verifier gave full marks": weights are summed in a different order.
@@ -52,14 +55,30 @@ class EvalSettings:
     """Seeds the decode: every evaluation draws the same random stream, so differences between
     evaluations come from the weights, not the sampling noise."""
 
+    max_response_tokens: int | None = None
+    """Multi-turn runs: a response's token budget over all its turns
+    (``max_total_response_length``); None: ``sampling.max_tokens``."""
+
     def __post_init__(self) -> None:
         if self.num_samples_per_prompt < 1:
             raise ValueError(f"num_samples_per_prompt={self.num_samples_per_prompt}; use 1 or more")
 
     @classmethod
-    def for_run(cls, sampling: SamplingConfig, config: EvalConfig, seed: int) -> EvalSettings:
+    def for_run(
+        cls,
+        sampling: SamplingConfig,
+        config: EvalConfig,
+        seed: int,
+        *,
+        max_response_tokens: int | None = None,
+    ) -> EvalSettings:
         """The run's sampling with ``config``'s sample count."""
-        return cls(sampling=sampling, num_samples_per_prompt=config.num_samples_per_prompt, seed=seed)
+        return cls(
+            sampling=sampling,
+            num_samples_per_prompt=config.num_samples_per_prompt,
+            seed=seed,
+            max_response_tokens=max_response_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +110,9 @@ class EvalJob:
     @property
     def max_new_tokens(self) -> int:
         """The most tokens the decode can generate (its hang bound is sized on it)."""
-        return len(self.token_ids) * self.settings.num_samples_per_prompt * self.settings.sampling.max_tokens
+        settings = self.settings
+        per_response = max(settings.sampling.max_tokens, settings.max_response_tokens or 0)
+        return len(self.token_ids) * settings.num_samples_per_prompt * per_response
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +125,11 @@ class HeldOutDecode:
     weights_version: int
     """The snapshot version the engine held (the hybrid loop: the iteration whose weights were pushed)."""
     generate_s: float
+    loss_masks: tuple[tuple[int, ...], ...] = ()
+    """Multi-turn runs: per response, 1 for the model's tokens, 0 for tool responses (so the
+    reward reads the model's own text, as in training). Empty for single-turn decodes."""
+    tool_use: tuple[ToolUse, ...] = ()
+    """Multi-turn runs: what each response did with its tools (``eval/tools/*``)."""
 
 
 def select_eval_prompts(valid: Sequence[PromptRecord], config: EvalConfig) -> tuple[PromptRecord, ...]:
@@ -146,6 +172,40 @@ def decode_held_out(engine: RolloutEngine, job: EvalJob, weights_version: int) -
     )
 
 
+def decode_held_out_with_tools(
+    agent: AgentLoop, turns: EngineTurns, job: EvalJob, weights_version: int
+) -> HeldOutDecode:
+    """``decode_held_out`` for a multi-turn run: each sample is a trajectory of the run's agent
+    loop (its tools, parser and limits) decoded with the job's seeded sampling."""
+    from mindspeed_rl.runtime.records import ToolUse
+
+    settings = job.settings
+    if not job.token_ids:
+        raise ValueError("an evaluation needs at least one held-out prompt; got none")
+    tic = time.perf_counter()
+    sampling = dataclasses.replace(settings.sampling, seed=settings.seed)
+    prompts = [ids for ids in job.token_ids for _ in range(settings.num_samples_per_prompt)]
+    results = agent.run(prompts, engine=turns.with_sampling(sampling))
+    return HeldOutDecode(
+        job_id=job.job_id,
+        responses=tuple(tuple(r.completion.token_ids) for r in results),
+        finish_reasons=tuple(r.completion.finish_reason for r in results),
+        weights_version=weights_version,
+        generate_s=time.perf_counter() - tic,
+        loss_masks=tuple(tuple(r.completion.loss_mask or ()) for r in results),
+        tool_use=tuple(
+            ToolUse(
+                turns=r.stats.turns,
+                calls=r.stats.tool_calls,
+                errors=r.stats.tool_errors,
+                truncated=r.stats.truncated_responses,
+                seconds=r.stats.tool_seconds,
+            )
+            for r in results
+        ),
+    )
+
+
 def score_held_out(
     decoded: HeldOutDecode, prompts: Sequence[PromptRecord], tokenizer: Any, reward_fn: RewardFunction
 ) -> dict[str, float]:
@@ -166,9 +226,21 @@ def score_held_out(
     tic = time.perf_counter()
     n = len(decoded.responses) // len(prompts)
     texts = [tokenizer.decode(list(ids), skip_special_tokens=True) for ids in decoded.responses]
-    result = reward_fn(texts, [p.label for p in prompts for _ in range(n)])
+    records = None
+    if decoded.loss_masks:
+        from mindspeed_rl.models.rewards.retool import tool_record
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+        found = [
+            tool_record(r, m, decode) for r, m in zip(decoded.responses, decoded.loss_masks, strict=True)
+        ]
+        records = found if any(r is not None for r in found) else None
+    result = reward_fn(texts, [p.label for p in prompts for _ in range(n)], records)
     lengths = np.array([len(ids) for ids in decoded.responses], dtype=np.float64)
     return {
+        **_tool_metrics(decoded.tool_use),
         "eval/accuracy": float(np.mean(result.rewards >= full_marks - _FULL_MARKS_TOLERANCE)),
         "eval/reward_mean": float(result.rewards.mean()),
         "eval/response_length": float(lengths.mean()),
@@ -179,4 +251,21 @@ def score_held_out(
         "eval/weights_version": float(decoded.weights_version),
         "time/eval_generate_s": decoded.generate_s,
         "time/eval_score_s": time.perf_counter() - tic,
+    }
+
+
+def _tool_metrics(tool_use: Sequence[ToolUse]) -> dict[str, float]:
+    """``eval/tools/*``: how the held-out trajectories used their tools (multi-turn runs only)."""
+    if not tool_use:
+        return {}
+    calls = sum(t.calls for t in tool_use)
+    errors = sum(t.errors for t in tool_use)
+    return {
+        "eval/tools/calls_per_sample": calls / len(tool_use),
+        "eval/tools/calling_fraction": sum(t.calls > 0 for t in tool_use) / len(tool_use),
+        # Of the calls made, the share answered without error (1.0 when none was made).
+        "eval/tools/ok_call_fraction": (calls - errors) / calls if calls else 1.0,
+        "eval/tools/turns_per_sample": sum(t.turns for t in tool_use) / len(tool_use),
+        "eval/tools/truncated_responses": float(sum(t.truncated for t in tool_use)),
+        "eval/tools/seconds": sum(t.seconds for t in tool_use),
     }

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from mindspeed_rl.runtime.routing import Routing
     from mindspeed_rl.runtime.segments import TokenSegment
     from mindspeed_rl.tools.agent_loop import AgentLoop
+    from mindspeed_rl.tools.engines import EngineTurns
     from mindspeed_rl.weights.reload import ReloadPolicy, ReloadResult
     from mindspeed_rl.weights.slots import EngineSlots
     from mindspeed_rl.workers.evaluator import EvalJob, HeldOutDecode
@@ -115,6 +116,7 @@ class GenerationActor:
 
             self._filter = FilterScorer(spec.filter_scorer, policy_path)
         self._agent: AgentLoop | None = None
+        self._turns: EngineTurns | None = None
         self._tool_use: list[ToolUse] = []
         if spec.multi_turn is not None:
             if self._forced is not None or self._partial is not None:
@@ -122,7 +124,7 @@ class GenerationActor:
                     "multi-turn rollouts cannot be combined with forced lengths (trace replay) or partial "
                     "rollouts; turn one of them off"
                 )
-            self._agent = _agent_loop(spec, self._engine, policy_path)
+            self._agent, self._turns = _agent_loop(spec, self._engine, policy_path)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -243,7 +245,7 @@ class GenerationActor:
         """Decode an evaluation's held-out prompts with the weights held now (between
         minibatches: the caller runs it only on an idle actor, as a reload). ``fault``: as in
         ``generate_minibatch`` (integration tests only)."""
-        from mindspeed_rl.workers.evaluator import decode_held_out
+        from mindspeed_rl.workers.evaluator import decode_held_out, decode_held_out_with_tools
 
         if fault is not None:
             _inject(fault, self.gu_id, self.actor_id, f"evaluation {job.job_id}")
@@ -254,6 +256,9 @@ class GenerationActor:
                 f"{job.job_id} needs v{job.min_version} or newer; reload before decoding it"
             )
         with self._generating():
+            if self._agent is not None and self._turns is not None:
+                # A multi-turn run evaluates as it trains: trajectories with the run's tools.
+                return decode_held_out_with_tools(self._agent, self._turns, job, self.policy_version)
             return decode_held_out(self._engine, job, self.policy_version)
 
     def _ask_for_newer(self) -> tuple[str, int, Any] | None:
@@ -506,9 +511,10 @@ def _inject(fault: str, gu_id: int, actor_id: int, what: str) -> None:
     raise ValueError(f"unknown fault {fault!r}; use exit, hang or raise")
 
 
-def _agent_loop(spec: RolloutSpec, engine: Any, policy_path: str) -> AgentLoop:
+def _agent_loop(spec: RolloutSpec, engine: Any, policy_path: str) -> tuple[AgentLoop, EngineTurns]:
     """The agent loop over this actor's engine: tools built here (each actor its own), tool calls
-    stop a turn right after the parser's close marker."""
+    stop a turn right after the parser's close marker. Also its turn engine, which held-out
+    evaluation reuses with its own sampling."""
     from mindspeed_rl.models.tokenizer import load_tokenizer
     from mindspeed_rl.tools.agent_loop import AgentLoop
     from mindspeed_rl.tools.config import build_tools
@@ -520,8 +526,9 @@ def _agent_loop(spec: RolloutSpec, engine: Any, policy_path: str) -> AgentLoop:
     codec = TokenizerCodec(load_tokenizer(policy_path))
     parser = get_parser(multi.parser)
     settings = multi.settings
-    return AgentLoop(
-        engine=EngineTurns(engine, spec.sampling, [codec.encode(parser.close_marker)]),
+    turns = EngineTurns(engine, spec.sampling, [codec.encode(parser.close_marker)])
+    loop = AgentLoop(
+        engine=turns,
         parser=parser,
         tools=build_tools(multi.tools),
         codec=codec,
@@ -530,3 +537,4 @@ def _agent_loop(spec: RolloutSpec, engine: Any, policy_path: str) -> AgentLoop:
         # each tool bounds its own concurrency further (num_workers / rate_limit).
         tool_workers=max(1, min(64, 8 * settings.max_parallel_calls)),
     )
+    return loop, turns

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import socket
 import sys
 import types
 from pathlib import Path
@@ -186,3 +187,81 @@ def test_inert_keys_warn_once_at_start_one_line_per_section_with_the_engines_rea
         "| distributed_backend: the megatron engine picks the backend from the trainer's device" in megatron
     )
     assert not [line for line in lines if "torch" in line]  # the megatron engine runs: no torch reason
+
+
+def _search_tools_yaml(path: Path, url: str, corpus: Path | None) -> Path:
+    corpus_line = f"      corpus_path: {corpus}\n" if corpus is not None else ""
+    path.write_text(
+        "tools:\n"
+        "  - class_name: mindspeed_rl.tools.search_tool.SearchTool\n"
+        "    config:\n"
+        f"      retrieval_service_url: {url}\n"
+        f"{corpus_line}"
+        "    tool_schema:\n"
+        "      type: function\n"
+        "      function:\n"
+        "        name: search\n"
+        "        parameters: {type: object, properties: {query_list: {type: array}}, required: [query_list]}\n"
+    )
+    return path
+
+
+def test_a_run_starts_the_local_retriever_its_tools_need_and_stops_it(
+    config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The trainer is a recorder (no Ray): it checks the retriever answers while the run trains.
+    from mindspeed_rl.tools.config import read_tool_config
+    from mindspeed_rl.tools.embedded_servers import listening
+    from mindspeed_rl.tools.search_tool import SearchTool
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "0", "contents": "Nile\nA river of Africa."}) + "\n")
+    tools = _search_tools_yaml(tmp_path / "tools.yaml", f"http://127.0.0.1:{port}/retrieve", corpus)
+    answers: list[str] = []
+
+    def train(config: GRPOConfig, run_dir: Path) -> None:
+        (entry,) = read_tool_config(tools)
+        answers.append(SearchTool(entry.config, entry.tool_schema).execute({"query_list": ["river"]}).text)
+
+    module = types.ModuleType(train_grpo.TRAINERS["hybrid"])
+    module.train = train  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, train_grpo.TRAINERS["hybrid"], module)
+    cluster = ray_setup.RayCluster(address="127.0.0.1:1", attached=False, resources={"CPU": 2.0})
+    monkeypatch.setattr(ray_setup, "init_ray", lambda config: cluster)
+    args = [
+        "--config-dir", str(config_dir), "--config-name", "tiny_run", f"run_dir={tmp_path}/r",
+        "++rl_config.multi_turn_enable=true", f"++rl_config.tool_config_path={tools}",
+        "++rl_config.max_tool_calls=1", "++rl_config.max_parallel_calls=1",
+    ]  # fmt: skip
+    assert _main(args) == 0
+    (answer,) = answers
+    assert "Doc 1 (Title: Nile)" in json.loads(answer)["result"]
+    assert not listening("127.0.0.1", port)  # stopped with the run
+    (run_dir,) = (tmp_path / "r").iterdir()
+    assert (
+        (run_dir / "servers" / f"retrieval_server_{port}.log").read_text().startswith("retrieval server on")
+    )
+
+
+def test_a_local_retriever_that_cannot_be_started_fails_the_run_before_ray(
+    calls: list[tuple[str, GRPOConfig, Path]],
+    config_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    tools = _search_tools_yaml(tmp_path / "tools.yaml", f"http://127.0.0.1:{port}/retrieve", None)
+    args = [
+        "--config-dir", str(config_dir), "--config-name", "tiny_run", f"run_dir={tmp_path}/r",
+        "++rl_config.multi_turn_enable=true", f"++rl_config.tool_config_path={tools}",
+        "++rl_config.max_tool_calls=1", "++rl_config.max_parallel_calls=1",
+    ]  # fmt: skip
+    assert _main(args) == train_grpo.EXIT_TRAINER
+    err = capsys.readouterr().err
+    assert "set corpus_path in the tool config" in err and "Traceback" not in err
+    assert calls == []

@@ -61,6 +61,7 @@ COVERED_BY = {
     "examples/data/preprocess_data.sh": ["tests/cli/test_preprocess_data.py"],
     "cli/plot_metrics.py": ["tests/mindspeed_rl/utils/test_plots.py"],
     "cli/sandbox_server.py": ["tests/mindspeed_rl/tools/test_sandbox_server.py"],
+    "cli/retrieval_server.py": ["tests/mindspeed_rl/tools/test_search_tool.py"],
     "asp_scheduler": ["tests/asp_scheduler/test_bench.py"],
     "make demo": ["tests/mindspeed_rl/trainer/test_async_e2e.py"],
     "make test": ["the suite itself"],
