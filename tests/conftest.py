@@ -92,10 +92,11 @@ def stream_of(path: Path) -> str:
     )
 
 
-def scope_of(path: Path, rootpath: Path) -> str:
-    """The scheduling unit of a test: the whole e2e stream as one unit (its runs never overlap one
-    another, and a session-scoped shared run is made once), any other test's file on its own."""
-    return "e2e" if stream_of(path) == "e2e" else str(path.relative_to(rootpath))
+def scope_of(file: str, rootpath: Path) -> str:
+    """The scheduling unit of a test in ``file`` (its nodeid's path, relative to ``rootpath``): the
+    whole e2e stream as one unit (its runs never overlap one another, and a session-scoped shared
+    run is made once), any other test's file on its own."""
+    return "e2e" if stream_of(rootpath / file) == "e2e" else file
 
 
 def scope_rank(scope: str, rootpath: Path) -> int:
@@ -123,7 +124,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class StreamScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return scope_of(root / nodeid.split("::", 1)[0], root)
+            return scope_of(nodeid.split("::", 1)[0], root)
 
         def _assign_work_unit(self, node: Any) -> None:
             # xdist pops the queue's first unit; put the best-ranked there (stable within a rank).

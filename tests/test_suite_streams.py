@@ -17,11 +17,13 @@ SHARED_RUNS = ("hybrid_run", "tp2_tied_run", "partial_qwen25_run")
 
 def test_cli_run_files_are_in_the_e2e_stream_and_unit_files_beside_them_are_not() -> None:
     assert stream_of(TRAINER / "test_async_e2e.py") == "e2e"
+    assert scope_of("tests/mindspeed_rl/trainer/test_async_e2e.py", ROOT) == "e2e"
     assert stream_of(TESTS / "mindspeed_rl" / "test_launcher.py") == "e2e"
     # Unit tests in the same folders (no integration mark) run with the rest, each file a unit.
     for unit in (TRAINER / "test_prompts.py", TESTS / "cli" / "test_simulate.py"):
         assert stream_of(unit) == "rest"
-        assert scope_of(unit, ROOT) == str(unit.relative_to(ROOT))
+        file = str(unit.relative_to(ROOT))
+        assert scope_of(file, ROOT) == file
     # Outside the e2e paths nothing joins the stream, marked or not.
     assert stream_of(TESTS / "mindspeed_rl" / "models" / "training" / "test_device_check.py") == "rest"
 
@@ -40,6 +42,6 @@ def test_every_file_reading_a_shared_run_is_in_the_e2e_stream() -> None:
 def test_a_free_worker_takes_the_e2e_stream_then_the_long_rest_files_first() -> None:
     long_rest = str(REST_PATHS[0].relative_to(ROOT))
     unit = str((TRAINER / "test_prompts.py").relative_to(ROOT))
-    assert stream_of(REST_PATHS[0]) == "rest" and scope_of(REST_PATHS[0], ROOT) == long_rest
+    assert stream_of(REST_PATHS[0]) == "rest" and scope_of(long_rest, ROOT) == long_rest
     ranked = sorted([unit, long_rest, "e2e"], key=lambda scope: scope_rank(scope, ROOT))
     assert ranked == ["e2e", long_rest, unit]
