@@ -32,6 +32,46 @@ REST_PATHS = (
 )
 INTEGRATION_MARK = "pytest.mark.integration"
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stream-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test phase's duration, worker and stream, and the sums per stream and per "
+        "worker, as JSON to PATH (tests/support/suite_durations.py; make test writes "
+        "runs/test_durations.json)",
+    )
+
+
+class _StreamDurations:
+    """Collects every phase report where reports arrive (the xdist controller, or the only process),
+    and writes the summary at the end."""
+
+    def __init__(self, config: pytest.Config, path: Path) -> None:
+        from tests.support.suite_durations import PhaseTime
+
+        self._config, self._path, self._record = config, path, PhaseTime
+        self._phases: list[Any] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        node = getattr(report, "node", None)  # xdist sets the reporting worker's controller
+        worker = node.gateway.id if node is not None else "main"
+        self._phases.append(
+            self._record(nodeid=report.nodeid, when=report.when, seconds=report.duration, worker=worker)
+        )
+
+    def pytest_sessionfinish(self) -> None:
+        import json
+
+        from tests.support.suite_durations import summarize
+
+        root = self._config.rootpath
+        summary = summarize(self._phases, lambda nodeid: stream_of(root / nodeid.split("::", 1)[0]))
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._path.write_text(json.dumps(summary, indent=1) + "\n")
+
+
 # This process's Ray temp root and the RAY_TMPDIR it replaced (restored at the end).
 _RAY_ROOT = pytest.StashKey[tuple[str, "str | None"]]()
 
@@ -49,6 +89,9 @@ def pytest_configure(config: pytest.Config) -> None:
     root = tempfile.mkdtemp(prefix=f"rt-{worker}-", dir="/tmp" if os.path.isdir("/tmp") else None)
     config.stash[_RAY_ROOT] = (root, os.environ.get("RAY_TMPDIR"))
     os.environ["RAY_TMPDIR"] = root
+    durations = config.getoption("stream_durations")
+    if durations and not hasattr(config, "workerinput"):  # the controller (or the only process)
+        config.pluginmanager.register(_StreamDurations(config, Path(durations)), "stream_durations")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

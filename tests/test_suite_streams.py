@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from tests.conftest import REST_PATHS, TESTS, scope_of, scope_rank, stream_of
+from tests.support.suite_durations import PhaseTime, summarize
 
 ROOT = TESTS.parent
 TRAINER = TESTS / "mindspeed_rl" / "trainer"
@@ -45,3 +46,23 @@ def test_a_free_worker_takes_the_e2e_stream_then_the_long_rest_files_first() -> 
     assert stream_of(REST_PATHS[0]) == "rest" and scope_of(long_rest, ROOT) == long_rest
     ranked = sorted([unit, long_rest, "e2e"], key=lambda scope: scope_rank(scope, ROOT))
     assert ranked == ["e2e", long_rest, unit]
+
+
+def test_stream_durations_sum_each_stream_and_worker_and_list_the_slowest() -> None:
+    e2e, unit = "tests/mindspeed_rl/trainer/test_async_e2e.py::t", "tests/cli/test_simulate.py::t"
+    phases = [
+        PhaseTime(nodeid=e2e, when="setup", seconds=30.0, worker="gw0"),
+        PhaseTime(nodeid=e2e, when="call", seconds=1.5, worker="gw0"),
+        PhaseTime(nodeid=unit, when="call", seconds=2.25, worker="gw1"),
+        PhaseTime(nodeid=unit + "2", when="call", seconds=0.5, worker="gw0"),
+    ]
+    summary = summarize(phases, lambda nodeid: stream_of(ROOT / nodeid.split("::", 1)[0]))
+    assert summary["seconds_per_stream"] == {"e2e": 31.5, "rest": 2.75}
+    assert summary["tests_per_stream"] == {"e2e": 1, "rest": 2}
+    assert summary["seconds_per_worker"] == {"gw0": 32.0, "gw1": 2.25}
+    assert [(p["nodeid"], p["when"]) for p in summary["slowest"]] == [
+        (e2e, "setup"),
+        (unit, "call"),
+        (e2e, "call"),
+        (unit + "2", "call"),
+    ]
