@@ -46,7 +46,7 @@ demo: setup
 	@echo "  bash examples/data/preprocess_data.sh deepscaler input=<your.jsonl> tokenizer_name_or_path=runs/models/tiny_qwen3"
 
 test: setup lint typecheck docs
-	$(PY) -m pytest -q -n 2 --dist loadscope --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadscope --durations=15 --stream-durations=runs/test_durations.json
 
 # The megatron engine against MindSpeed's megatron-core (MEGATRON_CORE_NPU in _pins.py, 0.12.1) on
 # CPU: the wheel goes into a side folder put first on PYTHONPATH, so .venv keeps 0.19.2. Runs the

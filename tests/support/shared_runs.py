@@ -85,3 +85,33 @@ def tp2_tied_run(workdir: Path, policy_models: PolicyModels) -> WatchedRun:
         f"run_dir={workdir / 'runs'}", f"megatron_training.tokenizer_name_or_path={workdir / 'model'}", *TP2_TIED,
     ]  # fmt: skip
     return run_watching_descendants(cmd, workdir, timeout_s=800, env=tp2_child_env())
+
+
+# One GU with one vLLM actor (``grpo_tiny_asp``) on the Qwen2.5 layout, with partial rollouts on
+# (up to 3 segments, rounds of 3 tokens): 6 iterations x 4 prompts x 4 samples. max_policy_lag 1
+# forces two or more reloads whatever the timing (step 3 needs samples of v2 or later, step 5 of
+# v4 or later), and so responses that cross a refresh.
+PARTIAL_QWEN25_MODEL = "tiny_qwen25"
+PARTIAL_QWEN25_ITERS, PARTIAL_QWEN25_PROMPTS, PARTIAL_QWEN25_SAMPLES = 6, 4, 4
+PARTIAL_QWEN25_SPLIT = 3
+PARTIAL_QWEN25 = (
+    f"model={PARTIAL_QWEN25_MODEL}", f"megatron_training.model={PARTIAL_QWEN25_MODEL}",
+    f"megatron_training.train_iters={PARTIAL_QWEN25_ITERS}",
+    f"megatron_training.global_batch_size={PARTIAL_QWEN25_PROMPTS}", "rl_config.mini_batch_size=4",
+    f"rl_config.n_samples_per_prompt={PARTIAL_QWEN25_SAMPLES}", "actor_config.micro_batch_size=16",
+    "rl_config.actor_forward_micro_batch_size=16", "rl_config.ref_forward_micro_batch_size=16",
+    "warmup_config.steps=5", "asp_config.b=2", "asp_config.kappa=0", "asp_config.k=2",
+    "asp_config.sa_iterations=1000", "async_config.queue_max_samples=24", "async_config.queue_resume_samples=12",
+    "async_config.gu_queue_low=1", "async_config.gu_queue_high=2", "async_config.num_generation_units=1",
+    "async_config.actors_per_unit=1", "async_config.max_policy_lag=1",
+    "generate_config.sampling_config.max_tokens=24", "rl_config.use_tensorboard=false",
+    f"rl_config.partial_rollout_max_split={PARTIAL_QWEN25_SPLIT}", "rl_config.partial_rollout_chunk_tokens=3",
+)  # fmt: skip
+
+
+def partial_qwen25_run(workdir: Path, policy_models: PolicyModels) -> CliRun:
+    """``grpo_tiny_asp`` with ``PARTIAL_QWEN25``: read by test_async_e2e (the pipeline's invariants
+    with partial rollouts on vLLM) and by test_real_checkpoints_e2e (the Qwen2.5 layout refreshed
+    in a CLI run). One run replaces two that differed only in these settings."""
+    policy_models.provide(workdir / "model", "grpo_tiny_asp", PARTIAL_QWEN25)
+    return run_cli(workdir, "grpo_tiny_asp", PARTIAL_QWEN25)

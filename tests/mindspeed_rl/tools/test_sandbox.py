@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -20,6 +19,7 @@ from mindspeed_rl.tools.sandbox import (
     run_code_on_sandbox_fusion,
     run_python_locally,
 )
+from tests.support.cli_runs import survivors
 
 SCHEMA = {
     "type": "function",
@@ -60,16 +60,17 @@ def test_allocating_past_the_memory_limit_fails() -> None:
     assert run_python_locally("x = bytearray(64 * 1024 * 1024)\nprint('allocated')", limits).ok
 
 
-def test_children_do_not_outlive_the_call(tmp_path: Path) -> None:
-    marker = tmp_path / "child_alive"
-    child = f"import time; time.sleep(3); open({str(marker)!r}, 'w').close()"
+def test_children_do_not_outlive_the_call() -> None:
+    # The child would sleep far past the wait below: were it left running, survivors() names it.
+    child = "import time; time.sleep(600)"
     code = (
-        f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\nprint('parent done')\n"
+        "import subprocess, sys\n"
+        f"print(subprocess.Popen([sys.executable, '-c', {child!r}]).pid)\nprint('parent done')\n"
     )
     result = run_python_locally(code, LIMITS)
     assert result.ok and "parent done" in result.stdout, result.stderr
-    time.sleep(4)  # past the child's sleep: had it survived the group kill it would have written
-    assert not marker.exists()
+    (pid,) = (int(line) for line in result.stdout.split() if line.isdigit())
+    assert survivors({pid}, grace_s=60) == []
 
 
 def test_runs_in_a_scratch_dir_that_is_removed() -> None:

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from mindspeed_rl.tools.retool import ReTool
 from mindspeed_rl.tools.sandbox import network_namespace_available
 from mindspeed_rl.tools.sandbox_server import ServerLimits, answer
+from tests.support.cli_runs import survivors
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = {
@@ -79,13 +79,17 @@ def test_requests_above_the_server_cap_are_held_to_it(server_url: str) -> None:
     assert out["status"] == "Failed"
 
 
-def test_children_left_behind_are_killed(server_url: str, tmp_path: Path) -> None:
-    marker = tmp_path / "alive"
-    child = f"import time; time.sleep(2); open({str(marker)!r}, 'w').close()"
-    code = f"import subprocess, sys\nfor _ in range(5):\n    subprocess.Popen([sys.executable, '-c', {child!r}])\n"
-    assert run(server_url, code)["status"] == "Success"
-    time.sleep(3)
-    assert not marker.exists()
+def test_children_left_behind_are_killed(server_url: str) -> None:
+    # Each child would sleep far past the wait below: were one left running, survivors() names it.
+    child = "import time; time.sleep(600)"
+    code = (
+        "import subprocess, sys\n"
+        f"for _ in range(5):\n    print(subprocess.Popen([sys.executable, '-c', {child!r}]).pid)\n"
+    )
+    out = run(server_url, code)
+    assert out["status"] == "Success"
+    pids = {int(line) for line in out["run_result"]["stdout"].split()}  # type: ignore[index]
+    assert len(pids) == 5 and survivors(pids, grace_s=60) == []
 
 
 @pytest.mark.skipif(not ISOLATED, reason="unprivileged user namespaces are off here")

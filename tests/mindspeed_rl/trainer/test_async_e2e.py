@@ -1,6 +1,8 @@
 """The async pipeline end to end: real CLI, real Ray, tiny model; invariants read back from the run.
 
-One run with vLLM engines (the acceptance run), the shipped demo, and fault runs on the light HF
+Two runs with vLLM engines, each read by several tests: the shipped demo (module-scoped
+``demo_run``: the pipeline's invariants and the reward's rise) and a partial-rollout run shared with
+test_real_checkpoints_e2e (session-scoped ``partial_qwen25_run``); fault runs on the light HF
 engine. Faults are injected through the trainer's test hook (``MINDSPEED_RL_TEST_FAULTS``): the
 process calls ``os._exit``, hangs or raises where the hook says.
 
@@ -32,7 +34,15 @@ import pytest
 from cli.fault_hooks import FAULTS_ENV
 from mindspeed_rl.utils.metrics import read_metrics
 from mindspeed_rl.utils.run_summary import REQUIRED_KEYS
+from tests.support.cli_runs import CliRun
+from tests.support.cli_runs import run_cli as shared_cli
 from tests.support.models import PolicyModels
+from tests.support.shared_runs import (
+    PARTIAL_QWEN25_ITERS,
+    PARTIAL_QWEN25_PROMPTS,
+    PARTIAL_QWEN25_SAMPLES,
+    PARTIAL_QWEN25_SPLIT,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 # The shipped demo (builtin:demo_short, 200-step warm-up, 40 iterations) measured +0.22, +0.22, +0.22
@@ -98,10 +108,10 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[
     return summary, read_metrics(run_dir / "metrics.jsonl"), events
 
 
-def check_exactly_once(summary: dict[str, Any]) -> None:
+def check_exactly_once(summary: dict[str, Any], *, prompts: int = 16) -> None:
     assert set(REQUIRED_KEYS) <= set(summary)
     assert summary["pipeline"] == "async"
-    assert summary["prompts_scheduled"] == summary["prompts_consumed"] == 16
+    assert summary["prompts_scheduled"] == summary["prompts_consumed"] == prompts
     assert summary["duplicate_minibatches_dropped"] == 0
     assert summary["max_policy_lag_measured"] <= summary["max_policy_lag_limit"]
     # The queue's provable worst case holds (Q_max + one largest minibatch per actor).
@@ -134,29 +144,17 @@ def check_reload_discipline(events: list[dict[str, Any]]) -> int:
     return num_reloads
 
 
-@pytest.mark.vllm
-def test_async_run_with_vllm_meets_the_pipeline_invariants(
-    tmp_path: Path, policy_models: PolicyModels
-) -> None:
-    # 2 GUs x 1 actor: every vLLM engine start costs seconds on a shared 2-core host. Partial
-    # rollouts on (N = 3, rounds of 3 tokens): the invariants must hold with them as without.
-    policy_models.provide(tmp_path / "model", "grpo_tiny_asp", TINY)
-    run_dir = run_cli(
-        tmp_path,
-        "async_config.num_generation_units=2",
-        "async_config.actors_per_unit=1",
-        "rl_config.partial_rollout_max_split=3",
-        "rl_config.partial_rollout_chunk_tokens=3",
-    )
+def check_pipeline_invariants(
+    run_dir: Path, *, iterations: int, prompts: int, in_flight: int
+) -> dict[str, Any]:
+    """What every async run on vLLM must show: each prompt consumed once, the lag and queue bounds
+    held, reloads only between minibatches and always to the newest version, no minibatch
+    re-issued, the control plane's CPU accounted, and every per-step metric written. ``in_flight``:
+    what the minibatches running when a pause began can still add to the queue (GUs x actors x
+    prompts per minibatch x samples per prompt). Returns the summary."""
     summary, records, events = load_run(run_dir)
-    check_exactly_once(summary)
-    assert summary["prompts_consumed_unique_total"] == summary["prompts_consumed_total"] == 16
-    # Some responses crossed a refresh (each split sample has 2 or 3 segments); lag from the oldest token.
-    assert summary["partial_samples_total"] > 0
-    assert 2 * summary["partial_samples_total"] <= summary["partial_segments_total"]
-    assert summary["partial_segments_total"] <= 3 * summary["partial_samples_total"]
-    assert 2 <= summary["max_segments_per_sample"] <= 3
-    assert all(r["lag/oldest_token_max"] <= summary["max_policy_lag_limit"] for r in records)
+    check_exactly_once(summary, prompts=prompts)
+    assert summary["prompts_consumed_unique_total"] == summary["prompts_consumed_total"] == prompts
     assert summary["minibatches_reissued"] == 0 and summary["reloads_not_newest"] == 0
     # The control plane's CPU is accounted (it competes with the engines on small hosts).
     assert summary["cu_cpu_seconds"] > 0 and summary["gu_control_cpu_seconds"] > 0
@@ -164,28 +162,85 @@ def test_async_run_with_vllm_meets_the_pipeline_invariants(
         (summary["cu_cpu_seconds"] + summary["gu_control_cpu_seconds"]) / summary["pipeline_seconds"]
     )
     # Queue bound: Q_max plus what the minibatches running when the pause began can still add.
-    in_flight = 2 * 1 * 2 * 4  # GUs x actors x prompts per minibatch x samples per prompt
     assert summary["max_queue_depth_samples"] <= summary["queue_limit_samples"] + in_flight
     assert check_reload_discipline(events) > 0
-    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    assert [r["iteration"] for r in records] == list(range(iterations))
     per_step = (
         "iteration_time_s", "tokens_per_s", "time/trainer_wait_s", "queue/depth_samples_max",
         "backpressure/seconds_paused", "lag/d_off_mean", "lag/d_off_max", "duty_cycle_mean",
     )  # fmt: skip
     for key in per_step:
         assert all(isinstance(r.get(key), int | float) for r in records), key
-    anywhere = (
-        "lag/d_off_eq4",
-        "snapshot/save_s",
-        "snapshot/convert_s",
-        "snapshot/load_s",
-        "gen/gu1/minibatches",
-    )
-    for key in anywhere:
+    for key in ("lag/d_off_eq4", "snapshot/save_s", "snapshot/convert_s", "snapshot/load_s"):
         assert any(key in r for r in records), key
     assert all(0 <= r["lag/d_off_max"] <= summary["max_policy_lag_limit"] for r in records)
+    assert all(r["lag/oldest_token_max"] <= summary["max_policy_lag_limit"] for r in records)
     assert (run_dir / "final_model" / "model.safetensors").is_file()
     assert (run_dir / "asp_schedule.json").is_file()
+    return summary
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoRun:
+    run: CliRun
+    # The shipped config's: iterations, prompts per iteration, and what can be in flight when a
+    # pause begins (GUs x actors x prompts per minibatch x samples per prompt).
+    iterations: int
+    prompts_per_iteration: int
+    in_flight: int
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """``make demo`` as shipped (``grpo_tiny_asp``: 2 GUs x 2 vLLM actors, its own warm-up), read
+    by the invariants test and the reward test."""
+    from mindspeed_rl.config_cls import load_config_from_files
+
+    config = load_config_from_files(ROOT / "configs", "grpo_tiny_asp")
+    workdir = tmp_path_factory.mktemp("demo")
+    run = shared_cli(workdir, "grpo_tiny_asp", ("rl_config.use_tensorboard=false",))
+    training, layout = config.megatron_training.training, config.async_config
+    return DemoRun(
+        run=run,
+        iterations=training.train_iters,
+        prompts_per_iteration=training.global_batch_size,
+        in_flight=layout.num_generation_units
+        * layout.actors_per_unit
+        * config.asp_config.b
+        * config.rl_config.n_samples_per_prompt,
+    )
+
+
+@pytest.mark.vllm
+def test_async_run_with_vllm_meets_the_pipeline_invariants(demo_run: DemoRun) -> None:
+    """The shipped demo's run (2 GUs x 2 vLLM actors, 40 iterations of 32 prompts, minibatches of
+    8 prompts x 8 samples) meets every invariant of the pipeline."""
+    check_pipeline_invariants(
+        demo_run.run.run_dir,
+        iterations=demo_run.iterations,
+        prompts=demo_run.iterations * demo_run.prompts_per_iteration,
+        in_flight=demo_run.in_flight,
+    )
+    records = read_metrics(demo_run.run.run_dir / "metrics.jsonl")
+    assert any("gen/gu1/minibatches" in r for r in records)  # both GUs report
+
+
+@pytest.mark.vllm
+def test_partial_rollouts_with_vllm_meet_the_pipeline_invariants(partial_qwen25_run: CliRun) -> None:
+    """Partial rollouts on (N = 3, rounds of 3 tokens; ``shared_runs.PARTIAL_QWEN25``, whose run
+    test_real_checkpoints_e2e also reads): the invariants hold with them as without, some responses
+    cross a refresh (2 or 3 segments each), and the lag counts from the oldest token."""
+    run_dir = partial_qwen25_run.run_dir
+    summary = check_pipeline_invariants(
+        run_dir,
+        iterations=PARTIAL_QWEN25_ITERS,
+        prompts=PARTIAL_QWEN25_ITERS * PARTIAL_QWEN25_PROMPTS,
+        in_flight=1 * 1 * 2 * PARTIAL_QWEN25_SAMPLES,
+    )
+    assert summary["partial_samples_total"] > 0
+    assert 2 * summary["partial_samples_total"] <= summary["partial_segments_total"]
+    assert summary["partial_segments_total"] <= PARTIAL_QWEN25_SPLIT * summary["partial_samples_total"]
+    assert 2 <= summary["max_segments_per_sample"] <= PARTIAL_QWEN25_SPLIT
 
 
 # One entry per fault kind: the shared run that injects it (a fixture below), the GU and actor it
@@ -354,24 +409,13 @@ def test_a_minibatch_failing_every_attempt_stops_the_run_naming_it(
 
 
 @pytest.mark.vllm
-def test_async_demo_reward_rises(tmp_path: Path) -> None:
+def test_async_demo_reward_rises(demo_run: DemoRun) -> None:
     """``make demo`` as shipped (2 GUs x 2 vLLM actors): GRPO must learn, visibly, and the run
     must end by saying so (the end-of-run block) with its plots written."""
-    from mindspeed_rl.config_cls import load_config_from_files
-
-    iters = load_config_from_files(ROOT / "configs", "grpo_tiny_asp").megatron_training.training.train_iters
-    runs = tmp_path / "runs"
-    cmd = [
-        sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_asp",
-        f"run_dir={runs}", f"megatron_training.tokenizer_name_or_path={tmp_path / 'model'}",
-        "rl_config.use_tensorboard=false",
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    (run_dir,) = list(runs.iterdir())
+    run_dir, out = demo_run.run.run_dir, demo_run.run
     records = read_metrics(run_dir / "metrics.jsonl")
     rewards = [r["reward_mean"] for r in records]
-    assert len(rewards) == iters
+    assert len(rewards) == demo_run.iterations
     # Per-iteration rewards swing by +-0.1 with the batch's length mix; the means of 5 do not.
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + DEMO_REWARD_RISE, f"reward did not rise: first 5 {first:.3f}, last 5 {last:.3f}"
@@ -379,14 +423,11 @@ def test_async_demo_reward_rises(tmp_path: Path) -> None:
     assert len(evals) >= 2 and evals[-1] > evals[0] + DEMO_EVAL_RISE, (
         f"held-out accuracy did not rise: {evals}"
     )
-    summary = json.loads((run_dir / "summary.json").read_text())
-    check_exactly_once_counts = summary["prompts_scheduled"] == summary["prompts_consumed"]
-    assert check_exactly_once_counts and summary["duplicate_minibatches_dropped"] == 0
-    assert f"== run finished: {run_dir}" in proc.stdout and "eval accuracy" in proc.stdout
+    assert f"== run finished: {run_dir}" in out.stdout and "eval accuracy" in out.stdout
     assert {p.name for p in (run_dir / "plots").glob("*.png")} >= {
         "reward.png",
         "eval_accuracy.png",
         "lag.png",
     }
     # Quiet by default: none of the per-reload engine lines reach the console.
-    assert "Failed to load weights" not in proc.stderr and "reset prefix cache" not in proc.stderr
+    assert "Failed to load weights" not in out.stderr and "reset prefix cache" not in out.stderr

@@ -3,8 +3,10 @@
 1. In process: the torch trainer updates, its export reloads a live vLLM engine, and vLLM's
    log-probs of what it then samples match the trainer's (<= 1e-4 in fp32), refresh after refresh.
 2. The async pipeline through the CLI (1 GU x 1 actor, few iterations): the run completes with
-   >= 2 weight refreshes of the actor (forced by max_policy_lag 1). The tied layout's run is the
-   TP2 test's (``tests/support/shared_runs.py``: the same settings, a TP2 actor).
+   >= 2 weight refreshes of the actor (forced by max_policy_lag 1). Two of the three runs are
+   shared (``tests/support/shared_runs.py``): the tied layout's is the TP2 test's (the same
+   settings, a TP2 actor), the Qwen2.5 layout's is test_async_e2e's partial-rollout run (the same
+   settings, partial rollouts on).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.cli_runs import WatchedRun
+from tests.support.cli_runs import CliRun, WatchedRun
 from tests.support.models import PolicyModels
-from tests.support.shared_runs import TP2_TIED_MODEL
+from tests.support.shared_runs import PARTIAL_QWEN25_MODEL, TP2_TIED_MODEL
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -109,6 +111,11 @@ def test_async_run_refreshes_real_checkpoint_layouts(
         watched: WatchedRun = request.getfixturevalue("tp2_tied_run")
         assert watched.returncode == 0 and watched.run_dir is not None, watched.output[-6000:]
         run_dir = watched.run_dir
+    elif name == PARTIAL_QWEN25_MODEL:
+        # The Qwen2.5 layout's run is test_async_e2e's partial-rollout run (conftest.partial_qwen25_run):
+        # these settings with partial rollouts on, so reloads also land inside a minibatch.
+        shared: CliRun = request.getfixturevalue("partial_qwen25_run")
+        run_dir = shared.run_dir
     else:
         policy_models.provide(
             tmp_path / "model", "grpo_tiny_asp", (f"model={name}", f"megatron_training.model={name}", *TINY)

@@ -311,8 +311,7 @@ def test_news_for_one_gu_does_not_wake_the_other() -> None:
     cu.register_gu(1, 1)
     cu.start()
     polls = {g: cu.poll(g) for g in (0, 1)}
-    waiter = threading.Thread(target=lambda: cu.poll(1, wait_s=0.6))
-    waiter.start()
+    waiter, got = _poll_in_thread(cu, 1)
     head = polls[0].assignments[0]
     assert cu.request_start(
         head.minibatch.minibatch_id, attempt=0, gu_id=0, actor_id=0, policy_version=0
@@ -321,8 +320,11 @@ def test_news_for_one_gu_does_not_wake_the_other() -> None:
     refill = cu.poll(0, wait_s=0.0)
     assert refill.assignments  # GU 0's queue was refilled
     waiter.join(timeout=0.3)
-    assert waiter.is_alive()  # GU 1's view did not change: it keeps waiting
-    waiter.join(timeout=10.0)
+    assert waiter.is_alive() and not got  # GU 1's view did not change: it keeps waiting
+    # Only news for GU 1 ends its wait (WAKE_ONLY_S: no timeout to race on a loaded host).
+    cu.on_actor_failed(1, 0)
+    waiter.join()
+    assert isinstance(got[0], GuPoll) and got[0].seq > polls[1].seq
 
 
 def _report(gu: int, a: Assignment | None = None, *, actor: int = 0, **fields: Any) -> GuReport:

@@ -7,7 +7,6 @@ import functools
 import importlib.util
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,10 +61,9 @@ def test_every_rank_runs_the_call_and_collectives_work(ray_local: None) -> None:
 @pytest.mark.timeout(180)
 def test_a_dead_rank_is_named_not_a_hang(ray_local: None) -> None:
     group = TrainingGroup(GroupSpec(world_size=2, num_cpus_per_rank=0.5), _Probe)
-    start = time.perf_counter()
+    # A hang instead of the error would run into the timeout mark above: no wall-clock bound here.
     with pytest.raises(TrainingRankError, match="rank 1 of 2 died"):
         group.call("die_on", 1)
-    assert time.perf_counter() - start < 60
 
 
 @pytest.mark.timeout(180)

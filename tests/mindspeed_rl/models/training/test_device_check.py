@@ -15,13 +15,13 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks import device_check
+from tests.support.cli_runs import survivors
 
 REPO = Path(__file__).resolve().parents[4]
 SCRIPT = REPO / "benchmarks" / "device_check.sh"
@@ -130,15 +130,19 @@ def _stage(name: str = "probe") -> device_check.Stage:
 
 
 def test_a_stage_past_its_timeout_is_killed_and_recorded(tmp_path: Path) -> None:
+    # The stage prints its pid, then would write ``woke`` after its sleep: killed at the timeout,
+    # it never does and is gone when run_stage returns (no wall-clock bound: waiting the sleep
+    # out would leave the marker, a stage left running would be a survivor).
+    woke = tmp_path / "woke"
+    code = f"import os, time; print('started', os.getpid(), flush=True); time.sleep(120); open({str(woke)!r}, 'w')"
     log = tmp_path / "all.log"
-    tic = time.monotonic()
     record = device_check.run_stage(
-        _stage(), [sys.executable, "-c", "print('started', flush=True); import time; time.sleep(120)"],
-        timeout_s=2, work=tmp_path, log=log,
-    )  # fmt: skip
-    assert time.monotonic() - tic < 30  # killed, not waited for
+        _stage(), [sys.executable, "-c", code], timeout_s=2, work=tmp_path, log=log
+    )
     assert record["ok"] is False and record["error"] == "timed out after 2 s"
     assert "started" in record["log_tail"] and "===== probe (exit None" in log.read_text()
+    pid = int(record["log_tail"].split("started", 1)[1].split()[0])
+    assert survivors({pid}, grace_s=10) == [] and not woke.exists()
 
 
 def test_a_stage_that_dies_without_a_result_is_recorded(tmp_path: Path) -> None:
