@@ -372,7 +372,7 @@ class ChannelSender(ExportQueue[P]):
         self.send_seconds = 0.0
         self.dead: dict[int, str] = {}
         self._groups: dict[int, Any] = {}
-        self._groups_created = 0
+        self._groups_closed = 0
         self._pool = ThreadPoolExecutor(max_workers=len(self.channels), thread_name_prefix="weights-send")
         super().__init__(thread_name=thread_name)
 
@@ -383,6 +383,7 @@ class ChannelSender(ExportQueue[P]):
             self._pool.shutdown(wait=False)
             # The groups go with the sender (end of run): each GU's receiver sees its channel
             # close and ends, instead of waiting on it for RECEIVER_TIMEOUT_S.
+            self._groups_closed += len(self._groups)
             self._groups.clear()
 
     def drop(self, gu_id: int, why: str = "declared failed by the driver") -> None:
@@ -398,7 +399,8 @@ class ChannelSender(ExportQueue[P]):
             "collective_bytes_sent": float(self.bytes_sent),
             "collective_send_seconds": self.send_seconds,
             "collective_channels_lost": float(len(self.dead)),
-            "collective_groups_created": float(self._groups_created),
+            # A GU dropped before or after its group formed counts as one (its group was asked for).
+            "collective_groups_created": float(len(self._groups) + len(self.dead) + self._groups_closed),
         }
 
     def _superseded(self, pending: Pending[P]) -> ExportResult:
@@ -407,7 +409,6 @@ class ChannelSender(ExportQueue[P]):
     def _group(self, address: ChannelAddress, rank: int) -> Any:
         if address.gu_id not in self._groups:  # once per GU: every later refresh reuses it
             self._groups[address.gu_id] = join_group(address, rank)
-            self._groups_created += 1
         return self._groups[address.gu_id]
 
     def _on_each(self, step: Callable[[ChannelAddress], R]) -> tuple[dict[int, R], bool]:
