@@ -13,7 +13,8 @@ AdamW normalises it), and after each the exported bf16 weights go through
 
 and through the wired transports, ``weight_delta`` on against off, export call to what the GU
 offers its actors (checked bit for bit there): ``shared_fs_wired`` (the real exporters and GU end:
-files in a snapshot root on this host's disk) and ``object_store_wired`` (a local Ray instance).
+files in a snapshot root on this host's disk), ``object_store_wired`` (a local Ray instance) and
+``collective_wired`` (a gloo group, the TU ranks and the GU's receiver on threads of this process).
 ``memory`` is the codec alone over an in-memory medium (one copy of the packed bytes): the floor
 of any medium.
 
@@ -279,6 +280,59 @@ def object_store_case(layout: TrainingLayout, versions: list[dict[str, torch.Ten
     return _summary(out)
 
 
+def collective_case(
+    layout: TrainingLayout, versions: list[dict[str, torch.Tensor]], bucket_mb: float
+) -> dict[str, float]:
+    """The real ``weight_transport: collective`` path (``weights.delta_collective``), ``weight_delta``
+    on against off, over a gloo group per GU (TU ranks and the GU's receiver on threads of this
+    process, on a local Ray instance for the GU's puts): per version, from the TU ranks' export
+    call until the GU offers the snapshot to its actors (pack + send, then receive + convert per
+    bucket + put for off; the GU's answer, encode + pack + send of the packed delta, then receive +
+    apply + put of the applied copy for on), and the bytes the TU sent. Checked bit for bit through
+    the actors' reader."""
+    from mindspeed_rl.weights.transport import memory_path
+    from mindspeed_rl.weights.transports import DeltaSettings, transport_for
+    from mindspeed_rl.weights.transports.base import memory_reader
+
+    coll = transport_for("collective")
+    out: dict[str, list[float]] = {"on_s": [], "off_s": [], "on_bytes": [], "off_bytes": []}
+    for kind, delta in (("off", None), ("on", DeltaSettings(mode="on", full_interval=10**6))):
+        run_id = f"bench-coll-{kind}-{layout.world_size}-{time.monotonic_ns()}"
+        gu = coll.gu_end(Path("/nonexistent"), delta=delta, gu_id=0)
+        channel = gu.open_channel(0, layout.world_size + 1, "gloo")
+        writers = [
+            coll.exporter(
+                Path("/nonexistent"), 2, run_id=run_id, channels=[channel], bucket_mb=bucket_mb, delta=delta
+            )
+            for _ in range(layout.world_size)
+        ]
+        try:
+            for i, full in enumerate(versions):
+                shards = tp_ranks(layout, full) if layout.world_size > 1 else [full]
+                sent_before = sum(w.stats()["collective_bytes_sent"] for w in writers)
+                tic = time.perf_counter()
+                futures = [w.export(i + 1, shards[r].items(), layout, r) for r, w in enumerate(writers)]
+                for f in futures:
+                    f.result()
+                done = gu.convert(i + 1, memory_path(i + 1))
+                seconds = time.perf_counter() - tic
+                assert done.path is not None
+                weights, _ = memory_reader(gu.reload_handle(done.path))()
+                got = dict(weights)
+                for name, t in full.items():  # exact: what actors load is the trainer's bits
+                    assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), (kind, i, name)
+                del got, weights
+                if i > 0:
+                    out[f"{kind}_s"].append(seconds)
+                    out[f"{kind}_bytes"].append(
+                        sum(w.stats()["collective_bytes_sent"] for w in writers) - sent_before
+                    )
+        finally:
+            for w in writers:
+                w.close()  # lets its group go: the GU's receiver then ends
+    return _summary(out)
+
+
 def _summary(out: dict[str, list[float]]) -> dict[str, float]:
     return {
         "delta_s": statistics.median(out["on_s"]),
@@ -344,6 +398,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ):
                 case[f"{case_name}/shared_fs_wired"] = wired_case(layout, versions, Path(tmp))
                 case[f"{case_name}/object_store_wired"] = object_store_case(layout, versions)
+                case[f"{case_name}/collective_wired"] = collective_case(layout, versions, args.bucket_mb)
                 for medium_name, carry in media:
                     r = refresh_case(layout, versions, carry)
                     case[f"{case_name}/{medium_name}"] = {

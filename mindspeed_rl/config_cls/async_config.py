@@ -63,9 +63,9 @@ class AsyncConfig(ControlKnobs):
         "off",
         "Delta weight sync: off = every refresh carries the whole model; on = a refresh carries, per "
         "tensor, only the elements whose bits changed since the receiver's version (checked bit for bit "
-        "after applying); auto = a delta only when it is under half the full bytes. Wired for "
-        "weight_transport=shared_fs and object_store (weights/delta_fs.py, delta_object_store.py; "
-        "guides/weight-delta.md); collective refuses auto / on.",
+        "after applying); auto = a delta only when it is under half the full bytes. Wired for every "
+        "weight_transport (weights/delta_fs.py, delta_object_store.py, delta_collective.py; "
+        "guides/weight-delta.md).",
     )
     delta_full_interval: int = opt(
         10,

@@ -31,7 +31,7 @@ from mindspeed_rl.plan.colocation import OFFLOAD_KEYS, colocated_offload
 from mindspeed_rl.utils.logging_config import LoggingConfig
 from mindspeed_rl.utils.role_envs import RoleEnvs, role_envs_from_config
 from mindspeed_rl.weights.collective_backend import Backend, resolve_backend
-from mindspeed_rl.weights.transports import DeltaSettings, transport_for
+from mindspeed_rl.weights.transports import DeltaSettings
 
 if TYPE_CHECKING:
     from mindspeed_rl.config_cls import GRPOConfig
@@ -488,13 +488,6 @@ def with_async(plan: RunPlan, config: GRPOConfig, runtime: RuntimeConfig) -> Run
     if a.delta_full_interval < 1:
         raise ValueError(
             f"async_config.delta_full_interval={a.delta_full_interval}; use a full snapshot every N >= 1 versions"
-        )
-    if a.weight_delta != "off" and not transport_for(a.weight_transport).carries_delta:
-        # Wired on shared_fs and object_store (weights/delta_fs.py, delta_object_store.py);
-        # accepting it elsewhere would silently send full snapshots.
-        raise ValueError(
-            f"async_config.weight_delta={a.weight_delta} is wired for weight_transport=shared_fs and "
-            f"object_store, not {a.weight_transport}; set weight_delta: off or another weight_transport"
         )
     asp = copy_section(config.asp_config, ASPConfig)
     spec = AsyncSpec(

@@ -42,10 +42,10 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -68,6 +68,7 @@ SENDER_TIMEOUT_S = 60.0
 """The TU's side: joining a GU that is up, and each send. A GU that died is found out within
 this (its store or socket is gone), dropped, and the other GUs' refreshes go on."""
 _TAG = 0
+R = TypeVar("R")
 _ALIGN = 16
 
 
@@ -159,7 +160,11 @@ class Header:
     shard: ShardEntry
     entries: tuple[TensorEntry, ...]
     buckets: tuple[tuple[int, int, int], ...]
-    """Per bucket: (first entry, end entry, bytes); a bucket holds whole tensors, back to back."""
+    """Per bucket: (first entry, end entry, bytes); a bucket holds whole tensors, back to back.
+    A delta: the packed refresh cut into pieces, (0, 0, bytes) each."""
+    delta: bool = False
+    """``weight_delta`` auto / on: the buckets carry one packed ``DeltaRefresh`` (``weights.delta``),
+    the GU answers with the version it then holds (``weights.delta_collective``)."""
 
     def dumps(self) -> bytes:
         c = self.shard.coords
@@ -174,6 +179,7 @@ class Header:
                 },
                 "entries": [e.to_json() for e in self.entries],
                 "buckets": [list(b) for b in self.buckets],
+                **({"delta": True} if self.delta else {}),
             }
         ).encode()  # fmt: skip
 
@@ -194,6 +200,7 @@ class Header:
             ),
             entries=tuple(TensorEntry.from_json(e) for e in raw["entries"]),
             buckets=tuple((int(a), int(b), int(n)) for a, b, n in raw["buckets"]),
+            delta=bool(raw.get("delta", False)),
         )  # fmt: skip
 
 
@@ -338,19 +345,22 @@ def recv_buckets(
 
 
 # ---- the TU side ------------------------------------------------------------------------------------
-class CollectiveSender(ExportQueue[Packed]):
-    """``SnapshotWriter``'s interface over one group per GU; ``channels`` are the GUs' addresses,
-    joined at this rank's first export (the GUs wait for it since their start)."""
+P = TypeVar("P")
 
-    _closed_hint = "create a new sender"
+
+class ChannelSender(ExportQueue[P]):
+    """What every collective exporter shares (full buckets here, deltas in ``delta_collective``):
+    one group per GU, joined at this rank's first export and reused; a step run on every live
+    GU's group side by side, a GU that fails or is declared failed dropped; the announcement."""
 
     def __init__(
         self,
         channels: Iterable[ChannelAddress],
         *,
-        bucket_mb: float = 512.0,
-        run_id: str | None = None,
-        board: Any = None,
+        bucket_mb: float,
+        run_id: str | None,
+        board: Any,
+        thread_name: str,
     ) -> None:
         self.channels = tuple(channels)
         if not self.channels:
@@ -362,16 +372,19 @@ class CollectiveSender(ExportQueue[Packed]):
         self.send_seconds = 0.0
         self.dead: dict[int, str] = {}
         self._groups: dict[int, Any] = {}
+        self._groups_closed = 0
         self._pool = ThreadPoolExecutor(max_workers=len(self.channels), thread_name_prefix="weights-send")
-        self.buckets = BucketPool()
-        """This rank's send buckets, reused from export to export (one shard's worth at most)."""
-        super().__init__(thread_name="collective-sender")
+        super().__init__(thread_name=thread_name)
 
     def close(self) -> None:
         try:
             super().close()
         finally:
             self._pool.shutdown(wait=False)
+            # The groups go with the sender (end of run): each GU's receiver sees its channel
+            # close and ends, instead of waiting on it for RECEIVER_TIMEOUT_S.
+            self._groups_closed += len(self._groups)
+            self._groups.clear()
 
     def drop(self, gu_id: int, why: str = "declared failed by the driver") -> None:
         """Send nothing more to GU ``gu_id`` (it died); a send to it in progress is abandoned."""
@@ -381,28 +394,16 @@ class CollectiveSender(ExportQueue[Packed]):
         self._groups.pop(gu_id, None)
         logger.error("weights channel to GU %d dropped (%s); no more refreshes sent to it", gu_id, why)
 
-    def stats(self) -> dict[str, float]:
+    def channel_stats(self) -> dict[str, float]:
         return {
             "collective_bytes_sent": float(self.bytes_sent),
             "collective_send_seconds": self.send_seconds,
             "collective_channels_lost": float(len(self.dead)),
-            "collective_groups_created": float(len(self._groups) + len(self.dead)),
-            "collective_send_buckets_reused": float(self.buckets.reused),
-            "collective_send_buckets_allocated": float(self.buckets.allocated),
+            # A GU dropped before or after its group formed counts as one (its group was asked for).
+            "collective_groups_created": float(len(self._groups) + len(self.dead) + self._groups_closed),
         }
 
-    def _payload(
-        self, version: int, chosen: list[tuple[str, torch.Tensor]], layout: TrainingLayout, rank: int
-    ) -> Packed:
-        packed = pack(version, self.run_id, rank, chosen, layout, self.bucket_bytes, pool=self.buckets)
-        self.buckets.limit_bytes = sum(b.nbytes for b in packed.buckets)
-        return packed
-
-    def _release(self, pending: Pending[Packed]) -> None:
-        if pending.payload is not None:  # superseded while queued: never sent, nobody reads it
-            self.buckets.give_back(pending.payload.buckets)
-
-    def _superseded(self, pending: Pending[Packed]) -> ExportResult:
+    def _superseded(self, pending: Pending[P]) -> ExportResult:
         return export_result(pending, bytes_written=0, save_seconds=0.0, published=None, superseded=True)
 
     def _group(self, address: ChannelAddress, rank: int) -> Any:
@@ -410,34 +411,29 @@ class CollectiveSender(ExportQueue[Packed]):
             self._groups[address.gu_id] = join_group(address, rank)
         return self._groups[address.gu_id]
 
-    def _send_one(self, address: ChannelAddress, rank: int, packed: Packed) -> None:
-        group = self._group(address, rank)
-        send_packed(group, packed, address.receiver_rank, bucket_device(address.backend))
-
-    def _publish(self, pending: Pending[Packed]) -> ExportResult:
-        packed = pending.payload
-        assert packed is not None
-        started = time.perf_counter()
+    def _on_each(self, step: Callable[[ChannelAddress], R]) -> tuple[dict[int, R], bool]:
+        """``step(address)`` for every live GU side by side (it reaches the GU's group through
+        ``_group``): the results of the GUs it succeeded on, and whether every call has returned
+        (a call to a GU declared failed meanwhile may still run, and reads what it was handed)."""
         live = [c for c in self.channels if c.gu_id not in self.dead]
-        futures = {c.gu_id: self._pool.submit(self._send_one, c, pending.rank, packed) for c in live}
+        futures = {c.gu_id: self._pool.submit(step, c) for c in live}
+        results: dict[int, R] = {}
         for gu_id, future in futures.items():
             # A GU the driver declared failed (``drop``) is not waited for: its send may block
             # until SENDER_TIMEOUT_S, and the live GUs' refresh must not wait that long.
             while gu_id not in self.dead:
                 try:
-                    future.result(timeout=0.5)
+                    results[gu_id] = future.result(timeout=0.5)
                     break
                 except TimeoutError:
                     continue
                 except Exception as err:  # that GU died or hung past the group's timeout: go on without it
                     self.drop(gu_id, f"{type(err).__name__}: {err}")
-        if all(f.done() for f in futures.values()):
-            # Reused by the next export only once no send reads them: a send to a GU declared
-            # failed may still be running, and then these buckets are left to it.
-            self.buckets.give_back(packed.buckets)
-        self.send_seconds += time.perf_counter() - started
-        self.bytes_sent += packed.header.shard.nbytes * (len(futures) - sum(g in self.dead for g in futures))
-        header = packed.header
+        return results, all(f.done() for f in futures.values())
+
+    def _announce(self, pending: Pending[P], header: Header, nbytes: int) -> ExportResult:
+        """The version's announcement once its bytes reached every live GU: at once with one
+        rank, through the run's ``SnapshotBoard`` (the last rank in announces) with several."""
         shard = MemoryShard(shard=header.shard, entries=header.entries, parts=(), part_sizes=())
         snapshot: MemorySnapshot | None
         if pending.layout.world_size == 1:
@@ -453,7 +449,64 @@ class CollectiveSender(ExportQueue[Packed]):
             snapshot = None if board_snapshot is None else announcement(
                 pending.version, self.run_id, header.layout, board_snapshot.shards
             )  # fmt: skip
-        return memory_result(pending, snapshot, header.shard.nbytes)
+        return memory_result(pending, snapshot, nbytes)
+
+
+class CollectiveSender(ChannelSender[Packed]):
+    """``SnapshotWriter``'s interface over one group per GU; ``channels`` are the GUs' addresses,
+    joined at this rank's first export (the GUs wait for it since their start)."""
+
+    _closed_hint = "create a new sender"
+
+    def __init__(
+        self,
+        channels: Iterable[ChannelAddress],
+        *,
+        bucket_mb: float = 512.0,
+        run_id: str | None = None,
+        board: Any = None,
+    ) -> None:
+        self.buckets = BucketPool()
+        """This rank's send buckets, reused from export to export (one shard's worth at most)."""
+        super().__init__(
+            channels, bucket_mb=bucket_mb, run_id=run_id, board=board, thread_name="collective-sender"
+        )
+
+    def stats(self) -> dict[str, float]:
+        return {
+            **self.channel_stats(),
+            "collective_send_buckets_reused": float(self.buckets.reused),
+            "collective_send_buckets_allocated": float(self.buckets.allocated),
+        }
+
+    def _payload(
+        self, version: int, chosen: list[tuple[str, torch.Tensor]], layout: TrainingLayout, rank: int
+    ) -> Packed:
+        packed = pack(version, self.run_id, rank, chosen, layout, self.bucket_bytes, pool=self.buckets)
+        self.buckets.limit_bytes = sum(b.nbytes for b in packed.buckets)
+        return packed
+
+    def _release(self, pending: Pending[Packed]) -> None:
+        if pending.payload is not None:  # superseded while queued: never sent, nobody reads it
+            self.buckets.give_back(pending.payload.buckets)
+
+    def _send_one(self, address: ChannelAddress, rank: int, packed: Packed) -> None:
+        group = self._group(address, rank)
+        send_packed(group, packed, address.receiver_rank, bucket_device(address.backend))
+
+    def _publish(self, pending: Pending[Packed]) -> ExportResult:
+        packed = pending.payload
+        assert packed is not None
+        started = time.perf_counter()
+
+        reached, all_returned = self._on_each(lambda address: self._send_one(address, pending.rank, packed))
+        if all_returned:
+            # Reused by the next export only once no send reads them: a send to a GU declared
+            # failed may still be running, and then these buckets are left to it.
+            self.buckets.give_back(packed.buckets)
+        self.send_seconds += time.perf_counter() - started
+        self.bytes_sent += packed.header.shard.nbytes * len(reached)
+        return self._announce(pending, packed.header, packed.header.shard.nbytes)
 
 
 def announcement(

@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -54,6 +54,9 @@ from mindspeed_rl.weights.memory_snapshot import (
 )
 from mindspeed_rl.weights.merge import NameMap
 
+if TYPE_CHECKING:
+    from mindspeed_rl.weights.delta_collective import CollectiveDeltaApplier
+
 logger = logging.getLogger(__name__)
 
 
@@ -67,8 +70,12 @@ class CollectiveReceiver:
         layout: InferenceLayout,
         received: ReceivedSnapshots,
         put: Callable[[Any], Any],
+        delta: CollectiveDeltaApplier | None = None,
     ) -> None:
         self.address = address
+        self.delta = delta
+        """``weight_delta`` auto / on: the host copies deltas are applied to (made at the first
+        delta header when not given)."""
         self.layout = layout
         self.received = received
         self._store = store  # the master: kept alive as long as the group
@@ -109,6 +116,13 @@ class CollectiveReceiver:
     def _receive_version(self) -> None:
         senders = self.address.world_size - 1
         headers = [recv_header(self.group, r, self._device) for r in range(senders)]
+        if any(h.delta for h in headers):
+            if self.delta is None:
+                from mindspeed_rl.weights.delta_collective import CollectiveDeltaApplier
+
+                self.delta = CollectiveDeltaApplier(self.address.gu_id, self._put)
+            self.received.add(*self.delta.receive(self.group, headers, self._device))
+            return
         version = headers[0].version
         if any(h.version != version for h in headers):
             # Ranks send in version order, each newest-first after supersedes: they can disagree

@@ -267,18 +267,7 @@ class DeltaEncoder:
         base = receiver_base if parts is not None else None
         if parts is None:
             changed = total
-            parts = _map(
-                lambda item: TensorDelta(
-                    name=item[0],
-                    dtype=_dtype_name(item[1][0]),
-                    shape=tuple(item[1][0].shape),
-                    encoding="full",
-                    checksum=_crc(item[1][1]),
-                    data=item[1][1],
-                ),
-                list(current.items()),
-                self.threads,
-            )
+            parts = _full_parts(current, self.threads)
             self._last_full = version
         self._base = {name: w for name, (_, w) in current.items()}
         self._base_version = version
@@ -289,6 +278,26 @@ class DeltaEncoder:
             full_nbytes=full_nbytes,
             changed_elements=changed,
             total_elements=total,
+            encode_seconds=time.perf_counter() - started,
+        )
+
+    def full_of_base(self, like: DeltaRefresh) -> DeltaRefresh:
+        """The last encoded version in full, for a receiver that does not hold ``like``'s base
+        (collective: one GU asked while the others take the delta). No copy: the parts view the
+        encoder's base, which nothing changes until the next ``encode``."""
+        if self._base_version != like.version:
+            raise ValueError(f"the encoder holds v{self._base_version}, not v{like.version}")
+        started = time.perf_counter()
+        meta = {part.name: (part.dtype, part.shape) for part in like.tensors}
+        current = {name: (from_words(w, *meta[name]), w) for name, w in self._base.items()}
+        parts = _full_parts(current, self.threads)
+        return DeltaRefresh(
+            version=like.version,
+            base_version=None,
+            tensors=tuple(parts),
+            full_nbytes=like.full_nbytes,
+            changed_elements=like.total_elements,
+            total_elements=like.total_elements,
             encode_seconds=time.perf_counter() - started,
         )
 
@@ -316,6 +325,23 @@ class DeltaEncoder:
 
         parts = _map(one, list(current.items()), self.threads)
         return parts, sum(int(p.data.size) for p in parts)
+
+
+def _full_parts(
+    current: Mapping[str, tuple[torch.Tensor, np.ndarray]], threads: int | None
+) -> list[TensorDelta]:
+    return _map(
+        lambda item: TensorDelta(
+            name=item[0],
+            dtype=_dtype_name(item[1][0]),
+            shape=tuple(item[1][0].shape),
+            encoding="full",
+            checksum=_crc(item[1][1]),
+            data=item[1][1],
+        ),
+        list(current.items()),
+        threads,
+    )
 
 
 class DeltaReceiver:

@@ -55,6 +55,7 @@ from mindspeed_rl.weights.export_queue import ExportQueue, Pending
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.manifest import ShardEntry, SnapshotError, SnapshotInfo
 from mindspeed_rl.weights.memory_snapshot import MemorySnapshot, memory_shard, shard_key
+from mindspeed_rl.weights.object_store import RankAssembler
 from mindspeed_rl.weights.store import check_run_id
 from mindspeed_rl.weights.transport import memory_path
 from mindspeed_rl.weights.transports.base import DeltaSettings
@@ -102,22 +103,16 @@ class DeltaBoard:
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
-        self._pending: dict[int, dict[int, DeltaShard]] = {}
+        self._shards: RankAssembler[DeltaShard] = RankAssembler(world_size)
         self._asks: dict[int, int] = {}
 
     def add(
         self, version: int, run_id: str, layout: dict[str, Any], shard: DeltaShard
     ) -> DeltaSnapshot | None:
-        parts = self._pending.setdefault(version, {})
-        parts[shard.shard.rank] = shard
-        if len(parts) < self.world_size:
+        shards = self._shards.add(version, shard.shard.rank, shard)
+        if shards is None:
             return None
-        del self._pending[version]
-        for stale in [v for v in self._pending if v < version]:  # superseded on some rank
-            del self._pending[stale]
-        return DeltaSnapshot(
-            version=version, run_id=run_id, layout=layout, shards=tuple(parts[r] for r in sorted(parts))
-        )
+        return DeltaSnapshot(version=version, run_id=run_id, layout=layout, shards=shards)
 
     def ask_full(self, gu_id: int) -> int:
         self._asks[gu_id] = self._asks.get(gu_id, 0) + 1

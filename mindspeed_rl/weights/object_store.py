@@ -32,7 +32,7 @@ import time
 import uuid
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -47,6 +47,30 @@ from mindspeed_rl.weights.transport import memory_path
 logger = logging.getLogger(__name__)
 
 
+S = TypeVar("S")
+
+
+class RankAssembler(Generic[S]):
+    """A version's shards, by rank, until every rank's is in (what a run's board does for the
+    object store's snapshots and its delta links). A version some rank superseded never
+    completes: a newer complete one drops what the older ones hold."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._pending: dict[int, dict[int, S]] = {}
+
+    def add(self, version: int, rank: int, shard: S) -> tuple[S, ...] | None:
+        """Every rank's shard in rank order once ``shard`` completes ``version``; None before."""
+        parts = self._pending.setdefault(version, {})
+        parts[rank] = shard
+        if len(parts) < self.world_size:
+            return None
+        del self._pending[version]
+        for stale in [v for v in self._pending if v < version]:
+            del self._pending[stale]
+        return tuple(parts[r] for r in sorted(parts))
+
+
 class SnapshotBoard:
     """Collects the shards of one snapshot from several TU rank processes (a Ray actor, named per
     run): the rank whose shard completes a version gets the whole snapshot and announces it.
@@ -55,31 +79,26 @@ class SnapshotBoard:
     def __init__(self, world_size: int, keep_last: int) -> None:
         self.world_size = world_size
         self.keep_last = keep_last
-        self._pending: dict[int, dict[int, MemoryShard]] = {}
+        self._shards: RankAssembler[MemoryShard] = RankAssembler(world_size)
         self._complete: OrderedDict[int, MemorySnapshot] = OrderedDict()
 
     def add(
         self, version: int, run_id: str, layout: dict[str, Any], shard: MemoryShard
     ) -> MemorySnapshot | None:
-        parts = self._pending.setdefault(version, {})
-        parts[shard.shard.rank] = shard
-        if len(parts) < self.world_size:
+        shards = self._shards.add(version, shard.shard.rank, shard)
+        if shards is None:
             return None
-        del self._pending[version]
         snapshot = MemorySnapshot(
             version=version,
             run_id=run_id,
             kind="training",
             layout=layout,
-            shards=tuple(parts[r] for r in sorted(parts)),
+            shards=shards,
             medium="object_store",
         )
         self._complete[version] = snapshot
         while len(self._complete) > self.keep_last:
             self._complete.popitem(last=False)
-        # A version some rank superseded never completes: drop what older ones hold.
-        for stale in [v for v in self._pending if v < version]:
-            del self._pending[stale]
         return snapshot
 
 

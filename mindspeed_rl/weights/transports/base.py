@@ -80,11 +80,6 @@ class Transport(Protocol):
         ...
 
     @property
-    def carries_delta(self) -> bool:
-        """``weight_delta`` auto / on is wired into this transport (others refuse it by name)."""
-        ...
-
-    @property
     def needs_one_torch(self) -> bool:
         """The bytes travel through torch.distributed: both roles' environments need one torch."""
         ...
@@ -120,15 +115,6 @@ class Transport(Protocol):
         """For ``ReloadPolicy.maybe_reload_memory``: fetch and check an in-memory snapshot, then
         the iterator the engine loads from. Raises for a transport whose actors read files."""
         ...
-
-
-def refuse_delta(name: str, delta: DeltaSettings | None) -> None:
-    """A transport delta sync is not wired into yet: refused by name (the plan refuses first)."""
-    if delta is not None and delta.mode != "off":
-        raise ValueError(
-            f"async_config.weight_delta={delta.mode} is wired for weight_transport=shared_fs and "
-            f"object_store, not {name}; set weight_delta: off or another weight_transport"
-        )
 
 
 def exporter_stats(writer: Any) -> dict[str, float]:

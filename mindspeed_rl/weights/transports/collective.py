@@ -1,7 +1,10 @@
 """``weight_transport: collective``: bucketed sends over one process group per GU (no shared
 disk; its backend is ``async_config.collective_backend``: gloo on CPU, NCCL / HCCL on devices).
 The TU ranks send (``weights.collective.CollectiveSender``), the GU's receiver converts bucket
-by bucket as they arrive (``weights.collective_receiver``), actors fetch the converted buffers."""
+by bucket as they arrive (``weights.collective_receiver``), actors fetch the converted buffers.
+``weight_delta`` auto / on: the TU ranks send packed deltas instead and the GU answers with the
+version it holds; it applies them to its host copy and puts that as the training snapshot its
+actors fetch and convert (``weights.delta_collective``)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.weights.transports.base import Converted, MemoryHandles, memory_reader, refuse_delta
+from mindspeed_rl.weights.transports.base import Converted, MemoryHandles, memory_reader
 
 if TYPE_CHECKING:
     import torch
@@ -25,8 +28,9 @@ RECEIVE_WAIT_S = 600.0
 
 
 class CollectiveGu:
-    def __init__(self, layout: InferenceLayout) -> None:
+    def __init__(self, layout: InferenceLayout, delta: DeltaSettings | None = None, gu_id: int = 0) -> None:
         self.layout = layout
+        self._delta_on = delta is not None and delta.mode != "off"
         self._handles = MemoryHandles()
         self._received: Any = None
         self.receiver: Any = None
@@ -47,7 +51,12 @@ class CollectiveGu:
             gu_id=gu_id, host=host, port=int(store.port), world_size=world_size, backend=backend
         )
         self._received = ReceivedSnapshots()
-        self.receiver = CollectiveReceiver(address, store, self.layout, self._received, ray.put)
+        applier = None
+        if self._delta_on:
+            from mindspeed_rl.weights.delta_collective import CollectiveDeltaApplier
+
+            applier = CollectiveDeltaApplier(gu_id, ray.put)
+        self.receiver = CollectiveReceiver(address, store, self.layout, self._received, ray.put, applier)
         self.receiver.start()
         return address
 
@@ -65,19 +74,26 @@ class CollectiveGu:
         got = self._received.wait_for(version, RECEIVE_WAIT_S)
         if isinstance(got, str):
             raise SnapshotError(f"collective snapshot v{version}: {got}")
-        return self._handles.keep(version, got, started)
+        kept = self._handles.keep(version, got, started)
+        figures = self.receiver.delta.figures(version) if self.receiver.delta is not None else None
+        return (
+            kept
+            if figures is None
+            else Converted(path=kept.path, seconds=kept.seconds, metrics=dict(figures))
+        )
 
     def reload_handle(self, path: str) -> Any:
         return self._handles.get(path)
 
     def delta_stats(self) -> dict[str, float]:
-        return {}
+        if self.receiver is None or self.receiver.delta is None:
+            return {}
+        return self.receiver.delta.summary()
 
 
 class Collective:
     name: WeightTransport = "collective"
     needs_shared_folder = False
-    carries_delta = False
     opens_channels = True
     needs_one_torch = True
 
@@ -92,7 +108,12 @@ class Collective:
         board: Any = None,
         delta: DeltaSettings | None = None,
     ) -> Any:
-        refuse_delta(self.name, delta)
+        if delta is not None and delta.mode != "off":
+            from mindspeed_rl.weights.delta_collective import DeltaCollectiveSender
+
+            return DeltaCollectiveSender(
+                channels, settings=delta, bucket_mb=bucket_mb, run_id=run_id, board=board
+            )
         from mindspeed_rl.weights.collective import CollectiveSender
 
         return CollectiveSender(channels, bucket_mb=bucket_mb, run_id=run_id, board=board)
@@ -105,10 +126,9 @@ class Collective:
         delta: DeltaSettings | None = None,
         gu_id: int = 0,
     ) -> CollectiveGu:
-        refuse_delta(self.name, delta)
         from mindspeed_rl.weights.layout import InferenceLayout
 
-        return CollectiveGu(layout or InferenceLayout())
+        return CollectiveGu(layout or InferenceLayout(), delta, gu_id)
 
     def actor_reader(
         self, handle: Any, layout: InferenceLayout | None = None, *, rank: int = 0

@@ -70,7 +70,6 @@ class ObjectStoreGu:
 class ObjectStore:
     name: WeightTransport = "object_store"
     needs_shared_folder = False
-    carries_delta = True
     opens_channels = False
     needs_one_torch = False
 

@@ -74,7 +74,6 @@ class SharedFsGu:
 class SharedFs:
     name: WeightTransport = "shared_fs"
     needs_shared_folder = True
-    carries_delta = True
     opens_channels = False
     needs_one_torch = False
 

@@ -1,4 +1,4 @@
-"""The async pipeline with ``weight_delta: on`` (shared_fs, object_store) end to end: real CLI, real Ray, the
+"""The async pipeline with ``weight_delta: on`` (shared_fs, object_store, collective) end to end: real CLI, real Ray, the
 light HF engine, the tiny config of ``test_async_e2e``. Every prompt is consumed once, the
 refreshes travel as deltas (the summary's and the metrics' delta figures), and what the GUs
 converted for their actors is, bit for bit, the trainer's final weights."""
@@ -27,6 +27,9 @@ RUNS = {
     # The deltas in Ray's object store (weights/delta_object_store.py): the TU's handles carry
     # the chains, the GU finds the run's board by name from its own process.
     "object_store": (1, 2, "", "object_store"),
+    # The deltas over the GU's gloo group (weights/delta_collective.py): the GU answers each TU
+    # rank with the version it holds, from its own process.
+    "collective": (1, 2, "", "collective"),
 }
 
 
@@ -68,8 +71,9 @@ def test_async_run_with_delta_on_is_exact_and_loses_nothing(
     assert summary["delta_resends"] == 0 and summary["delta_apply_seconds"] > 0
     conversions = [e for e in events if e["event"] == "SnapshotConverted" and e.get("delta")]
     assert conversions and all(e["delta"]["delta_refreshes_applied"] >= 1 for e in conversions)
-    if transport == "object_store":  # no file: what the TU put is the packed refreshes
-        assert summary["object_store_bytes_put"] > 0
+    if transport != "shared_fs":  # no file: what the TU put or sent is the packed refreshes
+        sent = "object_store_bytes_put" if transport == "object_store" else "collective_bytes_sent"
+        assert summary[sent] > 0
         # Its versions were published and converted late in this short run: a conversion after
         # the last step is in events.jsonl, not in a step's metrics record.
         return

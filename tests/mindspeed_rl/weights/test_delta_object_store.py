@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import delta_cases as cases
 import numpy as np
 import pytest
 import test_weight_delta as codec  # the codec's tests: their trainer, models and layouts
@@ -21,10 +22,9 @@ from mindspeed_rl.weights.delta import pack, unpack
 from mindspeed_rl.weights.delta_object_store import DeltaSnapshot, board_name
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.transports import DeltaSettings, transport_for
-from mindspeed_rl.weights.transports.base import memory_reader
+from mindspeed_rl.weights.transports.base import Converted, memory_reader
 
 pytestmark = pytest.mark.integration
-VERSIONS = 20
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +50,16 @@ class Flow:
 
     def export(self, version: int, full: dict[str, torch.Tensor]) -> DeltaSnapshot:
         futures = [
-            w.export(version, codec._rank_tensors(self.layout, full, rank).items(), self.layout, rank)
+            w.export(version, cases.rank_tensors(self.layout, full, rank).items(), self.layout, rank)
             for rank, w in enumerate(self.writers)
         ]
         handles = [f.result().handle for f in futures]
         (handle,) = [h for h in handles if h is not None]  # the last rank in announces it
         assert isinstance(handle, DeltaSnapshot)
         return handle
+
+    def convert(self, version: int, announced: DeltaSnapshot) -> Converted:
+        return self.gu.convert(version, f"memory://v{version}", announced)
 
     def loaded(self, path: str) -> dict[str, torch.Tensor]:
         weights, _ = memory_reader(self.gu.reload_handle(path))()
@@ -67,54 +70,22 @@ class Flow:
             w.close()
 
 
-def _assert_exact(got: dict[str, torch.Tensor], full: dict[str, torch.Tensor], version: int) -> None:
-    assert sorted(got) == sorted(full), version
-    for name, tensor in full.items():
-        assert got[name].dtype == tensor.dtype and torch.equal(codec._bits(got[name]), codec._bits(tensor)), (
-            version,
-            name,
-        )
+_assert_exact = cases.assert_exact
 
 
-@pytest.mark.parametrize(
-    ("model", "layout"),
-    [
-        pytest.param("dense", codec.TP1, id="dense-identity"),
-        pytest.param("dense", codec.TP2, id="dense-tp2_to_tp1"),
-        pytest.param("tied", codec.TP1, id="tied-identity"),
-        pytest.param("tied", codec.TP2, id="tied-tp2_to_tp1"),
-        pytest.param("moe", codec.MOE_LAYOUT, id="moe-ep2tp2_to_1"),
-    ],
-)
+@pytest.mark.parametrize(("model", "layout"), cases.CASES)
 def test_twenty_versions_through_the_object_store_are_bit_exact(
     ray_local: Any, model: str, layout: TrainingLayout
 ) -> None:
-    trainer = codec.Trainer(codec._moe if model == "moe" else codec._dense, tied=model == "tied")
-    flow = Flow(f"os-{model}-{layout.world_size}", layout, DeltaSettings(mode="on", full_interval=8))
+    def check(handle: DeltaSnapshot, done: Converted) -> None:
+        # What the TU put is the packed refreshes: this version's link of every rank.
+        assert handle.nbytes == sum(s.chain[-1].nbytes for s in handle.shards) > 0
+
+    flow = Flow(f"os-{model}-{layout.world_size}", layout, cases.EVERY_8)
     try:
-        sent = 0
-        for version in range(1, VERSIONS + 1):
-            trainer.step()
-            full = trainer.export()
-            handle = flow.export(version, full)
-            # What the TU put is the packed refreshes: this version's link of every rank.
-            assert handle.nbytes == sum(s.chain[-1].nbytes for s in handle.shards) > 0
-            done = flow.gu.convert(version, f"memory://v{version}", handle)
-            assert done.path is not None and done.metrics is not None
-            sent += int(done.metrics["delta_bytes_sent"])
-            got = flow.loaded(done.path)
-            _assert_exact(got, full, version)
-            if model == "tied":
-                assert torch.equal(got["lm_head.weight"], got["model.embed_tokens.weight"])
-        gu_totals = flow.gu.delta_stats()
-        tu_totals = [w.stats() for w in flow.writers]
+        cases.run_twenty_versions(flow, model, check)
     finally:
         flow.close()
-    for totals in tu_totals:  # full at 1, 9, 17 on each rank; the rest deltas
-        assert totals["delta_refreshes"] == VERSIONS and totals["delta_full_refreshes"] == 3
-        assert 0 < totals["delta_bytes_fraction"] < 1
-    assert gu_totals["delta_refreshes"] == VERSIONS * layout.world_size
-    assert gu_totals["delta_resends"] == 0 and gu_totals["delta_bytes_sent"] == sent
 
 
 def test_a_corrupted_delta_object_is_named_then_recovered_by_a_full_resend(

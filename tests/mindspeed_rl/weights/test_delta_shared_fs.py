@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import delta_cases as cases
 import pytest
 import test_weight_delta as codec  # the codec's tests: their trainer, models and layouts
 import torch
@@ -25,8 +26,8 @@ from mindspeed_rl.weights.delta_fs import (
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.store import snapshot_dirname
 from mindspeed_rl.weights.transports import transport_for
+from mindspeed_rl.weights.transports.base import Converted
 
-VERSIONS = 20
 RUN = "deltarun"
 
 
@@ -47,12 +48,18 @@ class Path_:
 
     def export(self, version: int, full: dict[str, torch.Tensor]) -> Path:
         futures = [
-            w.export(version, codec._rank_tensors(self.layout, full, rank).items(), self.layout, rank)
+            w.export(version, cases.rank_tensors(self.layout, full, rank).items(), self.layout, rank)
             for rank, w in enumerate(self.writers)
         ]
         for f in futures:
             f.result()
         return self.root / snapshot_dirname(version)
+
+    def convert(self, version: int, announced: Path) -> Converted:
+        return self.gu.convert(version, str(announced))
+
+    def loaded(self, path: str) -> dict[str, torch.Tensor]:
+        return _loaded(path)
 
     def close(self) -> None:
         for w in self.writers:
@@ -63,56 +70,24 @@ def _loaded(converted: str) -> dict[str, torch.Tensor]:
     return load_file(str(Path(converted) / "rank-00000.safetensors"))
 
 
-def _assert_exact(got: dict[str, torch.Tensor], full: dict[str, torch.Tensor], version: int) -> None:
-    assert sorted(got) == sorted(full), version
-    for name, tensor in full.items():
-        assert got[name].dtype == tensor.dtype and torch.equal(codec._bits(got[name]), codec._bits(tensor)), (
-            version,
-            name,
-        )
+_assert_exact = cases.assert_exact
 
 
-@pytest.mark.parametrize(
-    ("model", "layout"),
-    [
-        pytest.param("dense", codec.TP1, id="dense-identity"),
-        pytest.param("dense", codec.TP2, id="dense-tp2_to_tp1"),
-        pytest.param("tied", codec.TP1, id="tied-identity"),
-        pytest.param("tied", codec.TP2, id="tied-tp2_to_tp1"),
-        pytest.param("moe", codec.MOE_LAYOUT, id="moe-ep2tp2_to_1"),
-    ],
-)
+@pytest.mark.parametrize(("model", "layout"), cases.CASES)
 def test_twenty_versions_through_shared_fs_are_bit_exact(
     tmp_path: Path, model: str, layout: TrainingLayout
 ) -> None:
-    trainer = codec.Trainer(codec._moe if model == "moe" else codec._dense, tied=model == "tied")
-    flow = Path_(tmp_path, layout, DeltaSettings(mode="on", full_interval=8))
+    def check(path: Path, done: Converted) -> None:
+        # What crossed the shared folder is the packed refreshes, nothing else.
+        assert done.metrics is not None
+        on_disk = sum((path / delta_file(r)).stat().st_size for r in range(layout.world_size))
+        assert on_disk >= done.metrics["delta_bytes_sent"] > 0
+
+    flow = Path_(tmp_path, layout, cases.EVERY_8)
     try:
-        sent_bytes = 0
-        for version in range(1, VERSIONS + 1):
-            trainer.step()
-            full = trainer.export()
-            path = flow.export(version, full)
-            done = flow.gu.convert(version, str(path))
-            assert done.path is not None and done.metrics is not None
-            sent_bytes += int(done.metrics["delta_bytes_sent"])
-            # What crossed the shared folder is the packed refreshes, nothing else.
-            on_disk = sum((path / delta_file(r)).stat().st_size for r in range(layout.world_size))
-            assert on_disk >= done.metrics["delta_bytes_sent"] > 0
-            _assert_exact(_loaded(done.path), full, version)
-            if model == "tied":
-                got = _loaded(done.path)
-                assert torch.equal(got["lm_head.weight"], got["model.embed_tokens.weight"])
-        gu_totals = flow.gu.delta_stats()
-        tu_totals = [w.stats() for w in flow.writers]
+        cases.run_twenty_versions(flow, model, check)
     finally:
         flow.close()
-    # Full at 1, 9, 17 (every 8) on each rank; the rest deltas, smaller than the full bytes.
-    for totals in tu_totals:
-        assert totals["delta_refreshes"] == VERSIONS and totals["delta_full_refreshes"] == 3
-        assert 0 < totals["delta_bytes_fraction"] < 1
-    assert gu_totals["delta_refreshes"] == VERSIONS * layout.world_size
-    assert gu_totals["delta_resends"] == 0 and gu_totals["delta_bytes_sent"] == sent_bytes
 
 
 def test_a_corrupted_delta_file_is_named_then_recovered_by_a_full_resend(
@@ -265,19 +240,6 @@ def test_a_stale_report_is_answered_once_per_rank(tmp_path: Path) -> None:
         assert not unpack((flow.export(3, w) / delta_file(0)).read_bytes()).is_full
     finally:
         flow.close()
-
-
-def test_collective_refuses_delta_by_name(tmp_path: Path) -> None:
-    on = DeltaSettings(mode="on", full_interval=10)
-    name = "collective"
-    with pytest.raises(
-        ValueError, match=f"wired for weight_transport=shared_fs and object_store, not {name}"
-    ):
-        transport_for(name).gu_end(tmp_path, delta=on)
-    with pytest.raises(ValueError, match=f"not {name}; set weight_delta: off"):
-        transport_for(name).exporter(tmp_path, 2, delta=on)
-    off = DeltaSettings(mode="off", full_interval=10)
-    transport_for("object_store").gu_end(tmp_path, delta=off)  # off: accepted everywhere
 
 
 def test_the_plan_carries_delta_to_the_gu_weight_side(tmp_path: Path) -> None:

@@ -294,7 +294,7 @@ def test_the_wire_form_keeps_every_bit() -> None:
         assert torch.equal(_bits(receiver.tensors()[name]), _bits(tensor)), name
 
 
-def test_the_plan_carries_delta_on_shared_fs_and_object_store_and_refuses_collective_by_name() -> None:
+def test_the_plan_carries_delta_on_every_transport() -> None:
     from mindspeed_rl.config_cls import load_config_from_files
     from mindspeed_rl.plan.build import build_run_plan
     from mindspeed_rl.weights.transports import DeltaSettings
@@ -308,11 +308,7 @@ def test_the_plan_carries_delta_on_shared_fs_and_object_store_and_refuses_collec
     assert on.async_spec.weight_delta == DeltaSettings(mode="on", full_interval=4)  # type: ignore[attr-defined]
     carried = plan("async_config.weight_delta=on", "async_config.weight_transport=object_store")
     assert carried.async_spec.weight_delta == DeltaSettings(mode="on", full_interval=10)  # type: ignore[attr-defined]
-    with pytest.raises(
-        ValueError,
-        match="weight_delta=auto is wired for weight_transport=shared_fs and object_store, not collective; "
-        "set weight_delta: off",
-    ):
-        plan("async_config.weight_delta=auto", "async_config.weight_transport=collective")
+    collective = plan("async_config.weight_delta=auto", "async_config.weight_transport=collective")
+    assert collective.async_spec.weight_delta == DeltaSettings(mode="auto", full_interval=10)  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="async_config.delta_full_interval=0"):
         plan("async_config.delta_full_interval=0")
