@@ -33,6 +33,7 @@ The JSON: ``{"ok", "complete", "stages": {name: {"ok", "seconds", "figures", "er
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -170,6 +171,13 @@ def run_stage(stage: Stage, cmd: list[str], *, timeout_s: float, work: Path, log
             os.killpg(proc.pid, signal.SIGKILL)  # the stage's own process group, nothing else
             proc.wait()
             code = None
+        else:
+            # What the stage started and left behind goes with it: the stage leaves by os._exit,
+            # which runs no exit handlers, so e.g. the multiprocessing Manager that megatron-core
+            # 0.19.2's checkpoint writer starts (filesystem_async.get_write_results_queue) would
+            # outlive it, orphaned, for good.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.perf_counter() - started
     with log.open("a") as combined:
         combined.write(

@@ -145,6 +145,24 @@ def test_a_stage_past_its_timeout_is_killed_and_recorded(tmp_path: Path) -> None
     assert survivors({pid}, grace_s=10) == [] and not woke.exists()
 
 
+def test_what_a_finished_stage_left_running_is_stopped(tmp_path: Path) -> None:
+    # The stage starts a child that would write ``woke`` later, then leaves by os._exit as every
+    # stage does: the child (like megatron's checkpoint-writer Manager) must not outlive it.
+    woke = tmp_path / "woke"
+    child = f"import time; time.sleep(60); open({str(woke)!r}, 'w')"
+    code = (
+        "import os, subprocess, sys; "
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+        "print('child', p.pid, flush=True); os._exit(0)"
+    )
+    record = device_check.run_stage(
+        _stage(), [sys.executable, "-c", code], timeout_s=30, work=tmp_path, log=tmp_path / "all.log"
+    )
+    pid = int((tmp_path / "probe.log").read_text().split("child", 1)[1].split()[0])
+    assert record["error"] == "the stage's process died (exit 0)"  # no result file: not a real stage
+    assert survivors({pid}, grace_s=10) == [] and not woke.exists()
+
+
 def test_a_stage_that_dies_without_a_result_is_recorded(tmp_path: Path) -> None:
     record = device_check.run_stage(
         _stage(), [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"],
