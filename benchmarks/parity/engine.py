@@ -362,14 +362,14 @@ def run_megatron_side(
     ``grad_cases``: ``{term: (config, batch)}`` of :func:`grad_term_case`; each runs one update of a
     fresh engine whose gradient is returned under ``result["grads"][term]`` (HF names, full shapes).
     """
-    import torch.multiprocessing as mp
+    from benchmarks.parity import ranks
 
     with tempfile.TemporaryDirectory(prefix="megatron-parity-") as tmp:
         torch.save(batch, Path(tmp) / "batch.pt")
         config = config or parity_engine_config(num_samples=batch.num_samples)
         world = world_size_of(layout)
         args = (world, free_port(), os.fspath(model_dir), layout, tmp, config, grad_cases or {})
-        mp.spawn(_worker, args=args, nprocs=world, join=True)
+        ranks.start_ranks(_worker, args, world)
         result = dict(torch.load(Path(tmp) / "result.pt", weights_only=False))
         result["hf_logits"] = _transformers_logits(Path(tmp) / "converted", result["logits"].shape[-1])
         if keep_export is not None:

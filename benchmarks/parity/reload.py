@@ -96,8 +96,7 @@ def run_reload_case(model_dir: str | os.PathLike[str], layout: str) -> dict[str,
     name of ``parity.LAYOUTS``); ``model_dir`` needs a tokenizer (vLLM loads one)."""
     import json
 
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from mindspeed_rl.models.rollout.base import SamplingConfig
     from mindspeed_rl.models.rollout.vllm_engine import VLLMEngine, VLLMOptions
     from mindspeed_rl.models.training.batch import TrainBatch
@@ -108,9 +107,7 @@ def run_reload_case(model_dir: str | os.PathLike[str], layout: str) -> dict[str,
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose from {sorted(LAYOUTS)}")
     with tempfile.TemporaryDirectory(prefix="megatron-reload-") as tmp:
-        mp.spawn(
-            _train_and_export, args=(free_port(), os.fspath(model_dir), layout, tmp), nprocs=2, join=True
-        )
+        ranks.start_ranks(_train_and_export, (free_port(), os.fspath(model_dir), layout, tmp), 2)
         snapshot = latest_published(Path(tmp) / "snapshots")
         if snapshot is None:
             raise RuntimeError("the ranks published no snapshot")
@@ -131,7 +128,7 @@ def run_reload_case(model_dir: str | os.PathLike[str], layout: str) -> dict[str,
             advantages=np.zeros(len(flat), dtype=np.float32),
         )
         torch.save(batch, Path(tmp) / "responses.pt")
-        mp.spawn(_score, args=(free_port(), layout, tmp), nprocs=2, join=True)
+        ranks.start_ranks(_score, (free_port(), layout, tmp), 2)
         ours = torch.load(Path(tmp) / "trainer_log_probs.pt", weights_only=False)
     diffs = [float(np.abs(a - np.asarray(c.log_probs)).max()) for a, c in zip(ours, flat, strict=True)]
     return {

@@ -102,8 +102,8 @@ def run_resume_case(
     """Save at ``save_layout``, resume at ``load_layout`` (names of ``parity.LAYOUTS``), compare.
     ``load_optimizer`` False: ``no_load_optim`` (fresh AdamW moments, so the next update differs)."""
     import numpy as np
-    import torch.multiprocessing as mp
 
+    from benchmarks.parity import ranks
     from mindspeed_rl.weights.megatron_dims import load_dims
 
     unknown = sorted({save_layout, load_layout} - set(LAYOUTS))
@@ -119,7 +119,7 @@ def run_resume_case(
         torch.save(batch, Path(tmp) / "batch.pt")
         layouts = (save_layout, load_layout)
         args: tuple[Any, ...] = (free_port(), os.fspath(model_dir), tmp, layouts, load_optimizer)
-        mp.spawn(_worker, args=args, nprocs=2, join=True)
+        ranks.start_ranks(_worker, args, 2)
         result = torch.load(Path(tmp) / "result.pt", weights_only=False)
     continued_loss, resumed_loss = result["loss"]
     return ResumeResult(

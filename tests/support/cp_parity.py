@@ -110,8 +110,7 @@ def _worker(
 
 def run_cp_parity(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Both layouts' records (``{"cp2": ..., "cp1": ...}``) from two spawned gloo ranks."""
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from mindspeed_rl.weights.megatron_dims import load_dims
 
     dims = load_dims(model_dir)
@@ -119,6 +118,6 @@ def run_cp_parity(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     config = parity_engine_config(num_samples=batch.num_samples)
     with tempfile.TemporaryDirectory() as tmp:
         torch.save(batch, Path(tmp) / "batch.pt")
-        mp.spawn(_worker, args=(2, free_port(), os.fspath(model_dir), tmp, config), nprocs=2, join=True)
+        ranks.start_ranks(_worker, (2, free_port(), os.fspath(model_dir), tmp, config), 2)
         result: dict[str, Any] = torch.load(Path(tmp) / "result.pt", weights_only=False)
     return result

@@ -104,15 +104,12 @@ def _count_worker(rank: int, port: int, layout_name: str, shapes: list[str], out
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
 @pytest.mark.parametrize("layout_name", sorted(LAYOUTS))
 def test_parameter_counts_equal_real_megatron_models(layout_name: str) -> None:
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
 
-    ctx = mp.get_context("spawn")
+    ctx = ranks.context()
     out = ctx.SimpleQueue()
-    mp.start_processes(
-        _count_worker, args=(free_port(), layout_name, sorted(SHAPES), out), nprocs=2, start_method="spawn"
-    )
+    ranks.start_ranks(_count_worker, (free_port(), layout_name, sorted(SHAPES), out), 2)
     seen = 0
     tp, pp, ep = LAYOUTS[layout_name]
     while not out.empty():
@@ -328,22 +325,16 @@ def _engine_memory_worker(rank: int, port: int, layout_name: str, model_dir: str
 def test_byte_terms_equal_what_the_megatron_engine_allocates(tmp_path: Any, layout_name: str) -> None:
     """``parameters``, ``gradients`` (megatron DDP's buffer), ``optimizer_state`` (fp32 masters +
     AdamW moments after a step, on the CPU path) and ``reference``, byte for byte per rank."""
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
     from benchmarks.parity.models import build_parity_model
     from mindspeed_rl.weights.megatron_dims import load_dims
 
     family = ENGINE_CASES[layout_name]
     model_dir = build_parity_model(tmp_path / family, family, tied=family == "qwen2")
-    ctx = mp.get_context("spawn")
+    ctx = ranks.context()
     out = ctx.SimpleQueue()
-    mp.start_processes(
-        _engine_memory_worker,
-        args=(free_port(), layout_name, str(model_dir), out),
-        nprocs=2,
-        start_method="spawn",
-    )
+    ranks.start_ranks(_engine_memory_worker, (free_port(), layout_name, str(model_dir), out), 2)
     tp, pp, ep = LAYOUTS[layout_name]
     shape = _shape_of(load_dims(model_dir))
     seen = 0
@@ -411,15 +402,14 @@ def test_unfused_attention_scores_equal_what_megatron_keeps() -> None:
     """The planner's s x s term without flash attention (``unfused_score_bytes``) against the
     bytes megatron's real local attention keeps for backward, on head counts, GQA groups, lengths
     and dtypes the planner's own shapes do not use."""
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
     from mindspeed_rl.plan.memory import unfused_score_bytes
 
     cases = [(4, 2, 48, 2, "bfloat16"), (6, 6, 40, 1, "bfloat16"), (4, 1, 32, 3, "float32")]
-    ctx = mp.get_context("spawn")
+    ctx = ranks.context()
     out = ctx.SimpleQueue()
-    mp.start_processes(_scores_worker, args=(free_port(), cases, out), nprocs=1, start_method="spawn")
+    ranks.start_ranks(_scores_worker, (free_port(), cases, out), 1)
     measured = {}
     while not out.empty():
         case, nbytes = out.get()

@@ -103,16 +103,13 @@ def _megatron_worker(rank: int, port: int, model_dir: str, out: Any) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
 def test_megatron_reference_offload_keeps_log_probs(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
     from benchmarks.parity.models import build_parity_model
 
     model_dir = build_parity_model(tmp_path / "qwen2", "qwen2", tied=True)
-    out = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(
-        _megatron_worker, args=(free_port(), str(model_dir), out), nprocs=2, start_method="spawn"
-    )
+    out = ranks.context().SimpleQueue()
+    ranks.start_ranks(_megatron_worker, (free_port(), str(model_dir), out), 2)
     results = []
     while not out.empty():
         results.append(out.get())

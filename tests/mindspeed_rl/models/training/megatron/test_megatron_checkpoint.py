@@ -199,15 +199,13 @@ def test_bf16_resume_restores_the_fp32_masters(tmp_path: Path) -> None:
     they come back exactly, at the same layout and resharded to another; without the optimizer
     (no_load_optim) they restart from the loaded weights."""
     import torch
-    import torch.multiprocessing as mp
 
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
     from benchmarks.parity.models import build_parity_model
 
     model = build_parity_model(tmp_path / "qwen3", "qwen3")
-    mp.start_processes(
-        _bf16_resume_worker, args=(free_port(), str(model), str(tmp_path)), nprocs=2, start_method="spawn"
-    )
+    ranks.start_ranks(_bf16_resume_worker, (free_port(), str(model), str(tmp_path)), 2)
     result = torch.load(tmp_path / "result.pt", weights_only=True)
     saved = result["saved"]
     assert {t.dtype for t in saved.values()} == {torch.float32}

@@ -486,16 +486,13 @@ def test_a_step_keeps_every_tensor_on_the_engine_device(
 ) -> None:
     """Reference log-probs, policy log-probs and one update (bf16, KL and entropy on) at TP2, and
     at PP2 with tied embeddings (pipeline p2p, the embedding all-reduce over stages)."""
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
     from benchmarks.parity.models import build_parity_model
 
     model_dir = build_parity_model(tmp_path / family, family, tied=family == "qwen2")
-    out = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(
-        _worker, args=(free_port(), str(model_dir), layout_name, out), nprocs=2, start_method="spawn"
-    )
+    out = ranks.context().SimpleQueue()
+    ranks.start_ranks(_worker, (free_port(), str(model_dir), layout_name, out), 2)
     results = [out.get() for _ in range(2)]
     for rank, violations, (dev_ops, dev_collectives, host_objects), grad_norm in results:
         assert violations == [], f"rank {rank}:\n" + "\n".join(violations[:20])

@@ -138,17 +138,17 @@ def _raw(tensor: torch.Tensor) -> bytes:
 def test_hf_folder_and_push_are_the_gathered_weights(
     tmp_path: Path, family: str, layout_name: str, dtype: str
 ) -> None:
-    import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
     from benchmarks.parity.engine import free_port
     from benchmarks.parity.models import build_parity_model
+    from benchmarks.parity.ranks import start_ranks
 
     model_dir = build_parity_model(tmp_path / family, family, tied=family == "qwen2")
     out = tmp_path / "out"
     out.mkdir()
     args = (free_port(), str(model_dir), layout_name, dtype, str(out))
-    mp.start_processes(_worker, args=args, nprocs=2, start_method="spawn")
+    start_ranks(_worker, args, 2)
     old = load_file(str(out / "old.safetensors"))
     saved = load_file(str(out / "saved" / "model.safetensors"))
     pushed = load_file(str(out / "pushed.safetensors"))

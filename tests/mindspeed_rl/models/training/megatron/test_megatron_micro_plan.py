@@ -155,14 +155,13 @@ def _log_probs_worker(rank: int, port: int, model_dir: str, out: str) -> None:
 )
 @pytest.mark.timeout(300)
 def test_narrower_micro_batches_give_the_same_log_probs(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
     from benchmarks.parity.models import build_parity_model
 
     model_dir = build_parity_model(tmp_path / "qwen3", "qwen3")
     out = tmp_path / "logp.pt"
-    mp.spawn(_log_probs_worker, args=(free_port(), str(model_dir), str(out)), nprocs=1)
+    ranks.start_ranks(_log_probs_worker, (free_port(), str(model_dir), str(out)), 1)
     result = torch.load(out)
     assert min(result["widths"]) < result["widest"]  # some micro-batches did run narrower
     for own, wide in zip(result["own"], result["wide"], strict=True):

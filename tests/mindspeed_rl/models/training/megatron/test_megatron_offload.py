@@ -131,8 +131,7 @@ def _worker(rank: int, world: int, ep: int, port: int, model_dir: str, out: str)
 def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Dense (QKV bias) on one rank; MoE at EP2 on two, where the experts live in megatron's
     separate expert-parallel buffers."""
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
     from benchmarks.parity.models import build_parity_model
 
@@ -141,7 +140,7 @@ def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     model_dir = build_parity_model(root / "model", family)
     out = root / "report.pt"
     args = (ep, ep, free_port(), str(model_dir), str(out))
-    mp.start_processes(_worker, args=args, nprocs=ep, start_method="spawn")
+    ranks.start_ranks(_worker, args, ep)
     return {**torch.load(out, weights_only=False), "model": family}
 
 
@@ -258,8 +257,7 @@ def _megatron_worker(rank: int, world: int, port: int, model_dir: str, case: str
 def megatron_report(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
     from benchmarks.parity.models import build_parity_model
 
@@ -267,7 +265,7 @@ def megatron_report(
     model_dir = build_parity_model(root / "model", "qwen2")
     out = root / "report.pt"
     args = (1, free_port(), str(model_dir), request.param, str(out))
-    mp.start_processes(_megatron_worker, args=args, nprocs=1, start_method="spawn")
+    ranks.start_ranks(_megatron_worker, args, 1)
     return {**torch.load(out, weights_only=False), "case": request.param}
 
 

@@ -89,12 +89,11 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
 
 
 def run_precision_case(model_dir: Path) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
 
     out = model_dir / "precision_runs.pt"
-    mp.start_processes(_worker, args=(free_port(), str(model_dir), str(out)), nprocs=1, start_method="spawn")
+    ranks.start_ranks(_worker, (free_port(), str(model_dir), str(out)), 1)
     return torch.load(out, weights_only=True)
 
 

@@ -122,8 +122,7 @@ def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("layout_name", ["ep2", "pp2", "tp2"])
 def test_megatron_replays_the_record_like_the_torch_engine(moe_dir: Path, layout_name: str) -> None:
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from mindspeed_rl.models.training.torch_engine import TorchTrainingEngine
 
     plain = parity_batch(100, num_samples=8)
@@ -144,7 +143,7 @@ def test_megatron_replays_the_record_like_the_torch_engine(moe_dir: Path, layout
         torch.save(
             {"config": config, "plain": plain, "replayed": replayed, "train": train}, Path(tmp) / "inputs.pt"
         )
-        mp.spawn(_worker, args=(2, free_port(), os.fspath(moe_dir), layout_name, tmp), nprocs=2, join=True)
+        ranks.start_ranks(_worker, (2, free_port(), os.fspath(moe_dir), layout_name, tmp), 2)
         got = torch.load(Path(tmp) / "out.pt", weights_only=False)
 
     for i, rows in enumerate(replayed.routing or ()):

@@ -122,12 +122,11 @@ def _gloo_worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def gloo_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
-    import torch.multiprocessing as mp
-
+    from benchmarks.parity import ranks
     from benchmarks.parity.engine import free_port
 
     out = tmp_path_factory.mktemp("vocab_parallel_gloo")
-    mp.spawn(_gloo_worker, args=(free_port(), str(out)), nprocs=2, join=True)
+    ranks.start_ranks(_gloo_worker, (free_port(), str(out)), 2)
     results: dict[str, dict[str, torch.Tensor]] = torch.load(out / "results.pt")
     return results
 
