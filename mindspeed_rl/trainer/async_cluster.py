@@ -131,20 +131,25 @@ class AsyncCluster:
         from mindspeed_rl.trainer.weight_channels import start_weight_flow
 
         assert self.trainer is not None
-        # Each process as it reports itself; with role envs, the trainer's and every GU's snapshot
-        # format must agree before any weight moves (the driver checked its own node's copies).
-        self.env_reports = live_reports(self)
-        if a.role_envs is not None:
-            check_live(self.env_reports, a.role_envs)
-        # The shared-path probe and (collective) the GUs' process groups, before any engine starts.
-        weights = start_weight_flow(self.tu, self.gus, a, self.trainer, snapshots)
-        self._delta_on = a.weight_delta is not None
         # Engine start-up is not part of any iteration's time (as in the hybrid loop).
         logger.info(
             "starting %d generation unit(s) x %d actor(s) and the trainer: each engine loads its "
             "model and warms up first (about a minute per vLLM engine on a laptop CPU)",
             len(self.gus), a.actors_per_unit,
         )  # fmt: skip
+        # The engines start loading now, while the trainer builds its model and the checks below
+        # run: the two start-ups overlap instead of following one another (on this 2-core host a
+        # vLLM actor's import and warm-up took about 10 s after the trainer's 8 s). No weight
+        # moves before the checks: the actors load the rollout folder, not a snapshot.
+        ray.get([g.launch_actors.remote() for g in self.gus.values()])
+        # Each process as it reports itself; with role envs, the trainer's and every GU's snapshot
+        # format must agree before any weight moves (the driver checked its own node's copies).
+        self.env_reports = live_reports(self, actors=False)  # summary.json's are taken at close
+        if a.role_envs is not None:
+            check_live(self.env_reports, a.role_envs)
+        # The shared-path probe and (collective) the GUs' process groups, before any refresh.
+        weights = start_weight_flow(self.tu, self.gus, a, self.trainer, snapshots)
+        self._delta_on = a.weight_delta is not None
         ray.get(
             [
                 self.tu.enable_snapshots.remote(str(snapshots / "trainer"), a.snapshot_keep, **weights),

@@ -64,8 +64,10 @@ def check_plan_envs(
     )
 
 
-def live_reports(cluster: AsyncCluster) -> dict[str, Any]:
-    """Every process of the run, as it reports itself (JSON-ready)."""
+def live_reports(cluster: AsyncCluster, *, actors: bool = True) -> dict[str, Any]:
+    """Every process of the run, as it reports itself (JSON-ready). ``actors`` False leaves the
+    generation actors out (an empty list): at start-up their engines may still be loading, and
+    asking them would wait for that."""
     import ray
 
     def of(handle: Any) -> Any:
@@ -78,14 +80,22 @@ def live_reports(cluster: AsyncCluster) -> dict[str, Any]:
         trainer = cluster.tu.__ray_call__.remote(_as_list)
     live = [gu for g, gu in cluster.gus.items() if g not in cluster.failed_gus]
     units = [of(gu) for gu in live]
-    actors = [gu.actor_env_reports.remote(REPORTED_MODULES) for gu in live]
     return {
         "driver": EnvReport.here(REPORTED_MODULES).to_json(),
         "control_unit": ray.get(of(cluster.cu)),
         "trainer_ranks": ray.get(trainer),
         "generation_units": ray.get(units),
-        "generation_actors": [r for reports in ray.get(actors) for r in reports],
+        "generation_actors": live_actor_reports(cluster) if actors else [],
     }
+
+
+def live_actor_reports(cluster: AsyncCluster) -> list[Any]:
+    """Every live generation actor's report (each GU asks its own actors)."""
+    import ray
+
+    live = [gu for g, gu in cluster.gus.items() if g not in cluster.failed_gus]
+    actors = [gu.actor_env_reports.remote(REPORTED_MODULES) for gu in live]
+    return [r for reports in ray.get(actors) for r in reports]
 
 
 def check_live(reports: Mapping[str, Any], envs: RoleEnvs | None) -> None:

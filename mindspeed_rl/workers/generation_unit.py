@@ -112,12 +112,20 @@ class GenerationUnit:
         """Calls the control loop made (CU, actors, ``ray.wait``): the breakdown of its CPU."""
         self._cpu_at_start = time.process_time()
 
+    def launch_actors(self) -> int:
+        """Create the actors without waiting for them: their engines load and warm up while the
+        run's other start-up steps go on (``async_cluster._bring_up``). Idempotent."""
+        for a in range(self.spec.num_actors):
+            if a not in self._handles:
+                self._handles[a] = self._new_actor(a)
+        return len(self._handles)
+
     def start_actors(self) -> int:
-        """Create the actors, wait until their engines are up, register with the CU."""
+        """Create the actors (unless ``launch_actors`` did), wait until their engines are up,
+        register with the CU."""
         import ray
 
-        for a in range(self.spec.num_actors):
-            self._handles[a] = self._new_actor(a)
+        self.launch_actors()
         ray.get([handle.__ray_ready__.remote() for handle in self._handles.values()])
         # A device channel (NCCL / HCCL) receives on the first actor's device: known only now.
         self._weights.bind_receiver_device(self._handles[0])
