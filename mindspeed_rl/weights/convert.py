@@ -62,13 +62,13 @@ import torch
 from mindspeed_rl.weights.layout import InferenceLayout
 from mindspeed_rl.weights.manifest import (
     MANIFEST_NAME,
+    NO_CHECKSUM,
     ShardEntry,
     SnapshotError,
     SnapshotInfo,
     SnapshotManifest,
     TensorEntry,
 )
-from mindspeed_rl.weights.memory_snapshot import NO_CHECKSUM
 from mindspeed_rl.weights.merge import (
     NameMap,
     Piece,

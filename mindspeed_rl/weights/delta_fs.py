@@ -61,6 +61,7 @@ from mindspeed_rl.weights.export import (
 from mindspeed_rl.weights.export_queue import Pending
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.manifest import (
+    NO_CHECKSUM,
     ShardEntry,
     SnapshotError,
     SnapshotInfo,
@@ -68,7 +69,6 @@ from mindspeed_rl.weights.manifest import (
     TensorEntry,
     format_checksum,
 )
-from mindspeed_rl.weights.memory_snapshot import NO_CHECKSUM
 from mindspeed_rl.weights.shardio import dtype_name
 from mindspeed_rl.weights.store import (
     fsync_path,
