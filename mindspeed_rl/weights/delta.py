@@ -276,7 +276,10 @@ class DeltaEncoder:
         """``owned``: the tensors are host copies that no one changes any more (the exporter's);
         the encoder keeps views of them as its next base instead of copying them. Not owned: a
         full refresh copies them; a delta compares them with the base where they are and
-        writes only the changed words into the base (no copy of the whole model)."""
+        writes only the changed words into the base (no copy of the whole model). A full
+        refresh's parts view the encoder's base, as ``full_of_base``'s do: valid until the next
+        ``encode`` (every medium packs or copies a refresh before that; receivers copy a full
+        part and scatter a sparse one, never keep its arrays)."""
         started = time.perf_counter()
         current = {name: (t, words(t, copy=False)) for name, t in tensors}
         full_nbytes = sum(int(w.nbytes) for _, w in current.values())
