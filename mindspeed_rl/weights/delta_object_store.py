@@ -7,7 +7,7 @@
     asks = board.full_requests()   (a GU asked for a full?)   per rank r: the links of r's chain after
     encode v against r's last encoded version                   the version r's copy holds (or from its
       (full: first, asked for, every delta_full_interval,       full, when it holds nothing / another
-       auto over the threshold)                                 chain): ray.get, unpack, apply (crc32
+       auto over the threshold)                                 chain): ray.get, unpack, apply (xxh3
     ray.put(pack(refresh)) ─► DeltaLinkRef                      of every tensor; a mismatch names tensor
     chain = the links since r's last full (a full resets it)    and version, drops r's copy, asks)
     board.add(v, DeltaShard(chain)) ─► DeltaSnapshot once      ray.put the applied copies as today's

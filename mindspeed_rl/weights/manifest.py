@@ -34,6 +34,10 @@ from mindspeed_rl.weights.layout import PartitionSpec, RankCoords, TrainingLayou
 SCHEMA_VERSION = SNAPSHOT_FORMAT_VERSION
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGO = "crc32"
+NO_CHECKSUM = "none"
+"""``TensorEntry.checksum`` where none was taken: a memory snapshot (``memory_snapshot``), or a
+delta's applied copy checked with another checksum (``delta_fs``; the converter takes the CRC-32
+while writing it)."""
 _CRC_CHUNK = 64 * 1024 * 1024
 
 SnapshotKind = Literal["training", "inference"]

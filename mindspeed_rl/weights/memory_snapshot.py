@@ -33,13 +33,17 @@ import numpy as np
 import torch
 
 from mindspeed_rl.weights.layout import InferenceLayout, RankCoords, TrainingLayout
-from mindspeed_rl.weights.manifest import ShardEntry, SnapshotError, SnapshotManifest, TensorEntry
+from mindspeed_rl.weights.manifest import (
+    NO_CHECKSUM,
+    ShardEntry,
+    SnapshotError,
+    SnapshotManifest,
+    TensorEntry,
+)
 from mindspeed_rl.weights.merge import NameMap
 from mindspeed_rl.weights.shardio import default_io_threads, dtype_name, torch_dtype
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-NO_CHECKSUM = "none"
-"""``TensorEntry.checksum`` of a memory snapshot (see the module docstring)."""
 
 Medium = Literal["object_store", "collective"]
 

@@ -197,7 +197,8 @@ class PlannedShard:
             self._fd, _Placed(name, tensor, planned.offset, planned.nbytes), checksum
         )
 
-    def finish(self) -> tuple[int, tuple[TensorEntry, ...]]:
+    def finish(self, *, durable: bool = True) -> tuple[int, tuple[TensorEntry, ...]]:
+        """``durable=False``: no fsync (a volatile cache, ``store.mark_volatile``)."""
         missing = [p.name for p in self.placed if p.name not in self._crcs]
         if missing:
             raise ValueError(
@@ -205,7 +206,8 @@ class PlannedShard:
                 "write every planned tensor before finish()"
             )
         assert self._fd is not None, "finish after close"
-        os.fsync(self._fd)
+        if durable:
+            os.fsync(self._fd)
         self.close()
         entries = tuple(
             TensorEntry(

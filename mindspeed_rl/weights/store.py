@@ -138,12 +138,14 @@ def new_temp_dir(root: Path, version: int) -> Path:
     return path
 
 
-def publish_dir(temp_dir: Path, root: Path, version: int) -> SnapshotInfo:
-    """Rename a fully written temp dir (manifest last, files fsynced) to ``<root>/v<version>``."""
+def publish_dir(temp_dir: Path, root: Path, version: int, *, durable: bool = True) -> SnapshotInfo:
+    """Rename a fully written temp dir (manifest last, files fsynced) to ``<root>/v<version>``.
+    ``durable=False``: no fsync of the folders either (a volatile cache, ``mark_volatile``)."""
     target = Path(root) / snapshot_dirname(version)
     if not (temp_dir / MANIFEST_NAME).is_file():
         raise AssertionError(f"publish_dir called on {temp_dir} before its manifest was written")
-    fsync_path(temp_dir)
+    if durable:
+        fsync_path(temp_dir)
     if target.exists():
         raise ValueError(
             f"snapshot {target} is already published (by run {snapshot_run_id(target)!r}); policy "
@@ -151,8 +153,43 @@ def publish_dir(temp_dir: Path, root: Path, version: int) -> SnapshotInfo:
             "earlier run's snapshots, give this run its own folder (store.run_root)"
         )
     os.rename(temp_dir, target)
-    fsync_path(Path(root))
+    if durable:
+        fsync_path(Path(root))
     return SnapshotInfo(version=version, path=target)
+
+
+VOLATILE_MARKER = ".volatile-boot"
+"""In a snapshot folder written without fsync: the boot it was written in (``boot_id``)."""
+
+
+def boot_id() -> str | None:
+    """This boot of the kernel (Linux), or None where it cannot be read."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def mark_volatile(folder: Path) -> None:
+    """Record that ``folder``'s files were written without fsync, in this boot. Unsynced writes
+    survive any process crash (they sit in the kernel's page cache, which every reader on the
+    host shares); only a crash of the host loses them, and that is a new boot."""
+    boot = boot_id()
+    if boot is None:
+        raise AssertionError("mark_volatile needs a boot id; write durably where there is none")
+    (Path(folder) / VOLATILE_MARKER).write_text(boot)
+
+
+def trusted_after_crashes(folder: Path) -> bool:
+    """Whether a published folder's bytes can be trusted: written durably (no marker), or
+    without fsync in this very boot (nothing was lost since)."""
+    marker = Path(folder) / VOLATILE_MARKER
+    if not marker.exists():
+        return True
+    try:
+        return marker.read_text().strip() == boot_id()
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

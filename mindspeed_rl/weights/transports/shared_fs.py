@@ -32,7 +32,10 @@ class SharedFsGu:
         from mindspeed_rl.weights.convert import GuConverter
         from mindspeed_rl.weights.delta_fs import DeltaApplier
 
-        self._converter = GuConverter(Path(cache_dir), layout, num_threads=1)
+        # Not durable: the GU's cache is derived data, read by its actors on this host; a merged
+        # or delta-applied copy is written without fsync (weight_delta off and on alike), and a
+        # copy written before a host crash is converted again (GuConverter's docstring).
+        self._converter = GuConverter(Path(cache_dir), layout, num_threads=1, durable=False)
         # The applied copy lives in this GU's memory and is converted from there.
         self._delta: DeltaApplier | None = (
             DeltaApplier(gu_id) if delta is not None and delta.mode != "off" else None
