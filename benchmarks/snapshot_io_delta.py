@@ -40,15 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mindspeed_rl.weights.delta import (
-    DeltaEncoder,
-    DeltaLink,
-    DeltaReceiver,
-    DeltaRefresh,
-    pack,
-    unpack,
-    words,
-)
+from mindspeed_rl.weights.delta import DeltaEncoder, DeltaLink, DeltaReceiver, DeltaRefresh, words
+from mindspeed_rl.weights.delta_wire import pack, unpack
 from mindspeed_rl.weights.layout import TrainingLayout, hf_dense_rules
 from mindspeed_rl.weights.merge import Piece, merge_pieces
 

@@ -5,8 +5,9 @@ about 6 s of CPU per rank on the 2-core host, for imports that are the same ever
 parity benchmarks and the megatron tests start ranks dozens of times per test session).
 ``start_ranks`` uses multiprocessing's ``forkserver`` instead, preloaded with those modules: the
 server imports them once, on first use, and forks each rank from itself, so a rank starts with
-them loaded. The server has run no parallel region and started no thread, so a fork of it is the
-interpreter ``spawn`` would have built, minus the imports.
+them loaded. The server only imports (no tensor work, no process group), so its forks start as
+``spawn``'s ranks would, minus the imports; every caller's tests pass either way (the megatron
+folder on megatron-core 0.19.2 and on 0.12.1, ``make test-mcore012``).
 
 One difference from ``spawn``: a forked rank's environment is the server's (the parent's when the
 server started), not the parent's at the call. So ``start_ranks`` remembers the environment the

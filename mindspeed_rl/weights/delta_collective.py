@@ -49,7 +49,8 @@ from mindspeed_rl.weights.collective import (
     Header,
     bucket_device,
 )
-from mindspeed_rl.weights.delta import DeltaEncoder, DeltaReceiver, DeltaRefresh, DeltaStats, pack, unpack
+from mindspeed_rl.weights.delta import DeltaEncoder, DeltaReceiver, DeltaRefresh, DeltaStats
+from mindspeed_rl.weights.delta_wire import pack, unpack
 from mindspeed_rl.weights.export import ExportResult, _prepare, _Prepared
 from mindspeed_rl.weights.export_queue import Pending
 from mindspeed_rl.weights.layout import TrainingLayout

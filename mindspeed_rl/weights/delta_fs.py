@@ -9,7 +9,7 @@
     encode v against r's last encoded version              r's host copy holds, or a full one (each
       (full: first, asked for, every                         folder leased while read); none found:
        delta_full_interval, auto over the threshold)         ask for a full (report below), reject v
-    v<N>/rank-r.delta  (delta.pack) + manifest             apply oldest first (DeltaReceiver: xxh3_64 of
+    v<N>/rank-r.delta  (delta_wire.pack) + manifest          apply oldest first (DeltaReceiver: xxh3_64 of
       published and pruned as a full snapshot is            every tensor; a mismatch names tensor and
       (same staging claim, same retention)                  version, drops r's copy, asks for a full)
                                                            write the applied copy as a local training
@@ -48,9 +48,8 @@ from mindspeed_rl.weights.delta import (
     DeltaReceiver,
     DeltaRefresh,
     DeltaStats,
-    pack,
-    unpack,
 )
+from mindspeed_rl.weights.delta_wire import pack, unpack
 from mindspeed_rl.weights.export import (
     SnapshotWriter,
     _Prepared,
@@ -138,7 +137,7 @@ def delta_file(rank: int) -> str:
 
 
 class DeltaSnapshotWriter(SnapshotWriter):
-    """``SnapshotWriter`` whose shards are ``delta.pack``-ed refreshes (full or sparse).
+    """``SnapshotWriter`` whose shards are ``delta_wire.pack``-ed refreshes (full or sparse).
 
     Encoding happens on the writer thread, in version order, and only for exports that were
     not superseded: an encoder's base is always the last version this rank wrote."""

@@ -47,9 +47,8 @@ from mindspeed_rl.weights.delta import (
     DeltaReceiver,
     DeltaRefresh,
     DeltaStats,
-    pack,
-    unpack,
 )
+from mindspeed_rl.weights.delta_wire import pack, unpack
 from mindspeed_rl.weights.export import ExportResult, _prepare, _Prepared, export_result
 from mindspeed_rl.weights.export_queue import ExportQueue, Pending
 from mindspeed_rl.weights.layout import TrainingLayout
@@ -65,7 +64,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeltaLinkRef:
-    """One packed refresh (``delta.pack``) of one rank, in the object store."""
+    """One packed refresh (``delta_wire.pack``) of one rank, in the object store."""
 
     version: int
     base_version: int | None

@@ -23,10 +23,9 @@ from mindspeed_rl.weights.delta import (
     DeltaRefresh,
     changed_indices,
     checksum,
-    pack,
-    unpack,
     words,
 )
+from mindspeed_rl.weights.delta_wire import pack, unpack
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

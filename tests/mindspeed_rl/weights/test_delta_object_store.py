@@ -18,8 +18,8 @@ import pytest
 import test_weight_delta as codec  # the codec's tests: their trainer, models and layouts
 import torch
 
-from mindspeed_rl.weights.delta import pack, unpack
 from mindspeed_rl.weights.delta_object_store import DeltaSnapshot, board_name
+from mindspeed_rl.weights.delta_wire import pack, unpack
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.transports import DeltaSettings, transport_for
 from mindspeed_rl.weights.transports.base import Converted, memory_reader

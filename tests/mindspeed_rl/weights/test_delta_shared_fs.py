@@ -15,7 +15,6 @@ import test_weight_delta as codec  # the codec's tests: their trainer, models an
 import torch
 from safetensors.torch import load_file
 
-from mindspeed_rl.weights.delta import pack, unpack
 from mindspeed_rl.weights.delta_fs import (
     DeltaBaseReport,
     DeltaSettings,
@@ -23,6 +22,7 @@ from mindspeed_rl.weights.delta_fs import (
     read_reports,
     write_report,
 )
+from mindspeed_rl.weights.delta_wire import pack, unpack
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.store import snapshot_dirname
 from mindspeed_rl.weights.transports import transport_for

@@ -23,9 +23,8 @@ from mindspeed_rl.weights.delta import (
     DeltaReceiver,
     DeltaRefresh,
     TensorDelta,
-    pack,
-    unpack,
 )
+from mindspeed_rl.weights.delta_wire import pack, unpack
 from mindspeed_rl.weights.layout import PartitionRule, PartitionSpec, TrainingLayout, hf_dense_rules
 from mindspeed_rl.weights.merge import Piece, merge_pieces
 
