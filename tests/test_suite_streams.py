@@ -60,6 +60,10 @@ def test_stream_durations_sum_each_stream_and_worker_and_list_the_slowest() -> N
     assert summary["seconds_per_stream"] == {"e2e": 31.5, "rest": 2.75}
     assert summary["tests_per_stream"] == {"e2e": 1, "rest": 2}
     assert summary["seconds_per_worker"] == {"gw0": 32.0, "gw1": 2.25}
+    assert list(summary["seconds_per_file"].items()) == [
+        ("tests/mindspeed_rl/trainer/test_async_e2e.py", 31.5),
+        ("tests/cli/test_simulate.py", 2.75),
+    ]
     assert [(p["nodeid"], p["when"]) for p in summary["slowest"]] == [
         (e2e, "setup"),
         (unit, "call"),

@@ -185,9 +185,35 @@ def write_portable_tokenizer(folder: str | os.PathLike[str]) -> None:
         path.write_text(json.dumps(_portable_tokenizer_fields(config), indent=2, sort_keys=True) + "\n")
 
 
+# The generic fast-tokenizer class under both spellings (4.x ``PreTrainedTokenizerFast``, 5.x's
+# ``TokenizersBackend``, which 5.x also exports under the 4.x name).
+_GENERIC_FAST = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
+
+
+def _built_here_with_a_generic_fast_tokenizer(folder: str | os.PathLike[str]) -> bool:
+    """A model folder ``models/tiny.py`` wrote (its build record beside the weights) whose tokenizer
+    is the generic fast class, in transformers 5.x: a real checkpoint always goes through
+    AutoTokenizer, whose per-model-type rules (5.x overrides some hub classes) stay authoritative."""
+    from mindspeed_rl.models.training.hf_folder import BUILD_RECORD
+
+    if not (Path(folder) / BUILD_RECORD).is_file() or major_version() < 5:
+        return False
+    _, config = _tokenizer_config(folder)
+    return bool(config) and config.get("tokenizer_class") in _GENERIC_FAST
+
+
 def load_tokenizer(folder: str | os.PathLike[str]) -> Any:
     """``AutoTokenizer.from_pretrained`` (local files only); under 4.x, a fast tokenizer a 5.x
-    environment saved is read as the ``PreTrainedTokenizerFast`` it is."""
+    environment saved is read as the ``PreTrainedTokenizerFast`` it is. A folder this project built
+    (``models/tiny.py``) is read by the class it was saved with, without AutoTokenizer."""
+    if _built_here_with_a_generic_fast_tokenizer(folder):
+        # Importing AutoTokenizer costs 3.4-3.8 s of CPU in every process that loads a tokenizer
+        # (transformers 5.19 builds its whole auto mapping), against 0.8 s for the class alone;
+        # the driver, the trainer and each actor load one per run. On a generic fast tokenizer
+        # AutoTokenizer resolves to this same class (tests/.../test_transformers_compat.py).
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(os.fspath(folder), local_files_only=True)
     from transformers import AutoTokenizer
 
     if major_version() < 5:

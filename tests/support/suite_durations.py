@@ -31,7 +31,9 @@ def summarize(phases: Iterable[PhaseTime], stream_of: Callable[[str], str]) -> d
     per_stream: dict[str, float] = defaultdict(float)
     per_worker: dict[str, float] = defaultdict(float)
     tests: dict[str, set[str]] = defaultdict(set)
+    per_file: dict[str, float] = defaultdict(float)
     for phase in phases:
+        per_file[phase.nodeid.split("::", 1)[0]] += phase.seconds
         stream = stream_of(phase.nodeid)
         per_stream[stream] += phase.seconds
         per_worker[phase.worker] += phase.seconds
@@ -41,6 +43,8 @@ def summarize(phases: Iterable[PhaseTime], stream_of: Callable[[str], str]) -> d
         "seconds_per_stream": {k: round(v, 2) for k, v in sorted(per_stream.items())},
         "tests_per_stream": {k: len(v) for k, v in sorted(tests.items())},
         "seconds_per_worker": {k: round(v, 2) for k, v in sorted(per_worker.items())},
+        # Every file, slowest first: what a merge of end-to-end runs or a move between streams buys.
+        "seconds_per_file": {k: round(v, 2) for k, v in sorted(per_file.items(), key=lambda kv: -kv[1])},
         "slowest": [
             {"nodeid": p.nodeid, "when": p.when, "seconds": round(p.seconds, 2), "worker": p.worker}
             for p in slowest

@@ -159,3 +159,31 @@ def test_a_tokenizer_saved_by_5x_loads_alike_and_the_portable_spelling_too(tmp_p
     config = json.loads((saved / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "extra_special_tokens" not in config
     assert _encodings(AutoTokenizer.from_pretrained(saved, local_files_only=True)) == expected
+
+
+@pytest.mark.parametrize("spelling", ["as saved", "as 5.x saves it"])
+def test_a_folder_built_here_skips_autotokenizer_and_loads_the_same_tokenizer(
+    tmp_path: Path, spelling: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the build record beside it, the folder's tokenizer is read by its generic class; it must
+    be the class and the encodings AutoTokenizer gives. Without the record, AutoTokenizer decides."""
+    from transformers import AutoTokenizer
+
+    from mindspeed_rl.models.tiny import build_char_tokenizer
+    from mindspeed_rl.models.training.hf_folder import BUILD_RECORD
+
+    folder = tmp_path / "model"
+    build_char_tokenizer().save_pretrained(folder)
+    if spelling != "as saved":
+        _as_saved_by_5x(folder)
+    by_auto = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert not compat._built_here_with_a_generic_fast_tokenizer(folder)
+    (folder / BUILD_RECORD).write_text("{}")
+    assert compat._built_here_with_a_generic_fast_tokenizer(folder) == (compat.major_version() >= 5)
+    calls: list[object] = []
+    real = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: calls.append(a) or real(*a, **k))
+    direct = compat.load_tokenizer(folder)
+    assert type(direct) is type(by_auto) and _encodings(direct) == _encodings(by_auto)
+    if compat.major_version() >= 5:
+        assert calls == []  # the 4.x path is the older test's above
