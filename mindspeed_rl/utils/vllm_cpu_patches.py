@@ -37,6 +37,12 @@
    (met here). ``scope_cpu_shm_names`` prefixes the names with the rank group's own rendezvous
    port, unique while it runs; the colocated ranks also shut their engines down at the end, which
    removes the segments.
+7. vLLM's sampler counts each sampled token's rank (``(logprobs >= sampled).sum(-1)``) with a
+   function compiled by ``torch.compile`` (inductor), enforce_eager or not; its first call in every
+   engine process traces and compiles it: 2.2 s of the first ``generate`` on the tiny model, plus
+   inductor's compile-worker processes and a g++ run, for every actor a run starts. The count is an
+   integer reduction, so the eager function gives the same ranks; ``eager_sampler_rank_count``
+   binds it wherever vLLM imported the compiled one.
 
 Nothing in this module imports vllm at import time.
 """
@@ -241,3 +247,21 @@ def _expert_step_on_weight_update() -> Iterator[None]:
         yield
     finally:
         UnquantizedFusedMoEMethod._setup_kernel = original  # type: ignore[method-assign]
+
+
+def eager_sampler_rank_count() -> bool:
+    """Quirk 7: vLLM's sampler counts token ranks with the uncompiled function (again: a no-op).
+    False where the installed vLLM has no such function in its sampler (nothing to do)."""
+    import importlib
+
+    try:
+        ops: Any = importlib.import_module("vllm.v1.sample.ops.logprobs")
+        sampler: Any = importlib.import_module("vllm.v1.sample.sampler")
+    except ImportError:
+        return False
+    current = getattr(ops, "batched_count_greater_than", None)
+    if current is None or getattr(sampler, "batched_count_greater_than", None) is not current:
+        return False
+    eager = getattr(current, "_torchdynamo_orig_callable", current)  # the function torch.compile wraps
+    ops.batched_count_greater_than = sampler.batched_count_greater_than = eager
+    return True

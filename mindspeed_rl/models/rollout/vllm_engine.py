@@ -342,6 +342,7 @@ def _prepare_process(opts: VLLMOptions, model_path: str, *, on_cpu: bool) -> Non
     vllm_cpu_patches.apply_cpu_env(opts.kv_cache_space_gib, worker_processes=sharded)
     vllm_cpu_patches.check_cpu_head_dim(_head_dim(model_path))
     vllm_cpu_patches.guard_kernel_scan()
+    vllm_cpu_patches.eager_sampler_rank_count()
     if opts.num_threads is not None:
         import torch
 

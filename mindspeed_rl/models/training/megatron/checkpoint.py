@@ -166,6 +166,7 @@ def save(engine: MegatronTrainingEngine, path: str | os.PathLike[str], *, optimi
     if dist.get_rank() == 0:
         dist_dir.mkdir(parents=True, exist_ok=True)
     dist.barrier(group=host_group())
+    patches.in_process_checkpoint_results()
     with patches.cpu_runtime_mode():
         dist_checkpointing.save(sharded_state(engine, optimizer=optimizer), str(dist_dir))
     rng_states: list[Any] = [None] * dist.get_world_size()

@@ -9,7 +9,9 @@ are all that GPTModel (local layer spec), its DDP wrapper and the pipeline sched
   which keeps no per-device state (:func:`seed_model_parallel_rng`);
 - the default causal mask is built on "cuda": pass an explicit one (:func:`causal_attention_mask`);
 - megatron-core 0.12.1's async checkpoint writer calls torch's private ``_write_item`` without the
-  argument newer torch requires (:func:`adapt_dist_checkpoint_writer`, every device);
+  argument newer torch requires (:func:`adapt_dist_checkpoint_writer`, every device), and 0.19.2
+  starts a manager process per rank to pass its writer threads' results
+  (:func:`in_process_checkpoint_results`, every device);
 - the pipeline schedules, p2p code and the tied output layer of a last PP stage create small tensors with ``device="cuda"`` and call
   ``torch.cuda.synchronize``; DDP's gradient all-reduce asks ``torch.cuda.current_stream()`` for
   CUDA-graph events (:class:`CudaDeviceToCpu`, :class:`NullStream`, :func:`cpu_runtime_mode`).
@@ -30,6 +32,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import queue
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -253,6 +256,27 @@ def adapt_dist_checkpoint_writer() -> bool:
         return original(*args, **kwargs)
 
     module._write_item = write_item
+    return True
+
+
+def in_process_checkpoint_results() -> bool:
+    """Hand megatron's checkpoint writer threads' results to the saving rank over an in-process
+    queue; True when installed (every device: it is about processes, not CUDA).
+
+    megatron-core 0.19.2's ``filesystem_async.get_write_results_queue`` creates that queue on the
+    first save as ``multiprocessing.get_context("spawn").Manager().Queue()``: a manager server per
+    rank, a spawned process that re-imports the rank's entry module (2.5 s of CPU each on this
+    host, two per TP2 run). Our saves are synchronous (``dist_checkpointing.save``, which runs the
+    writer threads in the calling process and reads their results right after), so a thread-safe
+    ``queue.Queue`` carries the same results. An async save (megatron's ``async_sharded_save``,
+    results written by another process) would need the manager; nothing here starts one. False
+    where megatron made its queue already or keeps no such global (0.12.1 forks writer processes
+    and passes their results otherwise).
+    """
+    module: Any = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    if getattr(module, "_results_queue", False) is not None:  # absent (0.12.1) or already made
+        return False
+    module._results_queue = queue.Queue()
     return True
 
 

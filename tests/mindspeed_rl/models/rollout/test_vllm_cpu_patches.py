@@ -62,3 +62,28 @@ def test_kernel_scan_survives_numba_being_imported_first() -> None:
     vllm_cpu_patches.guard_kernel_scan()  # idempotent: wraps once
     dispatcher._rebind_kernels([])  # unpatched, this raises AttributeError from llvmlite's ffi.lib
     assert "llvmlite.binding" in __import__("sys").modules
+
+
+def test_the_sampler_counts_ranks_eagerly_and_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quirk 7: after the patch vLLM's sampler holds the uncompiled rank count, and it gives the
+    compiled function's ranks (ties included: a token's rank counts every logprob >= its own)."""
+    import vllm.v1.sample.ops.logprobs as ops
+    import vllm.v1.sample.sampler as sampler
+
+    # vLLM's decorator, re-applied: an engine this worker built earlier may have patched already.
+    function = ops.batched_count_greater_than
+    compiled = torch.compile(getattr(function, "_torchdynamo_orig_callable", function), backend="inductor")
+    monkeypatch.setattr(ops, "batched_count_greater_than", compiled)  # both undone after the test
+    monkeypatch.setattr(sampler, "batched_count_greater_than", compiled)
+    assert vllm_cpu_patches.eager_sampler_rank_count()
+    eager = sampler.batched_count_greater_than
+    assert eager is ops.batched_count_greater_than and eager is not compiled
+    assert not hasattr(eager, "_torchdynamo_orig_callable")
+    generator = torch.Generator().manual_seed(0)
+    logprobs = torch.randn(5, 40, generator=generator).log_softmax(-1)
+    logprobs[1, :] = logprobs[1, 0]  # near-uniform row: every entry ties
+    chosen = logprobs.gather(-1, torch.randint(0, 40, (5, 1), generator=generator))
+    torch.testing.assert_close(eager(logprobs, chosen), compiled(logprobs, chosen), rtol=0, atol=0)
+    assert eager(logprobs, chosen)[1] == 40
+    assert vllm_cpu_patches.eager_sampler_rank_count()  # again: nothing left to replace, still eager
+    assert sampler.batched_count_greater_than is eager

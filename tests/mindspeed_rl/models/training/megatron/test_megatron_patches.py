@@ -339,3 +339,25 @@ def test_import_megatron_on_npu_imports_the_adaptor_first_with_the_layout_flags(
     monkeypatch.setattr(patches, "has_torch_npu", lambda: False)
     patches.import_megatron(layout)
     assert order == ["megatron.core"]
+
+
+def test_checkpoint_results_pass_in_process_where_megatron_would_start_a_manager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The installed megatron's queue global (real module): set once to an in-process queue, which
+    its writer then uses; where the global is absent (0.12.1's layout) nothing changes."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not hasattr(filesystem_async, "_results_queue"):
+        assert patches.in_process_checkpoint_results() is False
+        return
+    monkeypatch.setattr(filesystem_async, "_results_queue", None)
+    assert patches.in_process_checkpoint_results() is True
+    installed = filesystem_async.get_write_results_queue()
+    assert isinstance(installed, queue.Queue) and installed is filesystem_async._results_queue
+    assert patches.in_process_checkpoint_results() is False  # once
+    assert filesystem_async.get_write_results_queue() is installed
+    monkeypatch.delattr(filesystem_async, "_results_queue")
+    assert patches.in_process_checkpoint_results() is False
