@@ -1,6 +1,6 @@
 """Offline ASP scheduler: length prediction -> DP minibatches -> SA-balanced batch groups.
 
-numpy + numba + scipy only; importing this package never imports torch.
+numpy + numba only; importing this package never imports torch.
 """
 
 from asp_scheduler.calibration import IsotonicCalibrator

@@ -193,9 +193,9 @@ def replan(estimates: np.ndarray, params: ScheduleParams) -> Replan:
 def _kendall_tau(x: np.ndarray, y: np.ndarray) -> float | None:
     if x.size < 2 or np.unique(x).size < 2 or np.unique(y).size < 2:
         return None
-    from scipy.stats import kendalltau
+    from asp_scheduler.rank_correlation import kendall_tau_b
 
-    value = float(kendalltau(x, y).statistic)
+    value = kendall_tau_b(x, y)
     return None if np.isnan(value) else value
 
 

@@ -43,7 +43,7 @@ class PredictorQuality:
 
 def evaluate_predictor(pred: np.ndarray, true: np.ndarray) -> PredictorQuality:
     """Kendall tau-b (ties handled; O(n log n)) and MAE of ``pred`` against ``true``."""
-    from scipy.stats import kendalltau
+    from asp_scheduler.rank_correlation import kendall_tau_b
 
     pred = np.asarray(pred, dtype=np.float64)
     true = np.asarray(true, dtype=np.float64)
@@ -56,7 +56,7 @@ def evaluate_predictor(pred: np.ndarray, true: np.ndarray) -> PredictorQuality:
         raise ValueError(
             f"need at least 2 items to compute Kendall tau, got {pred.size}; evaluate on more items"
         )
-    tau = float(kendalltau(true, pred).statistic)
+    tau = kendall_tau_b(true, pred)
     if np.isnan(tau):
         # Constant predictions (or constant truths) carry no ranking information at all.
         tau = 0.0

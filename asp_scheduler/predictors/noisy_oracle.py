@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from asp_scheduler.predictors.base import PromptItem
+from asp_scheduler.rank_correlation import kendall_tau_b
 
 TAU_TOLERANCE = 0.02
 # At nu = 50 the ranking is that of eps to within rounding: tau has reached its floor.
@@ -30,9 +31,7 @@ class NoisyOracleResult:
 
 
 def _tau(x: np.ndarray, y: np.ndarray) -> float:
-    from scipy.stats import kendalltau
-
-    value = float(kendalltau(x, y).statistic)
+    value = kendall_tau_b(x, y)
     return 0.0 if np.isnan(value) else value
 
 

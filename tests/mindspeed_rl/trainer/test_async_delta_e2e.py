@@ -18,11 +18,12 @@ from tests.support.models import PolicyModels
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-# (GUs, actors per GU, fault plan): a plain run, and the fault run of ``test_async_e2e`` (GU 0
-# exits after forwarding one completion, actor 0 of GU 1 in its first minibatch: a replacement
-# actor starts and loads the GU's converted folder, a full copy).
+# (GUs, actors per GU, fault plan, transport). shared_fs runs the fault run of ``test_async_e2e``
+# (GU 0 exits after forwarding one completion, actor 0 of GU 1 in its first minibatch: a
+# replacement actor starts and loads the GU's converted folder, a full copy). It makes every
+# check the plain shared_fs run (1 GU x 2 actors) made, on the surviving GU: that run merged
+# into it.
 RUNS = {
-    "plain": (1, 2, "", "shared_fs"),
     "gu_and_actor_killed": (2, 2, "gu:0:1,actor:1:0:1", "shared_fs"),
     # The deltas in Ray's object store (weights/delta_object_store.py): the TU's handles carry
     # the chains, the GU finds the run's board by name from its own process.
