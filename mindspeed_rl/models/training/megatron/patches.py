@@ -270,11 +270,12 @@ def in_process_checkpoint_results() -> bool:
     writer threads in the calling process and reads their results right after), so a thread-safe
     ``queue.Queue`` carries the same results. An async save (megatron's ``async_sharded_save``,
     results written by another process) would need the manager; nothing here starts one. False
-    where megatron made its queue already or keeps no such global (0.12.1 forks writer processes
-    and passes their results otherwise).
+    where megatron made its queue already, and on megatron-core 0.12.1, whose queue comes from a
+    ``fork`` manager (cheap) through ``_get_write_results_queue``: there an in-process queue left
+    the save's results empty (``results_queue should not be empty``, measured), so its own stays.
     """
     module: Any = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
-    if getattr(module, "_results_queue", False) is not None:  # absent (0.12.1) or already made
+    if not hasattr(module, "get_write_results_queue") or getattr(module, "_results_queue", None) is not None:
         return False
     module._results_queue = queue.Queue()
     return True

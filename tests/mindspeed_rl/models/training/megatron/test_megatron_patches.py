@@ -345,13 +345,15 @@ def test_checkpoint_results_pass_in_process_where_megatron_would_start_a_manager
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The installed megatron's queue global (real module): set once to an in-process queue, which
-    its writer then uses; where the global is absent (0.12.1's layout) nothing changes."""
+    its writer then uses; megatron-core 0.12.1 (no ``get_write_results_queue``) keeps its own."""
     import queue
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    if not hasattr(filesystem_async, "_results_queue"):
+    if not hasattr(filesystem_async, "get_write_results_queue"):
+        before = getattr(filesystem_async, "_results_queue", None)
         assert patches.in_process_checkpoint_results() is False
+        assert getattr(filesystem_async, "_results_queue", None) is before
         return
     monkeypatch.setattr(filesystem_async, "_results_queue", None)
     assert patches.in_process_checkpoint_results() is True
@@ -359,5 +361,3 @@ def test_checkpoint_results_pass_in_process_where_megatron_would_start_a_manager
     assert isinstance(installed, queue.Queue) and installed is filesystem_async._results_queue
     assert patches.in_process_checkpoint_results() is False  # once
     assert filesystem_async.get_write_results_queue() is installed
-    monkeypatch.delattr(filesystem_async, "_results_queue")
-    assert patches.in_process_checkpoint_results() is False
