@@ -62,13 +62,14 @@ def _pairs_within_runs(starts: np.ndarray) -> int:
 
 
 def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> float:
-    """Kendall's tau-b of two equally long 1-D arrays; NaN when either is constant (or n < 2)."""
+    """Kendall's tau-b of two equally long 1-D arrays; NaN when either is constant, holds a NaN
+    (scipy's default ``nan_policy``), or n < 2."""
     x = np.asarray(x, dtype=np.float64).ravel()
     y = np.asarray(y, dtype=np.float64).ravel()
     if x.size != y.size:
         raise ValueError(f"kendall_tau_b needs arrays of one length, got {x.size} and {y.size}")
     n = x.size
-    if n < 2:
+    if n < 2 or np.isnan(x).any() or np.isnan(y).any():
         return float("nan")
     order = np.lexsort((y, x))
     xs, ys = x[order], y[order]

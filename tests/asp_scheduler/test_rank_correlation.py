@@ -37,6 +37,12 @@ def test_a_constant_input_or_a_single_item_has_no_tau() -> None:
     assert np.isnan(kendall_tau_b(np.array([1.0]), np.array([2.0])))
 
 
+def test_a_nan_gives_nan_as_scipy_does() -> None:
+    x, y = np.array([1.0, 2.0, np.nan, 4.0]), np.array([1.0, 3.0, 2.0, 4.0])
+    assert np.isnan(kendalltau(x, y).statistic)
+    assert np.isnan(kendall_tau_b(x, y)) and np.isnan(kendall_tau_b(y, x))
+
+
 def test_arrays_of_different_lengths_are_refused() -> None:
     with pytest.raises(ValueError, match="one length"):
         kendall_tau_b(np.arange(3.0), np.arange(4.0))
