@@ -188,15 +188,22 @@ def write_portable_tokenizer(folder: str | os.PathLike[str]) -> None:
 # The generic fast-tokenizer class under both spellings (4.x ``PreTrainedTokenizerFast``, 5.x's
 # ``TokenizersBackend``, which 5.x also exports under the 4.x name).
 _GENERIC_FAST = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
+# The tiny families whose generic tokenizer AutoTokenizer (transformers 5.19) keeps as it is. Not
+# qwen2: 5.x overrides that model type's hub class with its registered Qwen2Tokenizer. The test
+# compares the class for every tiny family, so a release that changes these rules fails it.
+_AUTO_KEEPS_GENERIC = frozenset({"qwen3", "qwen3_moe"})
 
 
 def _built_here_with_a_generic_fast_tokenizer(folder: str | os.PathLike[str]) -> bool:
-    """A model folder ``models/tiny.py`` wrote (its build record beside the weights) whose tokenizer
-    is the generic fast class, in transformers 5.x: a real checkpoint always goes through
-    AutoTokenizer, whose per-model-type rules (5.x overrides some hub classes) stay authoritative."""
+    """A model folder ``models/tiny.py`` wrote (its build record beside the weights) of a family
+    AutoTokenizer leaves generic, whose tokenizer is the generic fast class, in transformers 5.x: a
+    real checkpoint always goes through AutoTokenizer, whose per-model-type rules stay authoritative."""
     from mindspeed_rl.models.training.hf_folder import BUILD_RECORD
 
-    if not (Path(folder) / BUILD_RECORD).is_file() or major_version() < 5:
+    model_config = Path(folder) / "config.json"
+    if not (Path(folder) / BUILD_RECORD).is_file() or not model_config.is_file() or major_version() < 5:
+        return False
+    if json.loads(model_config.read_text()).get("model_type") not in _AUTO_KEEPS_GENERIC:
         return False
     _, config = _tokenizer_config(folder)
     return bool(config) and config.get("tokenizer_class") in _GENERIC_FAST

@@ -161,29 +161,33 @@ def test_a_tokenizer_saved_by_5x_loads_alike_and_the_portable_spelling_too(tmp_p
     assert _encodings(AutoTokenizer.from_pretrained(saved, local_files_only=True)) == expected
 
 
+@pytest.mark.parametrize(
+    "arch_name", ["TINY_TEST_ARCH", "TINY_QWEN3_TIED_ARCH", "TINY_QWEN25_ARCH", "TINY_QWEN3_MOE_ARCH"]
+)
 @pytest.mark.parametrize("spelling", ["as saved", "as 5.x saves it"])
-def test_a_folder_built_here_skips_autotokenizer_and_loads_the_same_tokenizer(
-    tmp_path: Path, spelling: str, monkeypatch: pytest.MonkeyPatch
+def test_a_folder_built_here_loads_the_tokenizer_autotokenizer_would(
+    tmp_path: Path, spelling: str, arch_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the build record beside it, the folder's tokenizer is read by its generic class; it must
-    be the class and the encodings AutoTokenizer gives. Without the record, AutoTokenizer decides."""
+    """Every tiny family, as ``models/tiny.py`` writes it: with the build record beside it, the
+    folder's tokenizer is the class and the encodings AutoTokenizer gives, and AutoTokenizer is
+    skipped exactly for the families it leaves generic. Without the record, AutoTokenizer decides."""
     from transformers import AutoTokenizer
 
-    from mindspeed_rl.models.tiny import build_char_tokenizer
+    from mindspeed_rl.models import tiny
     from mindspeed_rl.models.training.hf_folder import BUILD_RECORD
 
-    folder = tmp_path / "model"
-    build_char_tokenizer().save_pretrained(folder)
+    folder = tiny.create_tiny_model(tmp_path / "model", getattr(tiny, arch_name))
     if spelling != "as saved":
         _as_saved_by_5x(folder)
     by_auto = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     assert not compat._built_here_with_a_generic_fast_tokenizer(folder)
     (folder / BUILD_RECORD).write_text("{}")
-    assert compat._built_here_with_a_generic_fast_tokenizer(folder) == (compat.major_version() >= 5)
+    skips = compat._built_here_with_a_generic_fast_tokenizer(folder)
+    generic = type(by_auto).__name__ in ("TokenizersBackend", "PreTrainedTokenizerFast")
+    assert skips == (compat.major_version() >= 5 and generic)
     calls: list[object] = []
     real = AutoTokenizer.from_pretrained
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: calls.append(a) or real(*a, **k))
-    direct = compat.load_tokenizer(folder)
-    assert type(direct) is type(by_auto) and _encodings(direct) == _encodings(by_auto)
-    if compat.major_version() >= 5:
-        assert calls == []  # the 4.x path is the older test's above
+    loaded = compat.load_tokenizer(folder)
+    assert type(loaded) is type(by_auto) and _encodings(loaded) == _encodings(by_auto)
+    assert (calls == []) == skips or compat.major_version() < 5  # 4.x: the older test's path above
