@@ -43,6 +43,13 @@
    inductor's compile-worker processes and a g++ run, for every actor a run starts. The count is an
    integer reduction, so the eager function gives the same ranks; ``eager_sampler_rank_count``
    binds it wherever vLLM imported the compiled one.
+8. vLLM's CPU platform writes ``LD_PRELOAD`` (its bundled tcmalloc and torch's libgomp) and
+   ``LOCAL_WORLD_SIZE`` into ``os.environ`` while it configures an engine, for the worker processes
+   it is about to start. With the in-process engine the values outlive the build and reach every
+   process this one starts later: trainer ranks, a CLI run from a test, a Ray cluster started
+   afterwards, which then run with another allocator and OpenMP runtime depending on whether an
+   engine was built first. ``keep_child_env`` puts both back once the engine (and any workers it
+   started) is up.
 
 Nothing in this module imports vllm at import time.
 """
@@ -114,6 +121,24 @@ def keep_torch_set_num_threads() -> Iterator[None]:
     finally:
         if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
             torch.set_num_threads = original
+
+
+# Quirk 8: what vLLM's CPU platform sets for the processes it starts during the build only.
+_CHILD_ONLY_ENV = ("LD_PRELOAD", "LOCAL_WORLD_SIZE")
+
+
+@contextmanager
+def keep_child_env() -> Iterator[None]:
+    """Restore ``_CHILD_ONLY_ENV`` (set, changed or absent) as it was before the engine build."""
+    before = {key: os.environ.get(key) for key in _CHILD_ONLY_ENV}
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def check_cpu_head_dim(head_dim: int) -> None:

@@ -108,7 +108,7 @@ class VLLMEngine:
 
         kwargs = engine_kwargs(opts, model_path, seed=seed, on_cpu=on_cpu)
         before = {proc.pid for proc in _child_processes()}
-        with vllm_cpu_patches.keep_torch_set_num_threads(), _gc_frozen():
+        with vllm_cpu_patches.keep_torch_set_num_threads(), vllm_cpu_patches.keep_child_env(), _gc_frozen():
             self._llm = LLM(**kwargs)
         # Only what this engine started is ours to stop (a test process may hold other children).
         self._processes = [proc for proc in _child_processes() if proc.pid not in before]
