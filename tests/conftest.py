@@ -98,6 +98,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.support import ray_cluster
+
+    ray_cluster.stop()  # before its temp root goes
     root, before = config.stash.get(_RAY_ROOT, (None, None))
     if root is None:
         return

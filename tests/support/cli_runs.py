@@ -47,14 +47,18 @@ def run_cli(
 ) -> CliRun:
     """``python cli/<entry> --config-name <config_name> run_dir=<workdir>/<runs> <overrides>`` in
     ``workdir``; asserts it exits 0 and made exactly one run directory. The model folder is
-    ``<workdir>/model`` unless ``overrides`` name another."""
+    ``<workdir>/model`` unless ``overrides`` name another. Without ``env`` the run joins this test
+    process's shared Ray cluster (``tests/support/ray_cluster.py``)."""
+    from tests.support.ray_cluster import shared_cluster_env
+
     cmd = [
         sys.executable, str(ROOT / "cli" / entry), "--config-name", config_name, f"run_dir={workdir / runs}",
         f"megatron_training.tokenizer_name_or_path={workdir / 'model'}", *overrides,
     ]  # fmt: skip
     proc = subprocess.run(
-        cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=dict(env or os.environ)
-    )
+        cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout,
+        env=dict(env) if env is not None else shared_cluster_env(),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     (run_dir,) = list((workdir / runs).iterdir())
     return CliRun(run_dir=run_dir, stdout=proc.stdout, stderr=proc.stderr)

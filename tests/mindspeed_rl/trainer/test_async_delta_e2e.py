@@ -78,7 +78,11 @@ def test_async_run_with_delta_on_is_exact_and_loses_nothing(
         # Its versions were published and converted late in this short run: a conversion after
         # the last step is in events.jsonl, not in a step's metrics record.
         return
-    assert any("delta/bytes_sent" in r and r["delta/refreshes"] >= 1 for r in records)
+    # A step's record carries the refreshes the GUs converted before it ended; when generation runs
+    # ahead of a late trainer, every conversion can come after the last step (events.jsonl only).
+    last_step = max(e["time"] for e in events if e["event"] == "TrainStepDone")
+    if any(e["time"] <= last_step for e in conversions):
+        assert any("delta/bytes_sent" in r and r["delta/refreshes"] >= 1 for r in records)
     # The newest snapshot the surviving GU converted is what its actors load (a full copy): it
     # equals the trainer's final weights in the snapshot's dtype, bit for bit.
     converted = latest_published(run_dir / "snapshots" / f"gu{gus - 1}")

@@ -21,7 +21,6 @@ fault's reason); a fault in an evaluation decode re-queues none.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -37,6 +36,7 @@ from mindspeed_rl.utils.run_summary import REQUIRED_KEYS
 from tests.support.cli_runs import CliRun
 from tests.support.cli_runs import run_cli as shared_cli
 from tests.support.models import PolicyModels
+from tests.support.ray_cluster import shared_cluster_env
 from tests.support.shared_runs import (
     PARTIAL_QWEN25_ITERS,
     PARTIAL_QWEN25_PROMPTS,
@@ -98,7 +98,7 @@ def run_cli_process(
         *TINY,
         *overrides,
     ]
-    env = {**os.environ, FAULTS_ENV: faults}
+    env = {**shared_cluster_env(), FAULTS_ENV: faults}  # the driver exits; it is never killed here
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
 
 

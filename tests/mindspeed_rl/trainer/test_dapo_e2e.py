@@ -15,6 +15,7 @@ import pytest
 
 from mindspeed_rl.utils.metrics import read_metrics
 from tests.support.models import PolicyModels
+from tests.support.ray_cluster import shared_cluster_env
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -63,7 +64,9 @@ def _run(workdir: Path, name: str, *overrides: str) -> tuple[dict[str, Any], lis
         sys.executable, str(ROOT / "cli" / "train_dapo.py"), "--config-name", "dapo_tiny_asp",
         f"run_dir={runs}", f"megatron_training.tokenizer_name_or_path={workdir / 'model'}", *TINY, *overrides,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        cmd, cwd=workdir, capture_output=True, text=True, timeout=900, env=shared_cluster_env()
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert (
         "DAPO: clip_higher=on, token_level_loss=on, overlong_penalty=on, dynamic_sampling=on" in proc.stderr

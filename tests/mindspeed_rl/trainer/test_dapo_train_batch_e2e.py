@@ -16,6 +16,7 @@ import pytest
 
 from mindspeed_rl.trainer import checkpointing as ckpt
 from mindspeed_rl.utils.metrics import read_metrics
+from tests.support.ray_cluster import shared_cluster_env
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -61,7 +62,9 @@ def _run(workdir: Path, pipeline: str) -> dict[str, Any]:
         f"run_dir={runs}", f"megatron_training.tokenizer_name_or_path={workdir / 'model'}", *TINY,
         f"rl_config.pipeline={pipeline}",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        cmd, cwd=workdir, capture_output=True, text=True, timeout=900, env=shared_cluster_env()
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     (run_dir,) = list(runs.iterdir())
     consumed = [json.loads(line) for line in (run_dir / ckpt.CONSUMED_LOG).read_text().splitlines()]

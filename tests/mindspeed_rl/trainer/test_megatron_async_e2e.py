@@ -7,7 +7,6 @@ learning: the 30-iteration learning runs are reported in the README."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.models import PolicyModels
+from tests.support.ray_cluster import shared_cluster_env
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -50,7 +50,7 @@ def _run(
         *TINY, *extra,
     ]  # fmt: skip
     proc = subprocess.run(
-        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=dict(os.environ)
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=shared_cluster_env()
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     (run_dir,) = list((tmp_path / runs).iterdir())

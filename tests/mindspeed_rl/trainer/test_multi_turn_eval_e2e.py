@@ -11,7 +11,6 @@ as often as a trained one), so each held-out trajectory makes exactly ``max_tool
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 from mindspeed_rl.tools.embedded_servers import listening
 from mindspeed_rl.tools.sandbox import network_namespace_available
 from mindspeed_rl.utils.metrics import read_metrics
+from tests.support.ray_cluster import shared_cluster_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,7 +79,7 @@ def eval_run(tmp_path_factory: pytest.TempPathFactory) -> EvalRun:
         "rl_config.tool_parser_format=mindspeed_rl.tools.fault_tools.CallEveryTurn",
         "rl_config.use_tensorboard=false",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900, env=shared_cluster_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     (run_dir,) = list((tmp / "runs").iterdir())
     return EvalRun(

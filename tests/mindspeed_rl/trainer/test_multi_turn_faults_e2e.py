@@ -13,7 +13,6 @@ prompts x 4 samples x 2 calls), the exit in its third, so the hung call's trajec
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import pytest
 from mindspeed_rl.tools.embedded_servers import listening
 from mindspeed_rl.tools.sandbox import network_namespace_available
 from mindspeed_rl.utils.metrics import read_metrics
+from tests.support.ray_cluster import shared_cluster_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
@@ -96,7 +96,7 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultRun]:
         "rl_config.tool_parser_format=mindspeed_rl.tools.fault_tools.CallEveryTurn",
         f"rl_config.tool_call_timeout={CALL_TIMEOUT_S}", "rl_config.use_tensorboard=false",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900, env=shared_cluster_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     (run_dir,) = list((tmp / "runs").iterdir())
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 
 from tests.support.cli_runs import CliRun, WatchedRun
 from tests.support.models import PolicyModels
+from tests.support.ray_cluster import shared_cluster_env
 from tests.support.shared_runs import PARTIAL_QWEN25_MODEL, TP2_TIED_MODEL
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -127,7 +127,7 @@ def test_async_run_refreshes_real_checkpoint_layouts(
             f"model={name}", f"megatron_training.model={name}", *TINY,
         ]  # fmt: skip
         proc = subprocess.run(
-            cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=dict(os.environ)
+            cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=shared_cluster_env()
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
         (run_dir,) = list(runs.iterdir())

@@ -1,0 +1,97 @@
+"""One Ray cluster per test process, joined by the CLI runs that need no cluster of their own.
+
+A CLI run that starts its own local cluster pays for Ray's head and agent processes and their idle
+workers every time: about 5 s of wall time and 6 s of CPU of a 22 s tiny run on the 2-core host
+(docs/benchmarks/test-suite.md). The runs that go through ``shared_cluster_env`` join this
+process's cluster instead, as a user's run joins one named by ``RAY_ADDRESS`` (``utils/ray_setup``,
+case 1); each run is still its own Ray job, whose actors Ray stops when its driver exits.
+
+Runs that check what a run leaves behind, SIGKILL their driver, run the launcher or give roles
+other interpreters keep starting a cluster of their own (they do not call this): their subject is
+the cluster's life around the run.
+
+The cluster is started the way the CLI starts a local one (``ray.init(address="local")`` with the
+host's usable cores, no dashboard), by a small host process under a temp root of its own, so no
+bootstrap file announces it to runs that did not ask for it; it ends with the test process
+(``stop`` from ``pytest_unconfigure``, or when the host sees its parent gone).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# The host: start the cluster, print its GCS address, stay until told to stop or orphaned.
+_HOST = """
+import os, signal, sys, time
+import ray
+from mindspeed_rl.utils.ray_setup import local_cpu_count
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit through atexit: ray.shutdown()
+ray.init(address="local", num_cpus=local_cpu_count(), include_dashboard=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+parent = os.getppid()
+while os.getppid() == parent:
+    time.sleep(1.0)
+"""
+START_TIMEOUT_S = 120.0
+
+_host: subprocess.Popen[str] | None = None
+_env: dict[str, str] | None = None
+
+
+def shared_cluster_env() -> dict[str, str]:
+    """``os.environ`` plus ``RAY_ADDRESS`` (and token mode) of this process's shared cluster,
+    started on the first call."""
+    global _host, _env
+    if _env is None:
+        root = tempfile.mkdtemp(prefix="s-", dir=os.environ.get("RAY_TMPDIR"))  # short socket paths
+        repo = str(Path(__file__).resolve().parents[2])
+        env = {
+            **os.environ,
+            "RAY_TMPDIR": root,
+            "PYTHONPATH": os.pathsep.join(filter(None, (repo, os.environ.get("PYTHONPATH")))),
+        }
+        _host = subprocess.Popen(
+            [sys.executable, "-c", _HOST],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        assert _host.stdout is not None
+        address = _read_address(_host)
+        # Ray's rule for an explicit address: the driver sends the token only in token mode
+        # (utils/ray_auth.py); a local ray.init() runs with tokens on.
+        _env = {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token"}
+    return {**os.environ, **_env}
+
+
+def _read_address(host: subprocess.Popen[str]) -> str:
+    import selectors
+
+    assert host.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(host.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout=START_TIMEOUT_S):
+            host.kill()
+            raise RuntimeError(f"the shared test cluster did not start in {START_TIMEOUT_S:g} s")
+    address = host.stdout.readline().strip()
+    if not address:
+        raise RuntimeError(f"the shared test cluster's host exited ({host.wait()}) before it started")
+    return address
+
+
+def stop() -> None:
+    """Stop this process's shared cluster, if one was started."""
+    global _host, _env
+    if _host is not None:
+        _host.terminate()
+        try:
+            _host.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            _host.kill()
+            _host.wait()
+    _host, _env = None, None
