@@ -37,6 +37,8 @@ while os.getppid() == parent:
     time.sleep(1.0)
 """
 START_TIMEOUT_S = 120.0
+# ``0``: no shared cluster, every run starts its own (to compare the two, or to rule the cluster out).
+SWITCH_ENV = "MINDSPEED_RL_TEST_SHARED_CLUSTER"
 
 _host: subprocess.Popen[str] | None = None
 _env: dict[str, str] | None = None
@@ -46,6 +48,8 @@ def shared_cluster_env() -> dict[str, str]:
     """``os.environ`` plus ``RAY_ADDRESS`` (and token mode) of this process's shared cluster,
     started on the first call."""
     global _host, _env
+    if os.environ.get(SWITCH_ENV) == "0":
+        return dict(os.environ)  # every run starts its own cluster, as before
     if _env is None:
         root = tempfile.mkdtemp(prefix="s-", dir=os.environ.get("RAY_TMPDIR"))  # short socket paths
         repo = str(Path(__file__).resolve().parents[2])
