@@ -31,7 +31,7 @@ import ray
 from mindspeed_rl.utils.ray_setup import local_cpu_count
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit through atexit: ray.shutdown()
 ray.init(address="local", num_cpus=local_cpu_count(), include_dashboard=False)
-print(ray.get_runtime_context().gcs_address, flush=True)
+print("GCS_ADDRESS=" + ray.get_runtime_context().gcs_address, flush=True)
 parent = os.getppid()
 while os.getppid() == parent:
     time.sleep(1.0)
@@ -58,34 +58,38 @@ def shared_cluster_env() -> dict[str, str]:
             "RAY_TMPDIR": root,
             "PYTHONPATH": os.pathsep.join(filter(None, (repo, os.environ.get("PYTHONPATH")))),
         }
-        _host = subprocess.Popen(
-            [sys.executable, "-c", _HOST],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        assert _host.stdout is not None
-        address = _read_address(_host)
+        log = Path(root) / "host.log"  # Ray's start-up messages; quoted if the start fails
+        with log.open("w") as err:
+            _host = subprocess.Popen(
+                [sys.executable, "-c", _HOST], stdout=subprocess.PIPE, stderr=err, text=True, env=env
+            )
+        address = _read_address(_host, log)
         # Ray's rule for an explicit address: the driver sends the token only in token mode
         # (utils/ray_auth.py); a local ray.init() runs with tokens on.
         _env = {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token"}
     return {**os.environ, **_env}
 
 
-def _read_address(host: subprocess.Popen[str]) -> str:
+def _read_address(host: subprocess.Popen[str], log: Path) -> str:
+    """The host's ``GCS_ADDRESS=`` line (anything else it prints first is skipped)."""
     import selectors
+    import time
 
     assert host.stdout is not None
+    deadline = time.monotonic() + START_TIMEOUT_S
     with selectors.DefaultSelector() as sel:
         sel.register(host.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout=START_TIMEOUT_S):
-            host.kill()
-            raise RuntimeError(f"the shared test cluster did not start in {START_TIMEOUT_S:g} s")
-    address = host.stdout.readline().strip()
-    if not address:
-        raise RuntimeError(f"the shared test cluster's host exited ({host.wait()}) before it started")
-    return address
+        while sel.select(timeout=max(0.0, deadline - time.monotonic())):
+            line = host.stdout.readline()
+            if not line:  # the host exited
+                break
+            if line.startswith("GCS_ADDRESS="):
+                return line.removeprefix("GCS_ADDRESS=").strip()
+    host.kill()
+    raise RuntimeError(
+        f"the shared test cluster did not start (its host's exit code {host.wait()}, limit {START_TIMEOUT_S:g} s); "
+        f"its log {log}:\n{log.read_text()[-3000:]}"
+    )
 
 
 def stop() -> None:
