@@ -191,6 +191,8 @@ class SnapshotWriter(ExportQueue[_Prepared]):
             claim = os.open(staging / _CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:  # another rank finished at the same moment and publishes
             return None
+        except FileNotFoundError:  # another rank has published this version and cleared its staging
+            return None
         os.close(claim)
         shards, tensors = _read_rank_records(records)
         manifest = SnapshotManifest(
@@ -208,7 +210,11 @@ class SnapshotWriter(ExportQueue[_Prepared]):
         (temp / MANIFEST_NAME).write_text(manifest.dumps())
         fsync_path(temp / MANIFEST_NAME)
         info = publish_dir(temp, self.root_dir, pending.version)
-        shutil.rmtree(staging)
+        # Renamed away before it is deleted: rmtree unlinks the claim before the records, and a rank
+        # that listed every record just before must then find no folder, not one it can claim again.
+        trash = self.root_dir / f".trash-v{pending.version}-{uuid.uuid4().hex[:12]}"
+        os.rename(staging, trash)
+        shutil.rmtree(trash)
         return info
 
 

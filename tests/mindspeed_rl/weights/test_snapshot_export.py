@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +103,38 @@ def test_publish_waits_for_every_rank(tmp_path, tiny_model):
     # Replicated tensors (norms, the counter) are written once, by TP rank 0.
     assert second.num_replicas_skipped == 3
     assert not (tmp_path / ".staging-v2").exists()
+
+
+def test_a_rank_claiming_while_a_publish_is_cleared_finds_nothing(tmp_path, tiny_model, monkeypatch):
+    """Two ranks can both list every record of a version; the one that claims it publishes, then
+    clears the staging folder. rmtree unlinks the claim first, so a rank that claims during that
+    clean-up must find no staging folder at all, not one it can claim and publish again (a CI run
+    of the delta tests failed reading a record deleted under it)."""
+    layout = TrainingLayout(tp_size=2, rules=hf_dense_rules())
+    writer = SnapshotWriter(tmp_path)
+    calls, late = [], []
+    original = writer._publish_if_complete
+
+    def recording(staging, pending):
+        calls.append((staging, pending))
+        return original(staging, pending)
+
+    real_rmtree = shutil.rmtree
+
+    def rmtree_with_a_late_rank(path, *args, **kwargs):
+        (Path(path) / ".publishing").unlink(missing_ok=True)  # where rmtree starts
+        late.append(original(*calls[-1]))  # the other rank, which listed both records before
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "_publish_if_complete", recording)
+    writer.export(2, tiny_model.items(), layout, rank=0).result()
+    monkeypatch.setattr(shutil, "rmtree", rmtree_with_a_late_rank)
+    second = writer.export(2, tiny_model.items(), layout, rank=1).result()
+    monkeypatch.undo()
+    assert second.published is not None and late == [None]
+    manifest = SnapshotManifest.load(second.published.path)
+    assert [s.rank for s in manifest.shards] == [0, 1]
+    assert not list(tmp_path.glob(".staging-v2*")) and not list(tmp_path.glob(".trash-*"))
 
 
 def test_retention_keeps_last_k_and_spares_leased(tmp_path, tiny_model):
