@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # The host: start the cluster, print its GCS address, stay until told to stop or orphaned.
 _HOST = """
@@ -68,6 +69,28 @@ def shared_cluster_env() -> dict[str, str]:
         # (utils/ray_auth.py); a local ray.init() runs with tokens on.
         _env = {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token"}
     return {**os.environ, **_env}
+
+
+def init_in_process(**kwargs: Any) -> None:
+    """``ray.init`` for a test that drives Ray from the test process itself: joins this process's
+    shared cluster, as a job of its own (``ray.shutdown`` ends the job and its actors), instead of
+    starting a cluster per test module. ``kwargs`` are ray.init's; the ones that only size a new
+    local cluster (``num_cpus``, ``include_dashboard``) apply when the switch is off."""
+    import ray
+
+    if os.environ.get(SWITCH_ENV) == "0":
+        ray.init(address="local", **kwargs)
+        return
+    from ray._raylet import Config
+
+    address = shared_cluster_env()["RAY_ADDRESS"]
+    # The cluster runs with tokens (a local ray.init's default); joining it by address sends the
+    # token only in token mode, which ray 2.60 reads from its cached config: set the variable, then
+    # refresh the cache (what its own authentication_token_setup._enable_token_auth does).
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")
+    joined = {k: v for k, v in kwargs.items() if k not in ("num_cpus", "include_dashboard")}
+    ray.init(address=address, **joined)
 
 
 def _read_address(host: subprocess.Popen[str], log: Path) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mindspeed_rl.utils import quiet_logs
+from tests.support.ray_cluster import init_in_process
 
 pytestmark = [pytest.mark.integration]
 
@@ -42,7 +43,7 @@ def test_every_actor_filters_engine_noise_and_keeps_errors() -> None:
     import sys
 
     runtime_env = quiet_logs.worker_runtime_env({"env_vars": {}}, {})
-    ray.init(address="local", num_cpus=1, include_dashboard=False, runtime_env=runtime_env)
+    init_in_process(num_cpus=1, include_dashboard=False, runtime_env=runtime_env)
     try:
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
         probe = ray.remote(_Probe).options(num_cpus=0.1).remote()

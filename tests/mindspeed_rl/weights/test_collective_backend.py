@@ -16,6 +16,7 @@ import pytest
 from mindspeed_rl.config_cls import load_config_from_files
 from mindspeed_rl.plan.build import build_run_plan
 from mindspeed_rl.weights.collective_backend import KEY, resolve_backend
+from tests.support.ray_cluster import init_in_process
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -114,7 +115,7 @@ class _Gu:
 def ray_local() -> Any:
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    init_in_process(num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -26,6 +26,7 @@ from mindspeed_rl.weights.memory_snapshot import MemorySnapshot
 from mindspeed_rl.weights.transport import memory_path
 from mindspeed_rl.weights.transports import DeltaSettings, transport_for
 from mindspeed_rl.weights.transports.base import Converted, memory_reader
+from tests.support.ray_cluster import init_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.integration
 def ray_local():
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_in_process(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

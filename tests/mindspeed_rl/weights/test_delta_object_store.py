@@ -23,6 +23,7 @@ from mindspeed_rl.weights.delta_wire import pack, unpack
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.transports import DeltaSettings, transport_for
 from mindspeed_rl.weights.transports.base import Converted, memory_reader
+from tests.support.ray_cluster import init_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.integration
 def ray_local():
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_in_process(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

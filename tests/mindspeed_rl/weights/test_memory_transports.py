@@ -29,6 +29,7 @@ from mindspeed_rl.weights.transport import (
 )
 from mindspeed_rl.weights.transports import transport_for
 from mindspeed_rl.weights.transports.base import memory_reader
+from tests.support.ray_cluster import init_in_process
 
 pytestmark = pytest.mark.integration
 TP2 = TrainingLayout(tp_size=2, rules=hf_dense_rules())
@@ -38,7 +39,7 @@ TP2 = TrainingLayout(tp_size=2, rules=hf_dense_rules())
 def ray_local():
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_in_process(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mindspeed_rl.workers.training_group import GroupSpec, TrainingGroup, TrainingRankError
+from tests.support.ray_cluster import init_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ class _Probe:
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[None]:
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    init_in_process(num_cpus=2, include_dashboard=False)
     # Test-module classes are not importable in Ray workers: ship them by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield
