@@ -4,7 +4,8 @@ A CLI run that starts its own local cluster pays for Ray's head and agent proces
 workers every time: about 5 s of wall time and 6 s of CPU of a 22 s tiny run on the 2-core host
 (docs/benchmarks/test-suite.md). The runs that go through ``shared_cluster_env`` join this
 process's cluster instead, as a user's run joins one named by ``RAY_ADDRESS`` (``utils/ray_setup``,
-case 1); each run is still its own Ray job, whose actors Ray stops when its driver exits.
+case 1); each run is still its own Ray job, whose actors Ray stops when its driver exits. Tests
+that drive Ray from the test process itself join it the same way (``init_in_process``).
 
 Runs that check what a run leaves behind, SIGKILL their driver, run the launcher or give roles
 other interpreters keep starting a cluster of their own (they do not call this): their subject is

@@ -115,7 +115,7 @@ def test_dapo_async_killed_mid_run_then_resumed_consumes_every_prompt_once(workd
     import time
     from collections import Counter
 
-    from test_resume_e2e import HOLD, _env, _kill_leftover_ray
+    from test_resume_e2e import HOLD, _env, _joined_env, _kill_leftover_ray
 
     from mindspeed_rl.trainer import checkpointing as ckpt
 
@@ -154,10 +154,9 @@ def test_dapo_async_killed_mid_run_then_resumed_consumes_every_prompt_once(workd
     resumed = ckpt.load_resume_point(save, fingerprint)
     assert resumed.iteration == 2 and any(mb.reserve for mb in resumed.schedule)
     rerun = subprocess.run(
-        [*cmd, f"++actor_config.load={save}"], cwd=workdir, env=_env(ray_dir),
+        [*cmd, f"++actor_config.load={save}"], cwd=workdir, env=_joined_env(),
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
-    _kill_leftover_ray(ray_dir)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-6000:]
     (run_dir,) = [d for d in runs.iterdir() if (d / "summary.json").is_file()]
     steps = [json.loads(line) for line in (run_dir / ckpt.CONSUMED_LOG).read_text().splitlines()]

@@ -37,7 +37,7 @@ def test_online_asp_sigkill_then_resume_continues_the_replanned_schedule(
     assert resumed.iteration == 2
     # Re-planned minibatches are numbered after the original schedule's 12 (24 prompts / b=2).
     assert max(mb.minibatch_id for mb in resumed.schedule) >= 12
-    run_dir = base._resume(tmp_path, ray_dir)
+    run_dir = base._resume(tmp_path)
     base._check_lineage(run_dir, resumed, save)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["starvation"]["num_prompts"] == summary["prompts_consumed"]

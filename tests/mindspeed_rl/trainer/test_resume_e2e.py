@@ -1,9 +1,10 @@
 """Crash and resume end to end: the real CLI in its own process group, killed with SIGKILL, then
 rerun with ``actor_config.load=<save dir>``; exactly-once per prompt is proven across the lineage.
 
-Each CLI run gets its own Ray temp dir (``RAY_TMPDIR``) and a local cluster (``RAY_ADDRESS=local``),
-so it never joins another test's cluster, and the killed run's Ray processes are found by that
-dir and killed by pid before the rerun.
+Each run that is killed gets its own Ray temp dir (``RAY_TMPDIR``) and a local cluster
+(``RAY_ADDRESS=local``), so it never joins another test's cluster, and its Ray processes are found
+by that dir and killed by pid before the rerun. The reruns, which end by themselves, join the test
+process's shared cluster (``_joined_env``).
 
 Kill points are deterministic: the run is started with ``MINDSPEED_RL_TEST_CHECKPOINT_HOLD=4``
 (``cli/checkpoint_hooks.py``), so its checkpoint after iteration 4 stops before its commit and never
@@ -39,6 +40,7 @@ from cli.checkpoint_hooks import HOLD_ENV
 from mindspeed_rl.trainer import checkpointing as ckpt
 from tests.support.cli_runs import run_cli
 from tests.support.models import PolicyModels
+from tests.support.ray_cluster import shared_cluster_env
 from tests.support.shared_runs import HYBRID, HYBRID_ITERS, HYBRID_PROMPTS, HybridRun
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -87,6 +89,11 @@ def _command(tmp_path: Path, *extra: str) -> list[str]:
 def _env(ray_dir: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", HOLD_ENV)}
     return {**env, "RAY_TMPDIR": ray_dir, "RAY_ADDRESS": "local", **extra}
+
+
+def _joined_env() -> dict[str, str]:
+    """A run that ends by itself (a resume): the test process's shared cluster, no hold."""
+    return {k: v for k, v in shared_cluster_env().items() if k != HOLD_ENV}
 
 
 def _kill_leftover_ray(ray_dir: str) -> None:
@@ -142,13 +149,12 @@ def _run_then_kill(
     return run_dir
 
 
-def _resume(tmp_path: Path, ray_dir: str) -> Path:
+def _resume(tmp_path: Path) -> Path:
     before = set((tmp_path / "runs").iterdir())
     proc = subprocess.run(
-        _command(tmp_path, f"++actor_config.load={tmp_path / 'save'}"), cwd=tmp_path, env=_env(ray_dir),
+        _command(tmp_path, f"++actor_config.load={tmp_path / 'save'}"), cwd=tmp_path, env=_joined_env(),
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
-    _kill_leftover_ray(ray_dir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     (run_dir,) = set((tmp_path / "runs").iterdir()) - before
     return run_dir
@@ -237,7 +243,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory, policy_models: PolicyModel
     b_committed_4 = (save / f"iter_{HELD_ITERATION:07d}").exists()
     resumed_b = ckpt.load_resume_point(save, _saved_fingerprint(save))
     # C: resumes what B left and finishes the run.
-    run_c = _resume(tmp_path, ray_dir)
+    run_c = _resume(tmp_path)
     return OfflineLineage(
         save=save, kill_after=kill_after, killed_a_iterations=_iterations_done(run_a), resumed_a=resumed_a,
         b_partial_files=b_partial_files, b_committed_4=b_committed_4, resumed_b=resumed_b, run_c=run_c,
@@ -272,14 +278,12 @@ def test_hybrid_resume_skips_the_consumed_batches(hybrid_run: HybridRun, tmp_pat
     save = tmp_path / "save"
     shutil.copytree(hybrid_run.save, save)
     shutil.rmtree(save / f"iter_{HYBRID_ITERS:07d}")
-    ray_dir = tempfile.mkdtemp(prefix="rk", dir="/tmp")
     shutil.copytree(hybrid_run.workdir / "model", tmp_path / "model")
     resumed = run_cli(
         tmp_path, "grpo_tiny_cpu",
         (*HYBRID, "rl_config.rollout_backend=hf", f"actor_config.save={save}", f"actor_config.load={save}"),
-        env=_env(ray_dir), timeout=600,
+        env=_joined_env(), timeout=600,
     )  # fmt: skip
-    _kill_leftover_ray(ray_dir)
     steps = [
         [json.loads(line) for line in (d / ckpt.CONSUMED_LOG).read_text().splitlines()]
         for d in (hybrid_run.run.run_dir, resumed.run_dir)

@@ -43,7 +43,7 @@ def test_a_windowed_run_killed_then_resumed_draws_the_rest_of_its_stream_once(
     # Only the window was drawn: whole global batches, fewer than the run's, past the consumed ones.
     assert len(drawn) % base.PROMPTS_PER_ITER == 0 and len(resumed.prompts_consumed) < len(drawn) < total
     assert set(resumed.prompts_consumed) <= set(drawn)
-    run_dir = base._resume(tmp_path, ray_dir)
+    run_dir = base._resume(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from_iteration"] == resumed.iteration
     assert summary["prompts_consumed_total"] == summary["prompts_scheduled"] == total
