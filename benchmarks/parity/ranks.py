@@ -48,11 +48,17 @@ _VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 # sub-processes") and ray.init (2.60: client and auth mode, usage stats, the breakpoint hook) write
 # into os.environ and never undo. The preloaded modules read none of them while importing: torch
 # and megatron-core have loaded their libraries by then, from their own paths. A rank reads them,
-# if at all, at run time, from the environment it is handed (``_in_env``).
-_NEIGHBOUR_PREFIXES = ("VLLM_", "AITER_", "TORCHINDUCTOR_", "TRITON_", "TILELANG_", "RAY_")
+# if at all, at run time, from the environment it is handed (``_in_env``). Two more, found by
+# logging every fallback of a whole suite run (44 spawned ranks): inductor's pointer for the C++
+# kernel it just compiled in this process, and our quiet_logs' HF_HUB_DISABLE_PROGRESS_BARS, which
+# huggingface_hub does read at import, for its progress bars only (a forked rank may draw them).
+_NEIGHBOUR_PREFIXES = ("VLLM_", "AITER_", "TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_", "TILELANG_", "RAY_")
 _NEIGHBOUR_KEYS = frozenset(
-    {"PYTORCH_NVML_BASED_CUDA_CHECK", "NUMEXPR_MAX_THREADS", "PYTHONBREAKPOINT", "LD_LIBRARY_PATH"}
-)
+    {
+        "PYTORCH_NVML_BASED_CUDA_CHECK", "NUMEXPR_MAX_THREADS", "PYTHONBREAKPOINT", "LD_LIBRARY_PATH",
+        "HF_HUB_DISABLE_PROGRESS_BARS",
+    }
+)  # fmt: skip
 _server_env: dict[str, str] | None = None
 """This process's environment when its forkserver started (None: not started by us yet)."""
 
