@@ -16,7 +16,7 @@ the server started with: when the parent's differs at a call in a variable that 
 preloaded modules could read (a test that set one), that call's ranks start with ``spawn``: slower,
 never wrong. A few variables are known to change in a long-lived parent without mattering to those
 imports (``_set_by_neighbours``): importing vLLM and starting Ray in-process set them, and before
-they were exempt every rank a pytest worker started after such a test was spawned (about 6 s of
+they were exempt every rank a pytest worker started after such a test was spawned (about 7 s of
 CPU each).
 """
 
