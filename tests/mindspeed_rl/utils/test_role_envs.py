@@ -160,6 +160,28 @@ def test_module_versions_are_found_without_importing() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_module_versions_match_the_scan_of_every_distribution() -> None:
+    """The quick path (the distribution named like the module, or in DIST_NAMES, checked against
+    its own file list) answers what the full scan answers, for modules whose distribution is named
+    like them, differently (yaml: PyYAML; google.protobuf: protobuf) or not at all here; the
+    modules every run process reports never start the full scan."""
+    import importlib.metadata
+
+    from mindspeed_rl.trainer.role_processes import REPORTED_MODULES
+
+    scan = importlib.metadata.packages_distributions()
+    for module in ("torch", "vllm", "megatron.core", "yaml", "google.protobuf", "safetensors", "zmq", "PIL"):
+        expected = [importlib.metadata.version(d) for d in scan.get(module.split(".")[0], ())]
+        assert module_version(module) == expected[0], module
+    code = (
+        "from mindspeed_rl.utils import env_probe; "
+        f"[env_probe.module_version(m) for m in {REPORTED_MODULES + ('ray',)!r}]; "
+        "print(env_probe._distributions_of.cache_info().misses)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "0"
+
+
 def test_the_driver_and_the_control_unit_load_no_engine_stack() -> None:
     # The driver's path to an async run with role envs, and a Control Unit built from its plan, in
     # a fresh interpreter whose environment holds every stack (this .venv): none gets imported.

@@ -8,6 +8,7 @@ sizes, with ``vllm`` and ``ray`` (installed on this host) made unimportable as o
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -15,6 +16,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +174,51 @@ def test_a_stage_that_dies_without_a_result_is_recorded(tmp_path: Path) -> None:
     assert "boom" in record["log_tail"]
 
 
+def _sleep_then_mark(woke: Path) -> int:
+    print("started", os.getpid(), flush=True)
+    time.sleep(120)
+    woke.write_text("woke")
+    return 0
+
+
+def test_a_forked_stage_past_its_timeout_is_killed_and_recorded(tmp_path: Path) -> None:
+    """The CPU runner's way (``--isolation fork``): the same record and the same kill."""
+    woke = tmp_path / "woke"
+    log = tmp_path / "all.log"
+    record = device_check.run_stage_forked(
+        _stage(), functools.partial(_sleep_then_mark, woke), timeout_s=2, work=tmp_path, log=log
+    )
+    assert record["ok"] is False and record["error"] == "timed out after 2 s"
+    assert "started" in record["log_tail"] and "===== probe (exit None" in log.read_text()
+    pid = int(record["log_tail"].split("started", 1)[1].split()[0])
+    assert pid != os.getpid() and survivors({pid}, grace_s=10) == [] and not woke.exists()
+
+
+def _die(code: int) -> int:
+    print("boom", flush=True)
+    os._exit(code)
+
+
+def test_a_forked_stage_that_dies_without_a_result_is_recorded(tmp_path: Path) -> None:
+    record = device_check.run_stage_forked(
+        _stage(), functools.partial(_die, 3), timeout_s=30, work=tmp_path, log=tmp_path / "all.log"
+    )
+    assert record["ok"] is False and record["error"] == "the stage's process died (exit 3)"
+    assert "boom" in record["log_tail"]
+
+
+def test_the_isolation_is_a_fresh_interpreter_on_the_device_and_a_fork_on_cpu() -> None:
+    def isolation(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.device_check", "--plan", *args],
+            cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        return str(json.loads(done.stdout)["isolation"])
+
+    assert isolation("--device", "cuda") == "exec" and isolation("--device", "cpu") == "fork"
+    assert isolation("--device", "cpu", "--isolation", "exec") == "exec"
+
+
 def _run_check(tmp_path: Path, *args: str, timeout: int) -> dict[str, Any]:
     out = tmp_path / "check.json"
     subprocess.run(
@@ -230,10 +277,13 @@ def test_every_stage_runs_on_cpu_with_vllm_and_ray_blocked(tmp_path: Path) -> No
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed (make setup installs it)")
 def test_a_failing_stage_leaves_the_others_running(tmp_path: Path) -> None:
-    """megatron made unimportable: its stage fails with the import error, the ones after it run."""
+    """megatron made unimportable: its stage fails with the import error, the ones after it run.
+    Each stage in a fresh interpreter, as on the device (the full check above forks them)."""
     report = _run_check(
-        tmp_path, "--stages", "model,smoke_megatron,collective", "--block", "vllm,ray,megatron", timeout=390
-    )
+        tmp_path, "--stages", "model,smoke_megatron,collective", "--block", "vllm,ray,megatron",
+        "--isolation", "exec", timeout=390,
+    )  # fmt: skip
+    assert report["settings"]["isolation"] == "exec"
     stages = report["stages"]
     assert report["ok"] is False
     assert stages["model"]["ok"] and stages["collective"]["ok"], stages
