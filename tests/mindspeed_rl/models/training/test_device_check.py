@@ -240,6 +240,10 @@ def test_every_stage_runs_on_cpu_with_vllm_and_ray_blocked(tmp_path: Path) -> No
     failed = {n: (r.get("error"), r.get("log_tail", "")[-1500:]) for n, r in stages.items() if not r["ok"]}
     assert not failed, failed
     assert list(stages) == [s.name for s in device_check.STAGES]
+    # Forked from a runner that imported the stacks once, with the same modules blocked first.
+    assert report["settings"]["isolation"] == "fork" and {"torch", "megatron.core"} <= set(
+        report["preloaded"]
+    )
     assert {"vllm", "ray"} <= set(report["blocked_modules"]) <= set(stages["env"]["figures"]["blocked"])
     for name in ("smoke_torch", "smoke_megatron"):
         smoke = stages[name]["figures"]
