@@ -43,7 +43,13 @@ class Printer:
         print("hello from", os.getpid())
         return os.getpid()
 
-(monitor,) = [p for p in psutil.process_iter() if "log_monitor" in " ".join(p.cmdline())]
+session = ray._private.worker._global_node.get_session_dir_path()
+def named(p):
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+(monitor,) = [p for p in psutil.process_iter() if "log_monitor" in named(p) and session in named(p)]
 cpu = lambda: sum(monitor.cpu_times()[:2])
 c0 = cpu()
 for _ in range(actors_total // 10):
@@ -54,7 +60,7 @@ for _ in range(actors_total // 10):
 c1, t1 = cpu(), time.monotonic()
 time.sleep(idle_s)
 c2, t2 = cpu(), time.monotonic()
-logs = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")
+logs = os.path.join(session, "logs")
 old = os.path.join(logs, "old")
 print("RESULT " + json.dumps({
     "churn_cpu_s": round(c1 - c0, 2),
@@ -80,8 +86,10 @@ def measure(env: dict[str, str], actors: int, idle_s: float) -> dict[str, Any]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_LOG_MONITOR") and k != "RAY_ADDRESS"}
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(actors), str(idle_s)],
-        env={**base, **env}, capture_output=True, text=True, timeout=600, check=True,
+        env={**base, **env}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the measuring process failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
     return result

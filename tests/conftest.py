@@ -23,15 +23,18 @@ TESTS = Path(__file__).resolve().parent
 E2E_PATHS = (TESTS / "mindspeed_rl" / "trainer", TESTS / "cli", TESTS / "mindspeed_rl" / "test_launcher.py")
 # End-to-end files that run beside the e2e stream instead (one file at a time, on whichever worker
 # is free, started first among the rest because each is long): the megatron engine's runs, the
-# trace replay, the weight-delta and multi-turn fault runs, and the windowed resume. Which files
-# are here keeps the two streams about even (runs/test_durations.json): the megatron tests' ranks
-# now fork from a preloaded server (benchmarks/parity/ranks.py), which shortened the rest.
+# trace replay, the weight-delta and multi-turn runs, the windowed resume and the placement dry
+# run. Which files are here keeps the e2e stream (one unit, which no other worker can share) the
+# shorter of the two (runs/test_durations.json): then the worker that ends it takes what is left
+# of the rest, and the two end together.
 REST_PATHS = (
     TESTS / "mindspeed_rl" / "trainer" / "test_megatron_async_e2e.py",
     TESTS / "mindspeed_rl" / "trainer" / "test_async_delta_e2e.py",
     TESTS / "mindspeed_rl" / "trainer" / "test_multi_turn_faults_e2e.py",
+    TESTS / "mindspeed_rl" / "trainer" / "test_multi_turn_eval_e2e.py",
     TESTS / "mindspeed_rl" / "trainer" / "test_window_resume_e2e.py",
     TESTS / "cli" / "test_replay_trace.py",
+    TESTS / "cli" / "test_placement_dry_run.py",
 )
 INTEGRATION_MARK = "pytest.mark.integration"
 
