@@ -45,8 +45,8 @@ SWITCH_ENV = "MINDSPEED_RL_TEST_SHARED_CLUSTER"
 # The cluster outlives hundreds of runs' workers. Ray's log monitor (ray 2.60, _private/log_monitor.py)
 # globs the log folder 10 times a second while it holds under 1,000 names, and polls every open
 # file, dead workers' included until 200 are open; here it rescans twice a second and sweeps dead
-# workers' files out at 40. Measured with 150 short-lived actors (docs/benchmarks/test-suite.md):
-# its idle CPU 3.8 % of a core before, 1.1 % after. New files are still found within 0.5 s.
+# workers' files out at 40. After 150 short-lived actors its idle CPU was 3.3 % of a core before,
+# 1.5 % after (benchmarks/ray_log_monitor.py). New files are still found within 0.5 s.
 LOG_MONITOR_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "RAY_LOG_MONITOR_MAX_OPEN_FILES": "40"}
 
 _host: subprocess.Popen[str] | None = None
