@@ -159,10 +159,15 @@ def result_path(work: Path, stage: Stage) -> Path:
     return work / f"{stage.name}.result.json"
 
 
+def log_path(work: Path, stage: Stage) -> Path:
+    """The stage process's stdout and stderr."""
+    return work / f"{stage.name}.log"
+
+
 def run_stage(stage: Stage, cmd: list[str], *, timeout_s: float, work: Path, log: Path) -> dict[str, Any]:
     """``cmd`` (``stage_command``'s) in a fresh interpreter, in a session of its own so that a
     timeout kills everything it started; its record, or why there is none."""
-    stage_log = work / f"{stage.name}.log"
+    stage_log = log_path(work, stage)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def start() -> int:
@@ -182,7 +187,7 @@ def run_stage_forked(
     already imported torch and the engines (``preload``): on CPU a fresh interpreter would spend
     most of a stage importing them again. The child gets a session of its own and the stage's log
     as stdout and stderr, as ``run_stage``'s does; its exit code is ``target``'s."""
-    stage_log = work / f"{stage.name}.log"
+    stage_log = log_path(work, stage)
 
     def start() -> int:
         sys.stdout.flush()
@@ -220,7 +225,7 @@ def _supervise(
     for it under ``timeout_s``, stop whatever it left, and make its record."""
     result = result_path(work, stage)
     result.unlink(missing_ok=True)
-    stage_log = work / f"{stage.name}.log"
+    stage_log = log_path(work, stage)
     started = time.perf_counter()
     pid = start()
     code = _wait(pid, deadline=started + timeout_s)
@@ -294,13 +299,20 @@ def run_all(args: argparse.Namespace, stages: list[Stage]) -> dict[str, Any]:
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
     blocked = tuple(b for b in args.block.split(",") if b)
+    # The fork runner's imports, once, before the budget starts (a fresh interpreter pays them
+    # inside each stage's time instead); not when the budget leaves no stage room to start.
+    preloaded, preload_s = None, 0.0
+    if args.isolation == "fork" and stages and args.budget_s >= MIN_STAGE_S:
+        before = time.perf_counter()
+        preloaded = preload(blocked)
+        preload_s = time.perf_counter() - before
     started = time.perf_counter()
     deadline = started + args.budget_s
     records: dict[str, dict[str, Any]] = {}
     report: dict[str, Any] = {
         "settings": plan(args, stages), "complete": False, "ok": False, "device": args.device,
         "size": args.size, "wall_s": 0.0, "budget_s": args.budget_s, "blocked_modules": list(blocked),
-        "preloaded": None, "preload_s": 0.0, "commit": os.environ.get("DEVICE_CHECK_COMMIT"), "stages": records,
+        "preloaded": preloaded, "preload_s": preload_s, "commit": os.environ.get("DEVICE_CHECK_COMMIT"), "stages": records,
     }  # fmt: skip
     for stage in stages:
         failed_needs = [n for n in stage.needs if n in records and not records[n]["ok"]]
@@ -322,14 +334,6 @@ def run_all(args: argparse.Namespace, stages: list[Stage]) -> dict[str, Any]:
             timeout = min(stage.timeout_s * args.timeout_scale, left)
             print(f"[device_check] {stage.name} (timeout {timeout:.0f} s) ...", flush=True)
             if args.isolation == "fork":
-                if report["preloaded"] is None:
-                    # Once, before the first stage that runs, outside the budget: a fresh
-                    # interpreter pays these imports inside each stage's own time instead.
-                    before = time.perf_counter()
-                    report["preloaded"] = preload(blocked)
-                    report["preload_s"] = time.perf_counter() - before
-                    deadline += report["preload_s"]
-                    timeout = min(stage.timeout_s * args.timeout_scale, deadline - time.perf_counter())
                 target = functools.partial(
                     run_stage_child,
                     stage.name,

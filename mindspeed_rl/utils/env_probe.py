@@ -136,7 +136,8 @@ def _distributions_providing(top: str) -> list[str]:
     ``DIST_NAMES``) are checked first, by their own metadata only: every process of a run reports
     its environment, and the scan of every installed distribution's file list that answers the
     rest costs about 0.2 s of CPU per process here, a few ms this way."""
-    named = [d for d in (*DIST_NAMES.get(top, ()), top, top.replace("_", "-")) if _ships(d, top)]
+    candidates = dict.fromkeys((*DIST_NAMES.get(top, ()), top, top.replace("_", "-")))
+    named = [d for d in candidates if _ships(d, top)]
     return named or list(_distributions_of().get(top, ()))
 
 

@@ -163,8 +163,8 @@ def test_module_versions_are_found_without_importing() -> None:
 def test_module_versions_match_the_scan_of_every_distribution() -> None:
     """The quick path (the distribution named like the module, or in DIST_NAMES, checked against
     its own file list) answers what the full scan answers, for modules whose distribution is named
-    like them, differently (yaml: PyYAML; google.protobuf: protobuf) or not at all here; the
-    modules every run process reports never start the full scan."""
+    like them or differently (yaml: PyYAML; zmq: pyzmq; PIL: pillow); the modules every run
+    process reports never start the full scan."""
     import importlib.metadata
 
     from mindspeed_rl.trainer.role_processes import REPORTED_MODULES
