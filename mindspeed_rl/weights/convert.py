@@ -61,6 +61,7 @@ import torch
 
 from mindspeed_rl.weights.layout import InferenceLayout
 from mindspeed_rl.weights.manifest import (
+    CHECKSUM_ALGO,
     MANIFEST_NAME,
     NO_CHECKSUM,
     ShardEntry,
@@ -68,6 +69,7 @@ from mindspeed_rl.weights.manifest import (
     SnapshotInfo,
     SnapshotManifest,
     TensorEntry,
+    format_digest,
 )
 from mindspeed_rl.weights.merge import (
     NameMap,
@@ -80,6 +82,7 @@ from mindspeed_rl.weights.shardio import (
 )
 from mindspeed_rl.weights.store import (
     DEFAULT_LEASE_TTL_S,
+    SpareFiles,
     boot_id,
     fsync_path,
     lease,
@@ -246,6 +249,7 @@ class GuConverter:
         num_threads: int | None = None,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         durable: bool = True,
+        checksum_algo: str = CHECKSUM_ALGO,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last}: keep at least the newest converted snapshot (>= 1)")
@@ -258,6 +262,14 @@ class GuConverter:
         self.num_threads = num_threads
         self.lease_ttl_s = lease_ttl_s
         self.durable = durable or boot_id() is None  # no boot id: nothing to tell a crash by
+        format_digest(checksum_algo, 0)  # an unknown algorithm raises here
+        self.checksum_algo = checksum_algo
+        """What the files this converter writes are checksummed with (a link keeps its source's)."""
+        self.spare = SpareFiles(self.cache_dir, max_files=layout.world_size)
+        """Retired versions' files, written over by the next conversion (``store.SpareFiles``):
+        kept only once this converter writes files (a merge, a delta's applied copy); a cache of
+        hard links keeps none, it would never write over them."""
+        self._writes = False
 
     def latest(self) -> SnapshotInfo | None:
         trusted = [c for c in list_published(self.cache_dir) if trusted_after_crashes(c.path)]
@@ -282,8 +294,13 @@ class GuConverter:
                 "snapshot v%d at %s rejected; GU cache unchanged", snapshot.version, snapshot.path
             )
             raise
-        pruned = prune(self.cache_dir, self.keep_last, self.lease_ttl_s, run_id=source.run_id)
+        pruned = prune(
+            self.cache_dir, self.keep_last, self.lease_ttl_s, run_id=source.run_id, spare=self._spare()
+        )
         return replace(result, pruned_versions=pruned)
+
+    def _spare(self) -> SpareFiles | None:
+        return self.spare if self._writes else None
 
     def _cached(self, source: SnapshotManifest) -> SnapshotInfo | None:
         for cached in list_published(self.cache_dir):
@@ -325,7 +342,7 @@ class GuConverter:
             replace(t, shard_file=file, partition=self.layout.spec_for(t.name)) for t in source.tensors
         )
         shards = (ShardEntry(file=file, rank=0, coords=self.layout.coords(0), nbytes=shard.nbytes),)
-        info = self._publish(temp, source, shards, entries)
+        info = self._publish(temp, source, shards, entries, source.checksum_algo)
         return ConvertResult(
             version=source.version,
             converted=info,
@@ -355,8 +372,10 @@ class GuConverter:
         if cached is not None:
             return ConvertResult(version=source.version, converted=cached, reused=True, method="reused")
         identity = is_identity(source, self.layout, self.name_map or NameMap())
+        same_algo = source.checksum_algo == self.checksum_algo
         checked = {
-            (e.shard_file, e.name): None if e.checksum == NO_CHECKSUM else e.checksum for e in source.tensors
+            (e.shard_file, e.name): e.checksum if same_algo and e.checksum != NO_CHECKSUM else None
+            for e in source.tensors
         }
 
         def feed(plan: ConversionPlan, writers: list[PlannedShard]) -> None:
@@ -374,7 +393,9 @@ class GuConverter:
             run_groups_bounded(plan, work, self.num_threads)
 
         result = self._write_plan(source, feed, method="from_memory")
-        pruned = prune(self.cache_dir, self.keep_last, self.lease_ttl_s, run_id=source.run_id)
+        pruned = prune(
+            self.cache_dir, self.keep_last, self.lease_ttl_s, run_id=source.run_id, spare=self._spare()
+        )
         return replace(result, pruned_versions=pruned)
 
     def _write_plan(
@@ -385,6 +406,7 @@ class GuConverter:
         method: ConvertMethod,
     ) -> ConvertResult:
         started = time.perf_counter()
+        self._writes = True
         plan = plan_conversion(source, self.layout, name_map=self.name_map)
         planned = time.perf_counter()
         temp = new_temp_dir(self.cache_dir, source.version)
@@ -393,7 +415,13 @@ class GuConverter:
         try:
             for file, tensors in zip(files, plan.per_rank, strict=True):
                 specs = {name: self.layout.spec_for(name) for name in tensors}
-                writers.append(PlannedShard(temp / file, tensors, specs))
+                nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+                recycled = self.spare.take(temp / file, nbytes)
+                writers.append(
+                    PlannedShard(
+                        temp / file, tensors, specs, overwrite=recycled, checksum_algo=self.checksum_algo
+                    )
+                )
             feed(plan, writers)
             converted = time.perf_counter()
             shards: list[ShardEntry] = []
@@ -404,7 +432,7 @@ class GuConverter:
                     ShardEntry(file=file, rank=rank, coords=self.layout.coords(rank), nbytes=nbytes)
                 )
                 entries.extend(rank_entries)
-            info = self._publish(temp, source, tuple(shards), tuple(entries))
+            info = self._publish(temp, source, tuple(shards), tuple(entries), self.checksum_algo)
         except BaseException:
             for writer in writers:
                 writer.close()
@@ -427,6 +455,7 @@ class GuConverter:
         source: SnapshotManifest,
         shards: tuple[ShardEntry, ...],
         entries: tuple[TensorEntry, ...],
+        checksum_algo: str,
     ) -> SnapshotInfo:
         manifest = SnapshotManifest(
             version=source.version,
@@ -436,6 +465,7 @@ class GuConverter:
             shards=shards,
             tensors=entries,
             run_id=source.run_id,
+            checksum_algo=checksum_algo,
         )
         if not self.durable:
             mark_volatile(temp)

@@ -60,13 +60,15 @@ from mindspeed_rl.weights.export import (
 from mindspeed_rl.weights.export_queue import Pending
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.manifest import (
+    CHECKSUM_ALGO,
+    CHECKSUM_ALGOS,
     NO_CHECKSUM,
     ShardEntry,
     SnapshotError,
     SnapshotInfo,
     SnapshotManifest,
     TensorEntry,
-    format_checksum,
+    format_digest,
 )
 from mindspeed_rl.weights.shardio import dtype_name
 from mindspeed_rl.weights.store import (
@@ -306,10 +308,11 @@ class DeltaApplier:
                 at = refresh.base_version
 
 
-def _manifest_checksum(algo: str, value: int) -> str:
-    """The manifest records CRC-32s: a delta checked with another checksum hands over none, and
-    the converter takes the CRC-32 while it writes (``GuConverter.convert_tensors``)."""
-    return format_checksum(value) if algo == "crc32" else NO_CHECKSUM
+def _manifest_checksum(algo: str, value: int, manifest_algo: str) -> str:
+    """The checksum each tensor was checked with when applied, in the manifest's spelling; none
+    (``NO_CHECKSUM``) where it is not the manifest's algorithm: the converter then takes one
+    while writing (``GuConverter.convert_tensors``)."""
+    return format_digest(algo, value) if algo == manifest_algo else NO_CHECKSUM
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -328,6 +331,10 @@ def applied_snapshot(
     shards: list[ShardEntry] = []
     entries: list[TensorEntry] = []
     tensors: dict[tuple[str, str], torch.Tensor] = {}
+    # The delta's own checksum (xxh3_64) where every tensor has it: a converter writing xxh3_64
+    # files records them without another pass (shared_fs's GU); one writing CRC-32s takes them.
+    algos = {algo for r in per_rank.values() for algo, _ in r.checksums().values()}
+    manifest_algo = algos.pop() if len(algos) == 1 and algos <= set(CHECKSUM_ALGOS) else CHECKSUM_ALGO
     for rank in sorted(per_rank):
         file = f"rank-{rank:05d}.safetensors"
         checksums = per_rank[rank].checksums()
@@ -343,7 +350,7 @@ def applied_snapshot(
                     dtype=dtype_name(tensor.dtype),
                     shard_file=file,
                     nbytes=size,
-                    checksum=_manifest_checksum(*checksums[name]),
+                    checksum=_manifest_checksum(*checksums[name], manifest_algo),
                     partition=layout.spec_for(name),
                 )
             )
@@ -356,5 +363,6 @@ def applied_snapshot(
         shards=tuple(shards),
         tensors=tuple(entries),
         run_id=run_id,
+        checksum_algo=manifest_algo,
     )
     return Applied(manifest=manifest, tensors=tensors)

@@ -11,8 +11,8 @@ enough and keeps verification well below the cost of reading the bytes.
 
 What a reader checks, all of it recorded here: each shard file's size (``ShardEntry.nbytes``:
 truncation), its safetensors header field by field (names, dtypes, shapes, byte ranges) against
-the ``TensorEntry`` list, and each tensor's ``checksum``: the CRC-32 (``checksum_algo``) of its
-raw bytes, the file's ``data_offsets`` range; so every byte a loader uses is checked. A CRC
+the ``TensorEntry`` list, and each tensor's ``checksum``: the CRC-32 (or xxh3_64, as
+``checksum_algo`` names) of its raw bytes, the file's ``data_offsets`` range; so every byte a loader uses is checked. A CRC
 is a running value: a reader may take it over any chunking of the bytes and keep none of them
 (``shardio.verify_shard``).
 
@@ -34,6 +34,11 @@ from mindspeed_rl.weights.layout import PartitionSpec, RankCoords, TrainingLayou
 SCHEMA_VERSION = SNAPSHOT_FORMAT_VERSION
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGO = "crc32"
+"""What an export checksums its tensors with (every reader verifies with the manifest's own)."""
+CHECKSUM_ALGOS = ("crc32", "xxh3_64")
+"""What a manifest may name: xxh3_64 (``xxhash``) for a GU's cache, which is derived data written
+again every refresh (``GuConverter(checksum_algo=...)``): 26-31 GB/s here against crc32's
+3.2-3.6 GB/s, and a delta's applied copy already carries each tensor's xxh3_64."""
 NO_CHECKSUM = "none"
 """``TensorEntry.checksum`` where none was taken: a memory snapshot (``memory_snapshot``), or a
 delta's applied copy checked with another checksum (``delta_fs``; the converter takes the CRC-32
@@ -54,6 +59,13 @@ def checksum_bytes(data: memoryview) -> str:
 def format_checksum(crc: int) -> str:
     """The manifest's spelling of a running CRC-32 value."""
     return f"{crc:08x}"
+
+
+def format_digest(algo: str, value: int) -> str:
+    """The manifest's spelling of a checksum of ``algo`` (8 hex digits for crc32, 16 for xxh3_64)."""
+    if algo not in CHECKSUM_ALGOS:
+        raise ValueError(f"checksum {algo!r} is unknown; manifests know {CHECKSUM_ALGOS}")
+    return format_checksum(value) if algo == "crc32" else f"{value:016x}"
 
 
 class SnapshotError(ValueError):
@@ -185,8 +197,10 @@ class SnapshotManifest:
                 "re-export the snapshot with this version of mindspeed_rl"
             )
         algo = data["checksum_algo"]
-        if algo != CHECKSUM_ALGO:
-            raise SnapshotError(f"manifest checksum_algo {algo!r} is unknown; expected {CHECKSUM_ALGO!r}")
+        if algo not in CHECKSUM_ALGOS:
+            raise SnapshotError(
+                f"manifest checksum_algo {algo!r} is unknown; expected one of {CHECKSUM_ALGOS}"
+            )
         kind = data["kind"]
         if kind not in ("training", "inference"):
             raise SnapshotError(f"manifest kind {kind!r} must be 'training' or 'inference'")

@@ -9,7 +9,8 @@ them ourselves because the library's torch writer first copies every tensor into
   offset; the CRC-32 of a chunk is taken just before it is written, while it is in cache.
   The checksum is therefore computed once, from the exact bytes written, never by re-reading.
 - read: each tensor is read with ``os.preadv`` straight into its (preallocated) torch
-  storage, and its CRC-32 is taken chunk by chunk as it arrives.
+  storage, and its CRC-32 (or the xxh3_64 its manifest names) is taken chunk by chunk as it
+  arrives.
 - verify: the same reads and checks into one reused chunk buffer per thread, keeping nothing
   (``verify_shard``): host memory is ``threads x 8 MiB`` whatever the file size. For a reader
   that only needs to know the file is sound because another process loads it (a TP > 1 vLLM
@@ -39,14 +40,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+import xxhash
 
 from mindspeed_rl.weights.layout import PartitionSpec
 from mindspeed_rl.weights.manifest import (
+    CHECKSUM_ALGO,
     ShardEntry,
     SnapshotError,
     SnapshotManifest,
     TensorEntry,
-    format_checksum,
+    format_digest,
 )
 
 # 8 MiB: small enough that a chunk is still in cache when it is written after its CRC.
@@ -97,18 +100,37 @@ def _crc_update(chunk: memoryview, crc: int) -> int:
     return zlib.crc32(chunk, crc)
 
 
+def _xxh3_update(chunk: memoryview, state: Any) -> Any:
+    """One xxh3_64 step (``state``: an ``xxhash.xxh3_64``); named as ``_crc_update`` is."""
+    state.update(chunk)
+    return state
+
+
+class _Digest:
+    """A running checksum of the manifest's ``checksum_algo``, fed chunk by chunk."""
+
+    __slots__ = ("algo", "state")
+
+    def __init__(self, algo: str) -> None:
+        self.algo = algo
+        self.state: Any = 0 if algo == "crc32" else xxhash.xxh3_64()
+        format_digest(algo, 0)  # an unknown algorithm raises here
+
+    def update(self, chunk: memoryview) -> None:
+        if self.algo == "crc32":
+            self.state = _crc_update(chunk, self.state)
+        else:
+            self.state = _xxh3_update(chunk, self.state)
+
+    def hexdigest(self) -> str:
+        value = self.state if self.algo == "crc32" else self.state.intdigest()
+        return format_digest(self.algo, value)
+
+
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     """A tensor's bytes without a copy (a contiguous CPU tensor of any dtype)."""
     flat = tensor.detach().contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().data.cast("B")
-
-
-def tensor_checksum(tensor: torch.Tensor) -> str:
-    raw = _raw_bytes(tensor)
-    crc = 0
-    for start in range(0, len(raw), _CHUNK):
-        crc = _crc_update(raw[start : start + _CHUNK], crc)
-    return format_checksum(crc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +186,13 @@ class PlannedShard:
         specs: Mapping[str, PartitionSpec],
         *,
         shard_file: str | None = None,
+        overwrite: bool = False,
+        checksum_algo: str = CHECKSUM_ALGO,
     ) -> None:
+        """``overwrite``: ``path`` is an existing file (a recycled spare, ``store.SpareFiles``)
+        whose pages are written over instead of truncated away; it is cut or grown to the
+        planned size first, and every byte up to that size is written (header, padding and
+        tensors are contiguous), so nothing of its old content remains."""
         for name, tensor in planned.items():
             if tensor.dtype not in _ST_DTYPES:
                 raise ValueError(f"{name}: dtype {tensor.dtype} has no safetensors code; convert it first")
@@ -173,14 +201,21 @@ class PlannedShard:
         self._by_name = {p.name: p for p in self.placed}
         self._specs = {name: specs[name] for name in planned}
         self._shard_file = shard_file or path.name
+        self.checksum_algo = checksum_algo
+        format_digest(checksum_algo, 0)  # an unknown algorithm raises here
         self._crcs: dict[str, str] = {}
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        flags = os.O_WRONLY if overwrite else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        self._fd: int | None = os.open(path, flags, 0o644)
+        if overwrite:
+            last = self.placed[-1] if self.placed else None
+            os.ftruncate(self._fd, len(self.header) if last is None else last.offset + last.nbytes)
         _pwrite_all(self._fd, memoryview(self.header), 0)
 
     def write(self, name: str, tensor: torch.Tensor, *, checksum: str | None = None) -> None:
         """Write ``tensor`` (CPU) as ``name``: its shape and dtype must be the planned ones.
-        ``checksum``: its CRC-32 (manifest spelling), already checked by the caller against these
-        very bytes (a delta's applied copy): recorded without a second pass over them."""
+        ``checksum``: its checksum of this shard's ``checksum_algo`` (manifest spelling), already
+        checked by the caller against these very bytes (a delta's applied copy): recorded
+        without a second pass over them."""
         planned = self._by_name.get(name)
         if planned is None:
             raise ValueError(f"{self.path}: {name} is not planned in this shard; plan it with the others")
@@ -194,7 +229,7 @@ class PlannedShard:
             raise ValueError(f"{self.path}: {name} is written twice; write each planned tensor once")
         assert self._fd is not None, "write after close"
         self._crcs[name] = _write_tensor(
-            self._fd, _Placed(name, tensor, planned.offset, planned.nbytes), checksum
+            self._fd, _Placed(name, tensor, planned.offset, planned.nbytes), checksum, self.checksum_algo
         )
 
     def finish(self, *, durable: bool = True) -> tuple[int, tuple[TensorEntry, ...]]:
@@ -254,17 +289,17 @@ def _layout_file(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[_Plac
     return header, placed
 
 
-def _write_tensor(fd: int, placed: _Placed, checksum: str | None = None) -> str:
+def _write_tensor(fd: int, placed: _Placed, checksum: str | None = None, algo: str = CHECKSUM_ALGO) -> str:
     raw = _raw_bytes(placed.tensor)
     if checksum is not None:
         _pwrite_all(fd, raw, placed.offset)
         return checksum
-    crc = 0
+    digest = _Digest(algo)
     for start in range(0, len(raw), _CHUNK):
         chunk = raw[start : start + _CHUNK]
-        crc = _crc_update(chunk, crc)
+        digest.update(chunk)
         _pwrite_all(fd, chunk, placed.offset + start)
-    return format_checksum(crc)
+    return digest.hexdigest()
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -325,7 +360,7 @@ def open_shards(
             offsets = check_shard_file(path, manifest, shard)
             fds.append(fd := os.open(path, os.O_RDONLY))
             jobs.extend(
-                ReadJob(path=path, fd=fd, offset=offsets[e.name], entry=e)
+                ReadJob(path=path, fd=fd, offset=offsets[e.name], entry=e, algo=manifest.checksum_algo)
                 for e in manifest.tensors_in(shard.file)
             )
         yield jobs
@@ -344,6 +379,8 @@ class ReadJob:
     fd: int
     offset: int  # absolute position of the tensor's bytes in the file
     entry: TensorEntry
+    algo: str = CHECKSUM_ALGO
+    """The manifest's ``checksum_algo``: what ``entry.checksum`` is."""
 
 
 def check_shard_file(path: Path, manifest: SnapshotManifest, shard: ShardEntry) -> dict[str, int]:
@@ -424,22 +461,22 @@ def read_into(job: ReadJob, tensor: torch.Tensor) -> None:
             f"{'' if tensor.is_contiguous() else 'strided '}{tensor.device} tensor; pass contiguous CPU memory"
         )
     raw = _raw_bytes(tensor) if nbytes else memoryview(b"")
-    crc = 0
+    digest = _Digest(job.algo)
     for start in range(0, len(raw), _CHUNK):
         chunk = raw[start : start + _CHUNK]
         _pread_exact(job, chunk, start)
-        crc = _crc_update(chunk, crc)
-    _check_crc(job, crc)
+        digest.update(chunk)
+    _check_digest(job, digest)
 
 
 def _verify_tensor(job: ReadJob) -> None:
     buffer = _chunk_buffer()
-    crc = 0
+    digest = _Digest(job.algo)
     for start in range(0, job.entry.nbytes, _CHUNK):
         chunk = buffer[: min(_CHUNK, job.entry.nbytes - start)]
         _pread_exact(job, chunk, start)
-        crc = _crc_update(chunk, crc)
-    _check_crc(job, crc)
+        digest.update(chunk)
+    _check_digest(job, digest)
 
 
 _local = threading.local()
@@ -463,8 +500,8 @@ def _pread_exact(job: ReadJob, chunk: memoryview, start: int) -> None:
         got += n
 
 
-def _check_crc(job: ReadJob, crc: int) -> None:
-    actual = format_checksum(crc)
+def _check_digest(job: ReadJob, digest: _Digest) -> None:
+    actual = digest.hexdigest()
     if actual != job.entry.checksum:
         raise SnapshotError(
             f"{job.path}: {job.entry.name} checksum {actual} != manifest {job.entry.checksum} (corrupted)"

@@ -7,6 +7,7 @@ Layout of a snapshot root (the TU export root, or a GU's converted cache)::
     <root>/.tmp-v<N>-<uuid>/         being assembled; renamed to v<N> in one step
     <root>/.trash-v<N>-<uuid>/       unpublished by retention, being deleted
     <root>/.leases/v<N>.<uuid>       a reader holds v<N>; retention will not delete it
+    <root>/.spare/<uuid>.spare       a retired version's file, kept to be overwritten (``SpareFiles``)
 
 Why readers never see a half-written snapshot: files are fsynced inside the
 temp dir, the manifest is written last, then the directory is renamed to
@@ -38,6 +39,16 @@ files (identity conversion). That is safe because published files are never
 written again, and deleting one directory only drops its link: the other
 directory keeps the bytes. Symlinks would not be: the export's retention
 would leave the cache pointing at nothing.
+
+Recycled files (``SpareFiles``, a GU's cache only): a retired version's shard file whose only
+name was in that version (``st_nlink == 1``: never a link shared with an export) is moved to
+``.spare/`` instead of deleted, and the next conversion writes its file over it. Why: on the
+2-core host, writing a new 366 MB file took 0.08-0.9 s (block allocation, dirty-page
+throttling; it varied run to run), overwriting the pages of one still in the page cache
+0.04 s every time (``benchmarks/snapshot_io.py --delta``, docs/benchmarks/weight-transports.md).
+A retired version is one retention chose: no reader holds a lease on it. A reader whose lease
+expired, or that races the prune, may read bytes being overwritten; it fails the CRC check
+while reading and keeps its weights, as it does when it finds the files deleted today.
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -61,6 +73,7 @@ _SCRATCH = re.compile(r"^\.(staging|tmp|trash)-v(\d+)")
 # One path component that is not hidden (scratch and lease names start with '.').
 _RUN_ID = re.compile(r"^[^./\\\x00][^/\\\x00]{0,254}$")
 LEASE_DIR = ".leases"
+SPARE_DIR = ".spare"
 DEFAULT_LEASE_TTL_S = 1800.0
 # Errors of os.link that mean "this file system cannot link here", not "something is wrong".
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
@@ -226,7 +239,12 @@ def leased_versions(root: Path, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> set
 
 
 def prune(
-    root: Path, keep_last: int, lease_ttl_s: float = DEFAULT_LEASE_TTL_S, *, run_id: str | None
+    root: Path,
+    keep_last: int,
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+    *,
+    run_id: str | None,
+    spare: SpareFiles | None = None,
 ) -> tuple[int, ...]:
     """Delete run ``run_id``'s published snapshots older than its newest ``keep_last``, sparing leased ones.
 
@@ -241,17 +259,60 @@ def prune(
     held = leased_versions(root, lease_ttl_s)
     victims = [info for info in own[:-keep_last] if info.version not in held]
     for info in victims:
-        retire(info)
+        retire(info, spare)
     if own:
         _remove_scratch_below(root, own[-1].version)
     return tuple(info.version for info in victims)
 
 
-def retire(info: SnapshotInfo) -> None:
-    """Unpublish then delete: renamed away first, so ``v<N>`` is never seen half-deleted."""
+def retire(info: SnapshotInfo, spare: SpareFiles | None = None) -> None:
+    """Unpublish then delete: renamed away first, so ``v<N>`` is never seen half-deleted.
+    ``spare``: its shard files are offered to it first (kept to be overwritten)."""
     trash = info.path.parent / f".trash-v{info.version}-{uuid.uuid4().hex[:12]}"
     os.rename(info.path, trash)
+    if spare is not None:
+        for child in sorted(trash.glob("*.safetensors")):
+            spare.keep(child)
     shutil.rmtree(trash)
+
+
+class SpareFiles:
+    """Shard files of retired versions, kept under ``<root>/.spare`` for the next write to
+    overwrite (the module docstring says why). At most ``max_files`` are kept; ``take`` hands
+    one over by renaming it to where the writer will write, so two writers never share one."""
+
+    def __init__(self, root: Path, max_files: int) -> None:
+        self.folder = Path(root) / SPARE_DIR
+        self.max_files = max_files
+
+    def files(self) -> list[Path]:
+        return sorted(self.folder.glob("*.spare")) if self.folder.is_dir() else []
+
+    def keep(self, path: Path) -> bool:
+        """Move ``path`` into the pool when it is a regular file no other name refers to and
+        the pool has room; False: the caller deletes it."""
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or len(self.files()) >= self.max_files:
+            return False
+        self.folder.mkdir(exist_ok=True)
+        os.rename(path, self.folder / f"{uuid.uuid4().hex}.spare")
+        return True
+
+    def take(self, target: Path, nbytes: int) -> bool:
+        """Rename a spare file to ``target`` (the one whose size is closest to ``nbytes``);
+        False when the pool is empty (the writer creates a new file)."""
+        candidates = self.files()
+        sizes = {}
+        for path in candidates:
+            with contextlib.suppress(FileNotFoundError):
+                sizes[path] = path.stat().st_size
+        for path in sorted(sizes, key=lambda p: abs(sizes[p] - nbytes)):
+            try:
+                os.rename(path, target)
+            except FileNotFoundError:  # taken by another writer just now
+                continue
+            return True
+        return False
 
 
 def link_or_copy(source: Path, target: Path) -> bool:

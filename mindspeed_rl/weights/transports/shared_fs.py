@@ -34,8 +34,12 @@ class SharedFsGu:
 
         # Not durable: the GU's cache is derived data, read by its actors on this host; a merged
         # or delta-applied copy is written without fsync (weight_delta off and on alike), and a
-        # copy written before a host crash is converted again (GuConverter's docstring).
-        self._converter = GuConverter(Path(cache_dir), layout, num_threads=1, durable=False)
+        # copy written before a host crash is converted again (GuConverter's docstring). Its
+        # files carry xxh3_64 (manifest.CHECKSUM_ALGOS): a delta's applied copy hands over the
+        # checksums it was checked with, a merge hashes while writing, actors verify either.
+        self._converter = GuConverter(
+            Path(cache_dir), layout, num_threads=1, durable=False, checksum_algo="xxh3_64"
+        )
         # The applied copy lives in this GU's memory and is converted from there.
         self._delta: DeltaApplier | None = (
             DeltaApplier(gu_id) if delta is not None and delta.mode != "off" else None
