@@ -54,6 +54,18 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ffn", type=int, default=4096, help="--delta: MLP width")
     g.add_argument("--lrs", default="1e-6,1e-5", help="--delta: learning rates, comma separated")
     g.add_argument("--steps", type=int, default=3, help="--delta: updates (refreshes) per learning rate")
+    g.add_argument(
+        "--two-node",
+        action="store_true",
+        help="--delta: also object_store with the GU on a second node of a Ray test cluster",
+    )
+    g.add_argument(
+        "--warm-refreshes",
+        type=int,
+        default=0,
+        help="--delta: refreshes of each wired case left out of its medians (shared_fs's GU writes "
+        "over a retired version's file from its 4th conversion on: its steady state)",
+    )
 
 
 def arch(args: argparse.Namespace) -> dict[str, Any]:
@@ -184,8 +196,8 @@ def refresh_case(
 
 
 def wired_case(
-    layout: TrainingLayout, versions: list[dict[str, torch.Tensor]], tmp: Path
-) -> dict[str, float]:
+    layout: TrainingLayout, versions: list[dict[str, torch.Tensor]], tmp: Path, warm: int = 0
+) -> dict[str, Any]:
     """The real ``weight_transport: shared_fs`` path (``weights.delta_fs``), ``weight_delta`` on
     against off: per version, from the TU ranks' export call until the GU's conversion is
     published (write + publish, then apply + write the applied copy + convert for on; write +
@@ -225,10 +237,12 @@ def wired_case(
         finally:
             for w in writers:
                 w.close()
-    return _summary(out)
+    return _summary(out, warm)
 
 
-def object_store_case(layout: TrainingLayout, versions: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+def object_store_case(
+    layout: TrainingLayout, versions: list[dict[str, torch.Tensor]], warm: int = 0
+) -> dict[str, Any]:
     """The real ``weight_transport: object_store`` path (``weights.delta_object_store``),
     ``weight_delta`` on against off, on a local Ray instance: per version, from the TU ranks'
     export call until the GU offers the snapshot to its actors (put + announce, then the GU's
@@ -270,12 +284,94 @@ def object_store_case(layout: TrainingLayout, versions: list[dict[str, torch.Ten
                 w.close()
                 if hasattr(w, "release_all"):
                     w.release_all()
-    return _summary(out)
+    return _summary(out, warm)
+
+
+class _GuOnAnotherNode:
+    """A GU of ``object_store`` and one actor-side reader, in a Ray actor on the second node."""
+
+    def __init__(self, delta_mode: str) -> None:
+        from mindspeed_rl.weights.transports import DeltaSettings, transport_for
+
+        delta = None if delta_mode == "off" else DeltaSettings(mode="on", full_interval=10**6)
+        self.gu = transport_for("object_store").gu_end(Path("/nonexistent"), delta=delta, gu_id=0)
+
+    def refresh(self, version: int, path: str, handle: Any) -> dict[str, int]:
+        """Convert, then read the version as an actor on this node does (the fetch and, for a TP
+        merge, the merge); the xxh3_64 of each loaded tensor's bits, for the driver to check."""
+        import xxhash
+
+        from mindspeed_rl.weights.transports.base import memory_reader
+
+        done = self.gu.convert(version, path, handle)
+        weights, _ = memory_reader(self.gu.reload_handle(done.path))()
+        return {name: xxhash.xxh3_64_intdigest(words(t, copy=False)) for name, t in weights}
+
+
+def object_store_two_node_case(
+    layout: TrainingLayout, versions: list[dict[str, torch.Tensor]], warm: int = 0
+) -> dict[str, Any]:
+    """``weight_transport: object_store`` with the GU on another node of a Ray test cluster (two
+    raylets on this host; Ray's object manager moves objects between their stores over loopback
+    TCP, what a cluster does over its network). Per version, from the TU ranks' export call (in
+    this driver, on the head node) until a reader on the GU's node has loaded it: for off the
+    GU's check, then the reader's fetch of every byte across nodes; for on the GU's fetch of the
+    packed deltas, its apply and its put on its own node, then the reader's local fetch. Both
+    include the reader's merge for TP2 -> TP1 (object_store's actors merge). Checked bit for
+    bit (xxh3_64 of each loaded tensor against the trainer's)."""
+    import ray
+    import xxhash
+    from ray.cluster_utils import Cluster
+
+    from mindspeed_rl.weights.transport import memory_path
+    from mindspeed_rl.weights.transports import DeltaSettings, transport_for
+
+    store = transport_for("object_store")
+    expected = [
+        {name: xxhash.xxh3_64_intdigest(words(t, copy=False)) for name, t in full.items()}
+        for full in versions
+    ]
+    out: dict[str, list[float]] = {"on_s": [], "off_s": [], "on_bytes": [], "off_bytes": []}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 3 * 10**9})
+    cluster.add_node(num_cpus=1, resources={"gu_node": 1}, object_store_memory=3 * 10**9)
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        remote_gu = ray.remote(num_cpus=0, resources={"gu_node": 1})(_GuOnAnotherNode)
+        for kind, delta in (("off", None), ("on", DeltaSettings(mode="on", full_interval=10**6))):
+            run_id = f"bench-xnode-{kind}-{layout.world_size}-{time.monotonic_ns()}"
+            writers = [
+                store.exporter(Path("/nonexistent"), 2, run_id=run_id, delta=delta)
+                for _ in range(layout.world_size)
+            ]
+            gu = remote_gu.remote(kind)
+            try:
+                for i, full in enumerate(versions):
+                    shards = tp_ranks(layout, full) if layout.world_size > 1 else [full]
+                    tic = time.perf_counter()
+                    futures = [w.export(i + 1, shards[r].items(), layout, r) for r, w in enumerate(writers)]
+                    results = [f.result() for f in futures]
+                    (handle,) = [r.handle for r in results if r.handle is not None]
+                    digests = ray.get(gu.refresh.remote(i + 1, memory_path(i + 1), handle))
+                    seconds = time.perf_counter() - tic
+                    assert digests == expected[i], (kind, i)  # exact: what the reader loaded
+                    if i > 0:
+                        out[f"{kind}_s"].append(seconds)
+                        out[f"{kind}_bytes"].append(float(sum(r.bytes_written for r in results)))
+            finally:
+                for w in writers:
+                    w.close()
+                    if hasattr(w, "release_all"):
+                        w.release_all()
+                ray.kill(gu)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return _summary(out, warm)
 
 
 def collective_case(
-    layout: TrainingLayout, versions: list[dict[str, torch.Tensor]], bucket_mb: float
-) -> dict[str, float]:
+    layout: TrainingLayout, versions: list[dict[str, torch.Tensor]], bucket_mb: float, warm: int = 0
+) -> dict[str, Any]:
     """The real ``weight_transport: collective`` path (``weights.delta_collective``), ``weight_delta``
     on against off, over a gloo group per GU (TU ranks and the GU's receiver on threads of this
     process, on a local Ray instance for the GU's puts): per version, from the TU ranks' export
@@ -323,11 +419,19 @@ def collective_case(
         finally:
             for w in writers:
                 w.close()  # lets its group go: the GU's receiver then ends
-    return _summary(out)
+    return _summary(out, warm)
 
 
-def _summary(out: dict[str, list[float]]) -> dict[str, float]:
+def _summary(all_refreshes: dict[str, list[float]], warm: int = 0) -> dict[str, Any]:
+    """Medians over the refreshes after the first ``warm`` (each list keeps them all)."""
+    if warm >= len(all_refreshes["on_s"]):
+        raise SystemExit(
+            f"--warm-refreshes {warm} leaves no refresh of {len(all_refreshes['on_s'])}: add --steps"
+        )
+    out = {key: values[warm:] for key, values in all_refreshes.items()}
     return {
+        "per_refresh": all_refreshes,
+        "warm_refreshes": warm,
         "delta_s": statistics.median(out["on_s"]),
         "full_s": statistics.median(out["off_s"]),
         "seconds_ratio": statistics.median(d / f for d, f in zip(out["on_s"], out["off_s"], strict=True)),
@@ -339,14 +443,26 @@ def _summary(out: dict[str, list[float]]) -> dict[str, float]:
     }
 
 
+def _local_ray() -> None:
+    """The object_store and collective cases' Ray: local, no dashboard (their puts go to this
+    host's shared memory)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from mindspeed_rl.models.tiny import create_tiny_model
 
-    results: dict[str, Any] = {"arch": arch(args), "steps": args.steps, "cases": {}}
-    # The object_store case's Ray: local, no dashboard (its puts go to this host's shared memory).
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    results: dict[str, Any] = {
+        "arch": arch(args),
+        "steps": args.steps,
+        "warm_refreshes": args.warm_refreshes,
+        "cases": {},
+    }
+    _local_ray()
     media: list[tuple[str, Callable[[bytes], bytes]]] = [("memory", memory_medium)]
     with tempfile.TemporaryDirectory() as tmp:
         model_path = create_tiny_model(Path(tmp) / "model", arch(args), seed=0)
@@ -389,9 +505,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ("identity", TrainingLayout()),
                 ("tp2_to_tp1", TrainingLayout(tp_size=2, rules=hf_dense_rules())),
             ):
-                case[f"{case_name}/shared_fs_wired"] = wired_case(layout, versions, Path(tmp))
-                case[f"{case_name}/object_store_wired"] = object_store_case(layout, versions)
-                case[f"{case_name}/collective_wired"] = collective_case(layout, versions, args.bucket_mb)
+                warm = args.warm_refreshes
+                case[f"{case_name}/shared_fs_wired"] = wired_case(layout, versions, Path(tmp), warm)
+                case[f"{case_name}/object_store_wired"] = object_store_case(layout, versions, warm)
+                case[f"{case_name}/collective_wired"] = collective_case(
+                    layout, versions, args.bucket_mb, warm
+                )
+                if args.two_node:
+                    ray.shutdown()  # the local instance makes way for a two-node test cluster
+                    case[f"{case_name}/object_store_two_node"] = object_store_two_node_case(
+                        layout, versions, warm
+                    )
+                    _local_ray()
                 for medium_name, carry in media:
                     r = refresh_case(layout, versions, carry)
                     case[f"{case_name}/{medium_name}"] = {
@@ -413,8 +538,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(results: dict[str, Any]) -> None:
     """One line per learning rate, layout and transport: what the docs table shows."""
-    print(f"{results['params'] / 1e6:.0f} M parameters ({results['dtype']}), medians over the refreshes")
-    print("lr     changed  layout      transport            bytes(delta/full)  refresh s (delta vs full)")
+    print(
+        f"{results['params'] / 1e6:.0f} M parameters ({results['dtype']}), medians over the refreshes"
+        f" (wired cases: after the first {results.get('warm_refreshes', 0)})"
+    )
+    print("lr     changed  layout      transport              bytes(delta/full)  refresh s (delta vs full)")
     for lr, case in results["cases"].items():
         changed = statistics.median(case["changed_fraction"])
         for key, row in case.items():
@@ -422,6 +550,6 @@ def print_table(results: dict[str, Any]) -> None:
                 continue
             layout, transport = key.split("/")
             print(
-                f"{lr[3:]:6s} {changed:7.2%}  {layout:10s}  {transport:19s}  {row['bytes_ratio']:.3f}x"
+                f"{lr[3:]:6s} {changed:7.2%}  {layout:10s}  {transport:21s}  {row['bytes_ratio']:.3f}x"
                 f"             {row['seconds_ratio']:.2f}x ({row['delta_s']:.2f} vs {row['full_s']:.2f})"
             )
