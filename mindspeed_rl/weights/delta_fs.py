@@ -161,6 +161,11 @@ class DeltaSnapshotWriter(SnapshotWriter):
         """summary.json: the TU's totals (bytes written per refresh against the full bytes)."""
         return self.delta_stats.as_summary()
 
+    def _reuse(self, rank: int, chosen: list[tuple[str, torch.Tensor]]) -> Mapping[str, torch.Tensor] | None:
+        """The base this rank's encoder let go (``DeltaEncoder.take_spare``)."""
+        encoder = self._encoders.get(rank)
+        return None if encoder is None else encoder.take_spare(chosen)
+
     def _full_asked(self, rank: int) -> bool:
         honoured = self._honoured.setdefault(rank, {})
         asked = False

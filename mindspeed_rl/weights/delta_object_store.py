@@ -175,7 +175,9 @@ class DeltaObjectStoreExporter(ExportQueue[_Prepared]):
             self._encoders.clear()
 
     def _payload(self, version: int, chosen: list[Any], layout: TrainingLayout, rank: int) -> _Prepared:
-        return _prepare(chosen, layout, rank)
+        # Into the base the rank's encoder let go, where there is one (DeltaEncoder.take_spare).
+        encoder = self._encoders.get(rank)
+        return _prepare(chosen, layout, rank, reuse=None if encoder is None else encoder.take_spare(chosen))
 
     def _release(self, pending: Pending[_Prepared]) -> None:
         """A superseded copy is simply dropped (nothing was put yet)."""

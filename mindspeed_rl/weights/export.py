@@ -38,6 +38,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,11 @@ class SnapshotWriter(ExportQueue[_Prepared]):
     def _payload(
         self, version: int, chosen: list[tuple[str, torch.Tensor]], layout: TrainingLayout, rank: int
     ) -> _Prepared:
-        return _prepare(chosen, layout, rank, num_threads=self.num_threads)
+        return _prepare(chosen, layout, rank, num_threads=self.num_threads, reuse=self._reuse(rank, chosen))
+
+    def _reuse(self, rank: int, chosen: list[tuple[str, torch.Tensor]]) -> Mapping[str, torch.Tensor] | None:
+        """Memory this rank's copy of ``chosen`` may go into (``_prepare``): none for a full export."""
+        return None
 
     def _superseded(self, pending: Pending[_Prepared]) -> ExportResult:
         return export_result(pending, bytes_written=0, save_seconds=0.0, published=None, superseded=True)
@@ -252,14 +257,26 @@ def _prepare(
     rank: int,
     *,
     num_threads: int | None = None,
+    reuse: Mapping[str, torch.Tensor] | None = None,
 ) -> _Prepared:
+    """``reuse``: memory to copy a tensor into instead of fresh memory, by name, where its dtype
+    and shape fit (the delta encoder's spare base, ``DeltaEncoder.take_spare``)."""
     # Copy: the next optimizer step updates parameters in place while the writer thread runs.
-    copies = copy_tensors([tensor for _, tensor in chosen], num_threads=num_threads)
+    into = None
+    if reuse:
+        into = [_fits(reuse.get(name), tensor) for name, tensor in chosen]
+    copies = copy_tensors([tensor for _, tensor in chosen], num_threads=num_threads, into=into)
     return _Prepared(
         coords=layout.coords(rank),
         tensors={name: copy for (name, _), copy in zip(chosen, copies, strict=True)},
         specs={name: layout.spec_for(name) for name, _ in chosen},
     )
+
+
+def _fits(target: torch.Tensor | None, tensor: torch.Tensor) -> torch.Tensor | None:
+    if target is None or target.dtype != tensor.dtype or target.shape != tensor.shape:
+        return None
+    return target if target.is_contiguous() else None
 
 
 def _write_rank_record(staging: Path, shard: ShardEntry, entries: tuple[TensorEntry, ...]) -> None:

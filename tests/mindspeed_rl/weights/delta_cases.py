@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol
+from unittest import mock
 
 import pytest
 import test_weight_delta as codec  # the codec's tests: their trainer, models and layouts
 import torch
 
+from mindspeed_rl.weights import export
 from mindspeed_rl.weights.layout import TrainingLayout
 from mindspeed_rl.weights.transports import DeltaSettings
 from mindspeed_rl.weights.transports.base import Converted
@@ -67,10 +69,18 @@ def run_twenty_versions(
     converted)``: what the transport's own medium carried, per version."""
     trainer = trainer_for(model)
     sent = 0
+    reused: list[bool] = []  # per export copy: went into the encoder's spare base (take_spare)
+    real_copy = export.copy_tensors
+
+    def copy_tensors(tensors: Any, *, num_threads: Any = None, into: Any = None) -> Any:
+        reused.append(into is not None and all(t is not None for t in into))
+        return real_copy(tensors, num_threads=num_threads, into=into)
+
     for version in range(1, VERSIONS + 1):
         trainer.step()
         full = trainer.export()
-        announced = flow.export(version, full)
+        with mock.patch.object(export, "copy_tensors", copy_tensors):
+            announced = flow.export(version, full)
         done = flow.convert(version, announced)
         assert done.path is not None and done.metrics is not None
         sent += int(done.metrics["delta_bytes_sent"])
@@ -83,6 +93,10 @@ def run_twenty_versions(
     for totals in [w.stats() for w in flow.writers]:  # full at 1, 9, 17 on each rank
         assert totals["delta_refreshes"] == VERSIONS and totals["delta_full_refreshes"] == 3
         assert 0 < totals["delta_bytes_fraction"] < 1
+    # v1 is copied into fresh memory, so is v2 (v1's copy is the base); from v3 on each copy goes
+    # into the base the encoder let go, and every version above stayed exact.
+    world = flow.layout.world_size
+    assert len(reused) == VERSIONS * world and all(reused[2 * world :]) and not any(reused[:world])
     gu_totals = flow.gu.delta_stats()
     assert gu_totals["delta_refreshes"] == VERSIONS * flow.layout.world_size
     assert gu_totals["delta_resends"] == 0 and gu_totals["delta_bytes_sent"] == sent

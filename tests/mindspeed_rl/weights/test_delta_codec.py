@@ -154,6 +154,22 @@ def test_owned_tensors_are_kept_as_the_base_without_a_copy() -> None:
     assert encoder._base["a"].ctypes.data == second["a"].data_ptr()  # a view of the owned copy
 
 
+def test_the_base_an_owned_encode_lets_go_is_handed_over_once() -> None:
+    encoder = DeltaEncoder("on")
+    first = {"a": torch.arange(10, dtype=torch.float32), "b": torch.ones(4, dtype=torch.bfloat16)}
+    encoder.encode(1, first.items(), None, owned=True)
+    assert encoder.take_spare(first.items()) == {}, "nothing let go yet"
+    second = {name: t.clone() for name, t in first.items()}
+    encoder.encode(2, second.items(), 1, owned=True)
+    like = {"a": torch.empty(10), "b": torch.empty(5, dtype=torch.bfloat16)}  # b no longer fits
+    spare = encoder.take_spare(like.items())
+    assert list(spare) == ["a"] and spare["a"].data_ptr() == first["a"].data_ptr()
+    assert spare["a"].dtype == torch.float32 and spare["a"].shape == (10,)
+    assert encoder.take_spare(like.items()) == {}, "handed over once"
+    encoder.encode(3, {"a": torch.zeros(10), "b": torch.ones(4, dtype=torch.bfloat16)}.items(), 2)
+    assert encoder.take_spare(like.items()) == {}, "a base advanced in place is never let go"
+
+
 def test_changed_indices_compare_bits() -> None:
     old = np.array([0x0000, 0x8000, 0x7FC0, 0x7FC1, 5], dtype=np.uint16)
     new = np.array([0x8000, 0x8000, 0x7FC1, 0x7FC1, 5], dtype=np.uint16)
