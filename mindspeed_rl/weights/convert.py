@@ -43,6 +43,12 @@ the bytes anyway; a hop that does not need the bytes does not read them to verif
 
 A defective snapshot is rejected by the first hop that can see the defect and never
 reaches an engine, so actors keep their weights.
+
+"CRC" above is the manifest's ``checksum_algo``: an export's is CRC-32; a GU cache may write
+xxh3_64 (``checksum_algo``; shared_fs's GU does), about 8x faster to take and to verify here,
+and a delta's applied copy then hands over the checksums it was checked with (no pass at all).
+A cache that writes its files writes each version over a retired version's file
+(``store.SpareFiles``): on this host a new 366 MB file cost 0.08-0.9 s, an overwrite 0.04 s.
 """
 
 from __future__ import annotations
