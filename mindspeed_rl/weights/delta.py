@@ -53,6 +53,7 @@ import numpy as np
 import torch
 import xxhash
 
+from mindspeed_rl.weights.delta_kernels import scatter_words, sparse_words
 from mindspeed_rl.weights.manifest import SnapshotError
 
 logger = logging.getLogger(__name__)
@@ -381,10 +382,8 @@ class DeltaEncoder:
         def one(item: tuple[str, tuple[torch.Tensor, np.ndarray]]) -> TensorDelta:
             name, (t, w) = item
             old = self._base[name]
-            idx = changed_indices(old, w)
-            values = w[idx]
-            if in_place:
-                old[idx] = values
+            # One compiled pass: compare, collect in the wire form, and (in place) advance the base.
+            low, values, blocks = sparse_words(old, w, write_back=in_place)
             return TensorDelta(
                 name=name,
                 dtype=_dtype_name(t),
@@ -392,8 +391,8 @@ class DeltaEncoder:
                 encoding="sparse",
                 checksum=checksum(old if in_place else w, algo),
                 data=values,
-                indices=(idx & 0xFFFF).astype(np.uint16),
-                blocks=np.bincount(idx >> 16, minlength=(w.size + 0xFFFF) >> 16).astype(np.uint32),
+                indices=low,
+                blocks=blocks,
             )
 
         try:
@@ -403,12 +402,6 @@ class DeltaEncoder:
                 self._base, self._base_version, self._last_full = {}, None, None
             raise
         return parts, sum(int(p.data.size) for p in parts)
-
-
-def changed_indices(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """The flat indices (int64, ascending) of the elements whose bits differ: one compare of
-    the words, one scan of its result. NaN payloads and -0.0 / 0.0 differ as bits do."""
-    return np.flatnonzero(old != new)
 
 
 def _full_parts(
@@ -469,14 +462,20 @@ class DeltaReceiver:
             if base_copy is None or part.indices is None or part.blocks is None:
                 self.reset()
                 raise BaseMismatch(f"v{refresh.version}: tensor {part.name} has no base here")
+            last = part.blocks.size - 1
+            tail = part.indices[part.data.size - int(part.blocks[last]) :] if last >= 0 else part.indices
             if (
-                int(part.blocks.sum()) != part.data.size
+                int(part.blocks.sum(dtype=np.int64)) != part.data.size
+                or part.indices.size != part.data.size
                 or part.blocks.size != (base_copy.size + 0xFFFF) >> 16
+                or part.data.dtype != base_copy.dtype
+                or (tail.size and (last << 16) + int(tail.max()) >= base_copy.size)
             ):
                 self.reset()
                 raise DeltaMismatch(
                     f"weight delta v{refresh.version}: tensor {part.name}'s sparse part is malformed "
-                    "(index blocks do not match its values or its size); a full refresh follows"
+                    "(its indices, index blocks or words do not match its values or its size); a full "
+                    "refresh follows"
                 )
 
         algo = refresh.checksum_algo
@@ -487,7 +486,8 @@ class DeltaReceiver:
                 flat = np.array(part.data, copy=True)
             else:
                 flat = self._copy[part.name]
-                flat[part.flat_indices()] = part.data
+                assert part.indices is not None and part.blocks is not None  # checked above
+                scatter_words(flat, part.indices, part.data, part.blocks)
             return flat, checksum(flat, algo) == part.checksum
 
         results = _map(one, list(refresh.tensors), self.threads)

@@ -21,10 +21,10 @@ from mindspeed_rl.weights.delta import (
     DeltaMismatch,
     DeltaReceiver,
     DeltaRefresh,
-    changed_indices,
     checksum,
     words,
 )
+from mindspeed_rl.weights.delta_kernels import scatter_words, sparse_words
 from mindspeed_rl.weights.delta_wire import pack, unpack
 
 
@@ -170,8 +170,46 @@ def test_the_base_an_owned_encode_lets_go_is_handed_over_once() -> None:
     assert encoder.take_spare(like.items()) == {}, "a base advanced in place is never let go"
 
 
-def test_changed_indices_compare_bits() -> None:
-    old = np.array([0x0000, 0x8000, 0x7FC0, 0x7FC1, 5], dtype=np.uint16)
+def test_the_compiled_compare_compares_bits() -> None:
+    old = np.array([0x0000, 0x8000, 0x7FC0, 0x7FC1, 5], dtype=np.uint16)  # -0.0, NaN payloads
     new = np.array([0x8000, 0x8000, 0x7FC1, 0x7FC1, 5], dtype=np.uint16)
-    assert changed_indices(old, new).tolist() == [0, 2]
-    assert changed_indices(old, old.copy()).size == 0
+    low, values, blocks = sparse_words(old, new, write_back=False)
+    assert low.tolist() == [0, 2] and values.tolist() == [0x8000, 0x7FC1] and blocks.tolist() == [2]
+    assert sparse_words(old, old.copy(), write_back=False)[1].size == 0
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+@pytest.mark.parametrize(
+    ("size", "fraction"),
+    [(0, 0.5), (1, 1.0), (65_536, 0.02), (200_003, 0.017), (131_073, 0.0), (70_001, 1.0)],
+)
+def test_the_compiled_passes_match_numpy_on_any_size_and_density(dtype, size: int, fraction: float) -> None:
+    rng = np.random.default_rng(size)
+    old = rng.integers(0, np.iinfo(dtype).max, size=size, dtype=dtype, endpoint=True)
+    new = old.copy()
+    flip = rng.random(size) < fraction
+    new[flip] ^= dtype(1)
+    idx = np.flatnonzero(old != new)  # the reference: numpy's passes the loop replaced
+    base = old.copy()
+    low, values, blocks = sparse_words(base, new, write_back=True)
+    assert low.dtype == np.uint16 and values.dtype == new.dtype and blocks.dtype == np.uint32
+    assert np.array_equal(low, (idx & 0xFFFF).astype(np.uint16)) and np.array_equal(values, new[idx])
+    assert np.array_equal(blocks, np.bincount(idx >> 16, minlength=(size + 0xFFFF) >> 16))
+    assert np.array_equal(base, new), "write_back advances the base to the new words"
+    target = old.copy()
+    scatter_words(target, low, values, blocks)
+    assert np.array_equal(target, new)
+
+
+def test_a_scatter_that_does_not_fit_is_refused_before_it_writes() -> None:
+    flat = np.zeros(70_000, dtype=np.uint16)
+    low, values, blocks = sparse_words(flat, np.ones(70_000, dtype=np.uint16), write_back=False)
+    bad_low = low.copy()
+    bad_low[-1] = 0xFFFF  # block 1 holds 70_000 - 65_536 words: index 131_071 is past the end
+    with pytest.raises(ValueError, match="names index 131071 of 70000"):
+        scatter_words(flat, bad_low, values, blocks)
+    with pytest.raises(ValueError, match="block counts"):
+        scatter_words(flat, low, values[:-1], blocks)
+    with pytest.raises(ValueError, match="does not fit"):
+        scatter_words(flat, low, values.astype(np.uint32), blocks)
+    assert not flat.any(), "nothing written"
