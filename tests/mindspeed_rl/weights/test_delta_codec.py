@@ -15,6 +15,7 @@ import torch
 import xxhash
 from safetensors.numpy import load, save
 
+from mindspeed_rl.weights import delta_kernels
 from mindspeed_rl.weights.delta import (
     CHECKSUM_ALGO,
     DeltaEncoder,
@@ -170,7 +171,7 @@ def test_the_base_an_owned_encode_lets_go_is_handed_over_once() -> None:
     assert encoder.take_spare(like.items()) == {}, "a base advanced in place is never let go"
 
 
-def test_the_compiled_compare_compares_bits() -> None:
+def test_the_compiled_compare_compares_bits(kernels) -> None:
     old = np.array([0x0000, 0x8000, 0x7FC0, 0x7FC1, 5], dtype=np.uint16)  # -0.0, NaN payloads
     new = np.array([0x8000, 0x8000, 0x7FC1, 0x7FC1, 5], dtype=np.uint16)
     low, values, blocks = sparse_words(old, new, write_back=False)
@@ -178,12 +179,25 @@ def test_the_compiled_compare_compares_bits() -> None:
     assert sparse_words(old, old.copy(), write_back=False)[1].size == 0
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def kernels(request, monkeypatch):
+    """Both implementations: the compiled loops, and numpy's passes (where numba is missing)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(delta_kernels, "_sparse_words", None)
+        monkeypatch.setattr(delta_kernels, "_scatter_words", None)
+    else:
+        assert delta_kernels._sparse_words is not None, "numba is a core dependency"
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
 @pytest.mark.parametrize(
     ("size", "fraction"),
     [(0, 0.5), (1, 1.0), (65_536, 0.02), (200_003, 0.017), (131_073, 0.0), (70_001, 1.0)],
 )
-def test_the_compiled_passes_match_numpy_on_any_size_and_density(dtype, size: int, fraction: float) -> None:
+def test_the_compiled_passes_match_numpy_on_any_size_and_density(
+    kernels, dtype, size: int, fraction: float
+) -> None:
     rng = np.random.default_rng(size)
     old = rng.integers(0, np.iinfo(dtype).max, size=size, dtype=dtype, endpoint=True)
     new = old.copy()
@@ -201,7 +215,7 @@ def test_the_compiled_passes_match_numpy_on_any_size_and_density(dtype, size: in
     assert np.array_equal(target, new)
 
 
-def test_a_scatter_that_does_not_fit_is_refused_before_it_writes() -> None:
+def test_a_scatter_that_does_not_fit_is_refused_before_it_writes(kernels) -> None:
     flat = np.zeros(70_000, dtype=np.uint16)
     low, values, blocks = sparse_words(flat, np.ones(70_000, dtype=np.uint16), write_back=False)
     bad_low = low.copy()
