@@ -47,8 +47,8 @@ name was in that version (``st_nlink == 1``: never a link shared with an export)
 throttling; it varied run to run), overwriting the pages of one still in the page cache
 0.04 s every time (``benchmarks/snapshot_io.py --delta``, docs/benchmarks/weight-transports.md).
 A retired version is one retention chose: no reader holds a lease on it. A reader whose lease
-expired, or that races the prune, may read bytes being overwritten; it fails the CRC check
-while reading and keeps its weights, as it does when it finds the files deleted today.
+expired, or that races the prune, may read bytes being overwritten; it fails the checksum
+check while reading and keeps its weights, as it does when it finds the files deleted.
 """
 
 from __future__ import annotations
