@@ -45,6 +45,7 @@ import os
 import resource
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import zlib
@@ -94,7 +95,8 @@ def parse_args() -> argparse.Namespace:
         "(3 = the steady state of a run: the timed version reuses store memory and buckets a "
         "freed version used)",
     )
-    from snapshot_io_delta import add_args  # this folder: the script's own directory is on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root
+    from benchmarks.snapshot_io_delta import add_args
 
     add_args(p)
     return p.parse_args()
@@ -285,8 +287,6 @@ def memory_flow(
     warm_versions: int = 1,
 ) -> dict[str, Any]:
     """One repeat of an in-memory transport, with the same per-case keys as ``one_flow``."""
-    import sys
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root
     from benchmarks.snapshot_io_memory import collective_flow, object_store_flow
 
@@ -347,9 +347,9 @@ def main() -> None:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if args.delta:  # delta weight sync on a model the torch engine steps (snapshot_io_delta.py)
-        from snapshot_io_delta import run
+        from benchmarks.snapshot_io_delta import run as run_delta
 
-        delta = run(args)
+        delta = run_delta(args)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(delta, indent=1))

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 import xxhash
 
-from mindspeed_rl.weights.delta_kernels import scatter_words, sparse_words
+from mindspeed_rl.weights.delta_kernels import scatter_words, sparse_misfit, sparse_words
 from mindspeed_rl.weights.manifest import SnapshotError
 
 logger = logging.getLogger(__name__)
@@ -116,11 +116,6 @@ class TensorDelta:
     blocks: np.ndarray | None = None
     """sparse: changed elements per block of 65536 (uint32): the indices' high bits, as counts.
     2 bytes per changed element instead of 4 or 8, plus 4 bytes per 65536 elements."""
-
-    def flat_indices(self) -> np.ndarray:
-        assert self.indices is not None and self.blocks is not None, "only a sparse part has indices"
-        high = np.repeat(np.arange(self.blocks.size, dtype=np.int64) << 16, self.blocks.astype(np.int64))
-        return high + self.indices
 
     @property
     def nbytes(self) -> int:
@@ -462,20 +457,12 @@ class DeltaReceiver:
             if base_copy is None or part.indices is None or part.blocks is None:
                 self.reset()
                 raise BaseMismatch(f"v{refresh.version}: tensor {part.name} has no base here")
-            last = part.blocks.size - 1
-            tail = part.indices[part.data.size - int(part.blocks[last]) :] if last >= 0 else part.indices
-            if (
-                int(part.blocks.sum(dtype=np.int64)) != part.data.size
-                or part.indices.size != part.data.size
-                or part.blocks.size != (base_copy.size + 0xFFFF) >> 16
-                or part.data.dtype != base_copy.dtype
-                or (tail.size and (last << 16) + int(tail.max()) >= base_copy.size)
-            ):
+            misfit = sparse_misfit(base_copy, part.indices, part.data, part.blocks)
+            if misfit is not None:
                 self.reset()
                 raise DeltaMismatch(
                     f"weight delta v{refresh.version}: tensor {part.name}'s sparse part is malformed "
-                    "(its indices, index blocks or words do not match its values or its size); a full "
-                    "refresh follows"
+                    f"({misfit}); a full refresh follows"
                 )
 
         algo = refresh.checksum_algo

@@ -107,21 +107,27 @@ def _scatter_words_numpy(flat: np.ndarray, low: np.ndarray, values: np.ndarray, 
     flat[high + low] = values
 
 
-def scatter_words(flat: np.ndarray, low: np.ndarray, values: np.ndarray, blocks: np.ndarray) -> None:
-    """``sparse_words``' inverse: write ``values`` into ``flat`` at the indices the wire form
-    names. Raises ValueError where the parts do not fit ``flat`` (a corrupt refresh)."""
-    if low.size != values.size or int(blocks.sum(dtype=np.int64)) != values.size:
-        raise ValueError(
-            f"a sparse part of {values.size} words has {low.size} indices and block counts summing "
-            f"to {int(blocks.sum(dtype=np.int64))}"
-        )
+def sparse_misfit(flat: np.ndarray, low: np.ndarray, values: np.ndarray, blocks: np.ndarray) -> str | None:
+    """Why a sparse part (``sparse_words``' arrays) cannot be scattered into ``flat``, or None.
+    Cheap (block counts and the last block's indices only), so a receiver checks every part
+    before it changes any tensor."""
+    total = int(blocks.sum(dtype=np.int64))
+    if low.size != values.size or total != values.size:
+        return f"{values.size} words with {low.size} indices and block counts summing to {total}"
     if blocks.size != (flat.size + 0xFFFF) >> 16 or values.dtype != flat.dtype:
-        raise ValueError(
-            f"a sparse part of {blocks.size} blocks of {values.dtype} does not fit {flat.size} {flat.dtype} words"
-        )
+        return f"{blocks.size} blocks of {values.dtype} for {flat.size} {flat.dtype} words"
     # Only the last block can name a word past the end (the loop checks no bounds).
     last = blocks.size - 1
     tail = low[values.size - int(blocks[last]) :] if blocks.size else low[:0]
     if tail.size and (last << 16) + int(tail.max()) >= flat.size:
-        raise ValueError(f"a sparse part names index {(last << 16) + int(tail.max())} of {flat.size} words")
+        return f"index {(last << 16) + int(tail.max())} of {flat.size} words"
+    return None
+
+
+def scatter_words(flat: np.ndarray, low: np.ndarray, values: np.ndarray, blocks: np.ndarray) -> None:
+    """``sparse_words``' inverse: write ``values`` into ``flat`` at the indices the wire form
+    names. Raises ValueError, before writing anything, where the parts do not fit ``flat``."""
+    misfit = sparse_misfit(flat, low, values, blocks)
+    if misfit is not None:
+        raise ValueError(f"a sparse part does not fit: {misfit}")
     (_scatter_words or _scatter_words_numpy)(flat, low, values, blocks)

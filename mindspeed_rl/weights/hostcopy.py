@@ -58,20 +58,16 @@ def copy_tensors(
         return run_in_bins(tensors, lambda t: t.numel() * t.element_size(), copy_tensor, num_threads)
     if len(into) != len(tensors):
         raise ValueError(f"{len(into)} targets for {len(tensors)} tensors; give one per tensor (None: fresh)")
-    for source, target in zip(tensors, into, strict=True):
-        if target is not None and (
-            target.dtype != source.dtype or target.shape != source.shape or not target.is_contiguous()
-        ):
-            raise ValueError(
-                f"cannot copy a {source.dtype}{list(source.shape)} tensor into a "
-                f"{'' if target.is_contiguous() else 'strided '}{target.dtype}{list(target.shape)} one"
-            )
 
     def one(pair: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
         source, target = pair
         if target is None:
             return copy_tensor(source)
-        copy_into(target, source)
+        if not target.is_contiguous():  # the copy must own contiguous memory, as copy_tensor's does
+            raise ValueError(
+                f"cannot copy {list(source.shape)} into a strided tensor; pass contiguous memory"
+            )
+        copy_into(target, source)  # refuses another dtype or shape
         return target
 
     pairs = list(zip(tensors, into, strict=True))

@@ -220,10 +220,28 @@ def test_a_scatter_that_does_not_fit_is_refused_before_it_writes(kernels) -> Non
     low, values, blocks = sparse_words(flat, np.ones(70_000, dtype=np.uint16), write_back=False)
     bad_low = low.copy()
     bad_low[-1] = 0xFFFF  # block 1 holds 70_000 - 65_536 words: index 131_071 is past the end
-    with pytest.raises(ValueError, match="names index 131071 of 70000"):
+    with pytest.raises(ValueError, match="index 131071 of 70000 words"):
         scatter_words(flat, bad_low, values, blocks)
-    with pytest.raises(ValueError, match="block counts"):
+    with pytest.raises(ValueError, match="block counts summing"):
         scatter_words(flat, low, values[:-1], blocks)
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="blocks of uint32 for 70000 uint16"):
         scatter_words(flat, low, values.astype(np.uint32), blocks)
     assert not flat.any(), "nothing written"
+
+
+def test_a_receiver_refuses_a_sparse_part_that_does_not_fit_before_changing_anything() -> None:
+    encoder, receiver = DeltaEncoder("on"), DeltaReceiver()
+    first = {"a": torch.arange(70_000, dtype=torch.bfloat16), "b": torch.ones(8)}
+    receiver.apply(_wire(encoder.encode(1, first.items(), None)))
+    second = {name: t.clone() for name, t in first.items()}
+    second["a"][-1] = 5.0
+    second["b"][0] = 2.0
+    sent = _wire(encoder.encode(2, second.items(), 1))
+    part = next(p for p in sent.tensors if p.name == "a")
+    assert part.indices is not None
+    part.indices[-1] = 0xFFFF  # block 1 of "a" holds 70_000 - 65_536 words
+    held_b = receiver.tensors()["b"]  # a view of the receiver's copy
+    with pytest.raises(DeltaMismatch, match=r"tensor a's sparse part is malformed \(index 131071 of 70000"):
+        receiver.apply(sent)
+    assert receiver.base_version is None, "the copy is dropped: the next refresh is full"
+    assert torch.equal(held_b, first["b"]), "b's change was not scattered either: every part is checked first"

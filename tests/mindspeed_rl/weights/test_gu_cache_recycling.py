@@ -7,37 +7,18 @@ caught by the manifest's own algorithm."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
+from test_gu_cache_volatile import _export  # a TU export of one version, every rank
 
 from mindspeed_rl.weights import shardio, store
 from mindspeed_rl.weights.convert import GuConverter
 from mindspeed_rl.weights.delta import DeltaEncoder, DeltaReceiver
 from mindspeed_rl.weights.delta_fs import applied_snapshot
-from mindspeed_rl.weights.export import SnapshotWriter
 from mindspeed_rl.weights.layout import InferenceLayout, TrainingLayout, hf_dense_rules
 from mindspeed_rl.weights.manifest import MANIFEST_NAME, SnapshotError, SnapshotInfo, SnapshotManifest
 from mindspeed_rl.weights.reload import ReloadPolicy
-
-
-def _export(root: Path, model: dict[str, torch.Tensor], layout: TrainingLayout, version: int) -> SnapshotInfo:
-    writers = [SnapshotWriter(root, run_id="run") for _ in range(layout.world_size)]
-    futures = []
-    for rank, writer in enumerate(writers):
-        mine = {}
-        for name, t in model.items():
-            spec = layout.spec_for(name)
-            if spec.tp_dim is not None:
-                t = t.chunk(layout.tp_size, dim=spec.tp_dim)[layout.coords(rank).tp_rank].contiguous()
-            mine[name] = t
-        futures.append(writer.export(version, mine.items(), layout, rank))
-    published = [f.result().published for f in futures]
-    for w in writers:
-        w.close()
-    (info,) = [p for p in published if p is not None]
-    return info
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -67,3 +67,25 @@ def test_an_arena_cuts_disjoint_pieces_and_grows_to_the_largest_round() -> None:
     arena.reset()
     e = arena.take((2,), torch.bfloat16)
     assert e.data_ptr() == c.data_ptr(), "a round that fits reuses the same pages"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_copies_go_into_given_memory_where_it_is_given(dtype):
+    sources = [(torch.randn(6, 10) * 4).to(dtype)[:, 2:7], (torch.randn(3) * 4).to(dtype)]
+    target = torch.empty(6, 5, dtype=dtype)
+    copies = copy_tensors(sources, into=[target, None], num_threads=2)
+    assert copies[0] is target and copies[1].data_ptr() != sources[1].data_ptr()
+    for copied, source in zip(copies, sources, strict=True):
+        assert torch.equal(copied.reshape(-1).view(torch.uint8), source.reshape(-1).view(torch.uint8))
+
+
+def test_memory_that_does_not_fit_is_refused():
+    source = torch.randn(4, 6)
+    with pytest.raises(ValueError, match="one per tensor"):
+        copy_tensors([source], into=[])
+    with pytest.raises(ValueError, match="cannot copy"):
+        copy_tensors([source], into=[torch.empty(4, 6, dtype=torch.bfloat16)])
+    with pytest.raises(ValueError, match="cannot copy"):
+        copy_tensors([source], into=[torch.empty(6, 4)])
+    with pytest.raises(ValueError, match="strided"):
+        copy_tensors([source], into=[torch.empty(6, 4).t()])
